@@ -1,0 +1,47 @@
+"""Row lineage for Apache Iceberg tables: stable row ids and created/updated versions.
+
+Quick start::
+
+    import lineage
+    t = lineage.create_table("shop.orders", schema, key=["order_id"], warehouse="wh")
+    t.append(batch)
+    t.update("status = 'new'", {"status": "'paid'"})
+    t.scan()   # data columns + _row_id, _row_created_at_version, _row_last_updated_at_version
+"""
+
+from lineage.errors import (
+    BadPredicateError,
+    CommitConflictError,
+    InvalidArgumentError,
+    KeyViolationError,
+    LineageError,
+    LineageMetadataError,
+    SchemaMismatchError,
+    TableAlreadyExistsError,
+    TableNotFoundError,
+    UnknownColumnError,
+    UnknownVersionError,
+    UnsupportedFormatError,
+)
+from lineage.table import COPY_ON_WRITE, MERGE_ON_READ, CommitInfo, Table, create_table, open_table
+
+__all__ = [
+    "BadPredicateError",
+    "COPY_ON_WRITE",
+    "CommitConflictError",
+    "CommitInfo",
+    "InvalidArgumentError",
+    "KeyViolationError",
+    "LineageError",
+    "LineageMetadataError",
+    "MERGE_ON_READ",
+    "SchemaMismatchError",
+    "Table",
+    "TableAlreadyExistsError",
+    "TableNotFoundError",
+    "UnknownColumnError",
+    "UnknownVersionError",
+    "UnsupportedFormatError",
+    "create_table",
+    "open_table",
+]

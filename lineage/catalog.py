@@ -1,0 +1,48 @@
+"""Catalogs: the embedded default (SQLite inside the warehouse) or any pyiceberg catalog."""
+
+from __future__ import annotations
+
+import os
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+
+from lineage.errors import InvalidArgumentError
+
+DEFAULT_NAMESPACE = "default"
+CATALOG_FILE = "catalog.db"
+
+
+def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
+    """pyiceberg's SqlCatalog on a SQLite file inside ``warehouse`` (created if missing)."""
+    root = os.path.abspath(os.fspath(warehouse))
+    os.makedirs(root, exist_ok=True)
+    # timeout: writers in several processes wait for SQLite's lock instead of failing.
+    return SqlCatalog(
+        "lineage",
+        uri=f"sqlite:///{os.path.join(root, CATALOG_FILE)}?timeout=60",
+        warehouse=root,
+    )
+
+
+def resolve_catalog(warehouse: str | os.PathLike[str] | None, catalog: Catalog | None) -> Catalog:
+    """The catalog to use: the one given, or the default one in ``warehouse``."""
+    if catalog is not None:
+        if not isinstance(catalog, Catalog):
+            raise InvalidArgumentError(f"catalog must be a pyiceberg Catalog, got {type(catalog).__name__}")
+        return catalog
+    if warehouse is None:
+        raise InvalidArgumentError("pass warehouse= (a local folder) or catalog= (a pyiceberg Catalog)")
+    return default_catalog(warehouse)
+
+
+def identifier(name: str) -> tuple[str, str]:
+    """Split ``"ns.table"`` (or ``"table"`` in the default namespace) into its parts."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgumentError(f"table name must be a non-empty string, got {name!r}")
+    parts = name.strip().split(".")
+    if len(parts) == 1:
+        return DEFAULT_NAMESPACE, parts[0]
+    if any(not p for p in parts):
+        raise InvalidArgumentError(f"table name {name!r} has an empty part")
+    return ".".join(parts[:-1]), parts[-1]

@@ -1,0 +1,38 @@
+"""DuckDB connections with the extensions this project uses, loaded from wheels.
+
+Extensions come from the ``duckdb-extension-*`` PyPI wheels installed next to
+duckdb and are loaded by file path; DuckDB never downloads anything.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+
+import duckdb
+
+from lineage.errors import LineageError
+
+
+def extension_path(name: str) -> str:
+    """Path of the ``name`` extension binary shipped by its PyPI wheel."""
+    spec = importlib.util.find_spec(f"duckdb_extension_{name}")
+    if spec is None or not spec.submodule_search_locations:
+        raise LineageError(f"the DuckDB extension {name!r} is not installed; pip install duckdb-extension-{name}")
+    root = list(spec.submodule_search_locations)[0]
+    hits = sorted(glob.glob(os.path.join(root, "extensions", "*", f"{name}.duckdb_extension")))
+    if not hits:
+        raise LineageError(f"the duckdb-extension-{name} wheel has no extension binary under {root}")
+    return hits[-1]
+
+
+def connect(*extensions: str) -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB connection with ``extensions`` loaded from their wheels."""
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    needed = list(extensions)
+    if "iceberg" in needed and "avro" not in needed:
+        needed.insert(0, "avro")  # the iceberg extension reads manifests through avro
+    for name in needed:
+        con.execute(f"LOAD '{extension_path(name)}'")
+    return con

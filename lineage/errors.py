@@ -1,0 +1,56 @@
+"""The project's exception hierarchy.
+
+Every error a caller can provoke with bad input or a lost race is a subclass of
+:class:`LineageError`, so ``except LineageError`` catches all expected failures
+while genuine bugs still surface as ordinary Python exceptions.
+"""
+
+from __future__ import annotations
+
+
+class LineageError(Exception):
+    """Base class of every error raised on purpose by this project."""
+
+
+class InvalidArgumentError(LineageError, ValueError):
+    """An argument has a value that is not allowed (the message names it)."""
+
+
+class TableNotFoundError(LineageError):
+    """The named table does not exist in the catalog."""
+
+
+class TableAlreadyExistsError(LineageError):
+    """``create_table`` was asked for a name that is already taken."""
+
+
+class UnknownColumnError(InvalidArgumentError):
+    """A column named by the caller is not in the table's schema."""
+
+
+class SchemaMismatchError(InvalidArgumentError):
+    """Incoming data does not fit the table's schema."""
+
+
+class BadPredicateError(InvalidArgumentError):
+    """A ``where`` predicate could not be parsed or is not a boolean expression."""
+
+
+class KeyViolationError(InvalidArgumentError):
+    """A batch has null or duplicate values in the table key, or the table has no key."""
+
+
+class UnknownVersionError(InvalidArgumentError):
+    """A version (or timestamp) does not name a commit of this table."""
+
+
+class CommitConflictError(LineageError):
+    """Concurrent writers kept winning the commit race; nothing was committed."""
+
+
+class LineageMetadataError(LineageError):
+    """Lineage metadata is missing, unreadable or inconsistent with the Iceberg snapshot."""
+
+
+class UnsupportedFormatError(LineageMetadataError):
+    """A lineage or index file was written in a format version this release cannot read."""

@@ -1,0 +1,90 @@
+"""Small helpers to read and write whole files through a pyiceberg FileIO.
+
+Lineage and index files go through the table's own FileIO so they live on
+whatever storage the table lives on.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+
+
+def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
+    """Write ``data`` to a new file at ``path`` (it must not exist) and return its size."""
+    with fileio.new_output(path).create(overwrite=False) as out:
+        out.write(data)
+    return len(data)
+
+
+def read_bytes(fileio: FileIO, path: str) -> bytes:
+    """Read the whole file at ``path``."""
+    with fileio.new_input(path).open() as f:
+        return f.read()
+
+
+def write_parquet(fileio: FileIO, path: str, table: pa.Table) -> int:
+    """Write an Arrow table as a zstd Parquet file; return bytes written."""
+    sink = _io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return write_bytes(fileio, path, sink.getvalue())
+
+
+def read_parquet(fileio: FileIO, path: str) -> pa.Table:
+    """Read a Parquet file written by :func:`write_parquet`."""
+    return pq.read_table(pa.BufferReader(read_bytes(fileio, path)))
+
+
+def write_json(fileio: FileIO, path: str, obj: Any) -> int:
+    """Write ``obj`` as compact JSON; return bytes written."""
+    return write_bytes(fileio, path, json.dumps(obj, separators=(",", ":")).encode())
+
+
+def read_json(fileio: FileIO, path: str) -> Any:
+    """Read a JSON file."""
+    return json.loads(read_bytes(fileio, path))
+
+
+def local_path(location: str) -> str:
+    """Turn a ``file:`` URI or plain path into a local filesystem path for DuckDB."""
+    if location.startswith("file:"):
+        return urlparse(location).path
+    return location
+
+
+T = TypeVar("T")
+
+
+class ImmutableFileCache(Generic[T]):
+    """A small thread-safe LRU cache of parsed immutable files, keyed by path.
+
+    Paths of lineage and index files carry a UUID and are never rewritten, so a
+    parsed copy stays valid for as long as the file exists.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str, load: Callable[[], T]) -> T:
+        """Return the cached value for ``path``, loading it on a miss."""
+        with self._lock:
+            if path in self._items:
+                self._items.move_to_end(path)
+                return self._items[path]
+        value = load()
+        with self._lock:
+            self._items[path] = value
+            while len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+        return value

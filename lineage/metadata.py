@@ -1,0 +1,247 @@
+"""On-disk lineage metadata: per-file segments and the per-snapshot lineage list.
+
+Two immutable file kinds, both written before the Iceberg commit and made
+visible by it (the snapshot summary points at the list):
+
+* a **segment** (Parquet, ``lineage-segment`` format 1) holds, for each data
+  file a commit added, the run-length encoded row ids, created versions and
+  updated versions by position. A data file's lineage never changes while the
+  file exists, so each file is described exactly once;
+* a **lineage list** (JSON, ``lineage-list`` format 1) is written by every
+  commit. It names the segments that still describe live data files, the
+  table's next row id, and the commit log (version, snapshot id, timestamp,
+  operation, counts, and the commit's deleted-rows index file), so the log
+  outlives snapshot expiry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.io import FileIO
+
+from lineage.errors import LineageMetadataError, UnsupportedFormatError
+from lineage.fileio import ImmutableFileCache, read_json, read_parquet, write_json, write_parquet
+from lineage.rle import Runs
+
+SEGMENT_FORMAT = "lineage-segment"
+LIST_FORMAT = "lineage-list"
+FORMAT_VERSION = 1
+
+# Snapshot summary keys. The list path is the single pointer that makes a
+# commit's lineage visible; the others are there for humans and quick checks.
+SUMMARY_LIST = "lineage.list"
+SUMMARY_VERSION = "lineage.version"
+SUMMARY_NEXT_ROW_ID = "lineage.next-row-id"
+SUMMARY_OPERATION = "lineage.operation"
+SUMMARY_FORMAT_VERSION = "lineage.format-version"
+
+_SEGMENT_SCHEMA = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False),
+        pa.field("record_count", pa.int64(), nullable=False),
+        pa.field("row_id_starts", pa.list_(pa.int64()), nullable=False),
+        pa.field("row_id_lengths", pa.list_(pa.int64()), nullable=False),
+        pa.field("created_values", pa.list_(pa.int64()), nullable=False),
+        pa.field("created_lengths", pa.list_(pa.int64()), nullable=False),
+        pa.field("updated_values", pa.list_(pa.int64()), nullable=False),
+        pa.field("updated_lengths", pa.list_(pa.int64()), nullable=False),
+    ]
+)
+
+
+def check_format(kind: str, found_kind: str | None, found_version: Any, path: str) -> None:
+    """Refuse files of another kind or of a newer format version than we know."""
+    if found_kind != kind:
+        raise LineageMetadataError(f"{path} is not a {kind} file (format tag {found_kind!r}); the lineage metadata is corrupt")
+    try:
+        version = int(found_version)
+    except (TypeError, ValueError):
+        raise LineageMetadataError(f"{path} has no readable format version ({found_version!r})") from None
+    if version > FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{path} uses {kind} format version {version}, but this release reads up to {FORMAT_VERSION}; upgrade the library"
+        )
+
+
+@dataclass(frozen=True)
+class FileLineage:
+    """Lineage of every position of one data file."""
+
+    file_path: str
+    record_count: int
+    row_ids: Runs
+    created: Runs
+    updated: Runs
+
+    def __post_init__(self) -> None:
+        for name in ("row_ids", "created", "updated"):
+            if getattr(self, name).total != self.record_count:
+                raise LineageMetadataError(
+                    f"lineage of {self.file_path}: {name} covers {getattr(self, name).total} rows, file has {self.record_count}"
+                )
+
+    @property
+    def min_updated(self) -> int:
+        """Smallest valid-from version of any image in the file."""
+        return int(self.updated.values.min()) if len(self.updated) else 0
+
+    @property
+    def max_updated(self) -> int:
+        """Largest valid-from version of any image in the file."""
+        return int(self.updated.values.max()) if len(self.updated) else 0
+
+
+def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
+    """Write a segment describing ``files``; return its size in bytes."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in _SEGMENT_SCHEMA}
+    for fl in files:
+        cols["file_path"].append(fl.file_path)
+        cols["record_count"].append(fl.record_count)
+        for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
+            cols[f"{prefix}_{first}"].append(runs.values)
+            cols[f"{prefix}_lengths"].append(runs.lengths)
+    table = pa.table(cols, schema=_SEGMENT_SCHEMA).replace_schema_metadata(
+        {"lineage.format": SEGMENT_FORMAT, "lineage.format-version": str(FORMAT_VERSION)}
+    )
+    return write_parquet(fileio, path, table)
+
+
+def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
+    try:
+        table = read_parquet(fileio, path)
+    except FileNotFoundError:
+        raise LineageMetadataError(f"lineage segment {path} is missing; run `lineage verify` on the table") from None
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise LineageMetadataError(f"lineage segment {path} is unreadable: {exc}") from exc
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    check_format(SEGMENT_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
+    out = []
+    for row in table.to_pylist():
+        out.append(
+            FileLineage(
+                file_path=row["file_path"],
+                record_count=row["record_count"],
+                row_ids=Runs(np.array(row["row_id_starts"], np.int64), np.array(row["row_id_lengths"], np.int64)),
+                created=Runs(np.array(row["created_values"], np.int64), np.array(row["created_lengths"], np.int64)),
+                updated=Runs(np.array(row["updated_values"], np.int64), np.array(row["updated_lengths"], np.int64)),
+            )
+        )
+    return tuple(out)
+
+
+_SEGMENT_CACHE = ImmutableFileCache(4096)
+_LIST_CACHE = ImmutableFileCache(256)
+
+
+def read_segment(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
+    """Read a segment (cached by path: segments are immutable)."""
+    return _SEGMENT_CACHE.get(path, lambda: _read_segment_uncached(fileio, path))
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """One line of the commit log kept in every lineage list."""
+
+    version: int
+    snapshot_id: int
+    timestamp_ms: int
+    operation: str
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    segment: str | None = None
+    index: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored in the list file."""
+        return {
+            "version": self.version,
+            "snapshot-id": self.snapshot_id,
+            "timestamp-ms": self.timestamp_ms,
+            "operation": self.operation,
+            "inserted": self.inserted,
+            "updated": self.updated,
+            "deleted": self.deleted,
+            "segment": self.segment,
+            "index": self.index,
+        }
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> CommitEntry:
+        """Parse one commit log entry."""
+        return CommitEntry(
+            version=int(obj["version"]),
+            snapshot_id=int(obj["snapshot-id"]),
+            timestamp_ms=int(obj["timestamp-ms"]),
+            operation=str(obj["operation"]),
+            inserted=int(obj.get("inserted", 0)),
+            updated=int(obj.get("updated", 0)),
+            deleted=int(obj.get("deleted", 0)),
+            segment=obj.get("segment"),
+            index=obj.get("index"),
+        )
+
+
+@dataclass(frozen=True)
+class LineageList:
+    """The lineage state of one snapshot."""
+
+    version: int
+    next_row_id: int
+    segments: tuple[str, ...] = ()
+    commits: tuple[CommitEntry, ...] = field(default_factory=tuple)
+
+    @staticmethod
+    def empty() -> LineageList:
+        """The state of a table with no commits."""
+        return LineageList(version=0, next_row_id=0)
+
+    def with_commit(self, entry: CommitEntry, segments: tuple[str, ...], next_row_id: int) -> LineageList:
+        """The list of the next snapshot."""
+        return replace(self, version=entry.version, next_row_id=next_row_id, segments=segments, commits=self.commits + (entry,))
+
+
+def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
+    """Write a lineage list; return its size in bytes."""
+    return write_json(
+        fileio,
+        path,
+        {
+            "format": LIST_FORMAT,
+            "format-version": FORMAT_VERSION,
+            "version": lst.version,
+            "next-row-id": lst.next_row_id,
+            "segments": list(lst.segments),
+            "commits": [c.to_json() for c in lst.commits],
+        },
+    )
+
+
+def read_list(fileio: FileIO, path: str) -> LineageList:
+    """Read a lineage list (cached by path: lists are immutable)."""
+    return _LIST_CACHE.get(path, lambda: _read_list_uncached(fileio, path))
+
+
+def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
+    try:
+        obj = read_json(fileio, path)
+    except FileNotFoundError:
+        raise LineageMetadataError(f"lineage list {path} is missing; run `lineage verify` on the table") from None
+    except ValueError as exc:
+        raise LineageMetadataError(f"lineage list {path} is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise LineageMetadataError(f"lineage list {path} is not a JSON object")
+    check_format(LIST_FORMAT, obj.get("format"), obj.get("format-version"), path)
+    try:
+        return LineageList(
+            version=int(obj["version"]),
+            next_row_id=int(obj["next-row-id"]),
+            segments=tuple(obj["segments"]),
+            commits=tuple(CommitEntry.from_json(c) for c in obj["commits"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LineageMetadataError(f"lineage list {path} is malformed: {exc!r}") from exc

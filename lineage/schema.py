@@ -1,0 +1,212 @@
+"""Schemas, keys and partition specs: from the caller's terms to Iceberg's.
+
+Also conforms incoming batches to a table's schema, with specific errors for
+unknown columns, missing required columns, type mismatches and nulls where
+the schema forbids them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.types import NestedField
+
+from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
+
+LINEAGE_COLUMNS = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version")
+
+
+def iceberg_schema(arrow_schema: pa.Schema, key: Sequence[str] | None) -> Schema:
+    """Convert a pyarrow schema to an Iceberg schema whose identifier fields are ``key``.
+
+    Key columns become required fields (Iceberg requires that of identifier fields).
+    """
+    if not isinstance(arrow_schema, pa.Schema):
+        raise InvalidArgumentError(f"schema must be a pyarrow.Schema, got {type(arrow_schema).__name__}")
+    if len(arrow_schema) == 0:
+        raise InvalidArgumentError("schema must have at least one column")
+    names = arrow_schema.names
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"schema has duplicate column names: {sorted({n for n in names if names.count(n) > 1})}")
+    reserved = [n for n in names if n in LINEAGE_COLUMNS or n.startswith("_lineage") or n.startswith("__")]
+    if reserved:
+        raise InvalidArgumentError(f"column names {reserved} are reserved for lineage; rename them")
+    base = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema))
+    key = list(key or [])
+    unknown = [k for k in key if k not in names]
+    if unknown:
+        raise UnknownColumnError(f"key column(s) {unknown} are not in the schema (columns: {names})")
+    if len(set(key)) != len(key):
+        raise InvalidArgumentError(f"key lists a column twice: {key}")
+    fields = []
+    for f in base.fields:
+        if f.name in key:
+            if not f.field_type.is_primitive:
+                raise InvalidArgumentError(f"key column {f.name!r} has type {f.field_type}; keys must be primitive columns")
+            f = NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc)
+        fields.append(f)
+    ids = [f.field_id for f in fields if f.name in key]
+    return Schema(*fields, identifier_field_ids=ids)
+
+
+_TRANSFORM_RE = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?(\w+)\s*\)\s*$")
+
+
+def partition_spec(schema: Schema, partition_by: Sequence[str] | None) -> PartitionSpec:
+    """Build a partition spec from strings like ``"region"``, ``"day(ts)"``, ``"bucket(16, id)"``."""
+    if not partition_by:
+        return PartitionSpec()
+    if isinstance(partition_by, str):
+        partition_by = [partition_by]
+    fields = []
+    for i, expr in enumerate(partition_by):
+        m = _TRANSFORM_RE.match(expr)
+        if m:
+            name, arg, column = m.group(1).lower(), m.group(2), m.group(3)
+        elif re.fullmatch(r"\s*\w+\s*", expr):
+            name, arg, column = "identity", None, expr.strip()
+        else:
+            raise InvalidArgumentError(
+                f"partition_by entry {expr!r} is not understood; use 'col', 'identity(col)', 'year|month|day|hour(col)', "
+                "'bucket(N, col)' or 'truncate(W, col)'"
+            )
+        try:
+            source = schema.find_field(column)
+        except ValueError:
+            raise UnknownColumnError(f"partition_by column {column!r} is not in the schema") from None
+        transform: Transform
+        suffix = ""
+        if name == "identity" and arg is None:
+            transform = IdentityTransform()
+        elif name in ("year", "month", "day", "hour") and arg is None:
+            transform = {"year": YearTransform, "month": MonthTransform, "day": DayTransform, "hour": HourTransform}[name]()
+            suffix = f"_{name}"
+        elif name == "bucket" and arg is not None:
+            transform = BucketTransform(int(arg))
+            suffix = f"_bucket_{arg}"
+        elif name == "truncate" and arg is not None:
+            transform = TruncateTransform(int(arg))
+            suffix = f"_trunc_{arg}"
+        else:
+            raise InvalidArgumentError(f"partition_by entry {expr!r}: unknown transform or wrong arguments")
+        if not transform.can_transform(source.field_type):
+            raise InvalidArgumentError(f"partition_by entry {expr!r}: cannot apply {name} to {source.field_type}")
+        fields.append(PartitionField(source_id=source.field_id, field_id=1000 + i, transform=transform, name=f"{column}{suffix}"))
+    return PartitionSpec(*fields)
+
+
+def arrow_schema(schema: Schema) -> pa.Schema:
+    """The pyarrow schema (without field-id metadata) that reads of the table return."""
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema_to_pyarrow(schema, include_field_ids=False)])
+
+
+_FAMILIES = (
+    ("integer", pa.types.is_integer),
+    ("floating", pa.types.is_floating),
+    ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)),
+    ("binary", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)),
+    ("timestamp", pa.types.is_timestamp),
+    ("date", pa.types.is_date),
+    ("time", pa.types.is_time),
+    ("decimal", pa.types.is_decimal),
+    ("boolean", pa.types.is_boolean),
+)
+
+
+def _family(t: pa.DataType) -> str:
+    for name, test in _FAMILIES:
+        if test(t):
+            return name
+    return str(t)
+
+
+def to_arrow_table(data: object) -> pa.Table:
+    """Accept a pyarrow Table, RecordBatch, RecordBatchReader or pandas DataFrame."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise InvalidArgumentError(
+        f"data must be a pyarrow Table/RecordBatch/RecordBatchReader or a pandas DataFrame, got {type(data).__name__}"
+    )
+
+
+def conform(data: pa.Table, schema: Schema, key: Sequence[str] = ()) -> pa.Table:
+    """Return ``data`` cast to the table's arrow schema, or raise a specific error.
+
+    Columns may come in any order; missing optional columns are filled with nulls.
+    """
+    target = arrow_schema(schema)
+    names = set(data.column_names)
+    if len(names) != len(data.column_names):
+        raise SchemaMismatchError(f"data has duplicate column names: {data.column_names}")
+    unknown = sorted(names - set(target.names))
+    if unknown:
+        raise UnknownColumnError(f"data has column(s) {unknown} that the table does not have (table columns: {target.names})")
+    columns = []
+    for field in target:
+        if field.name not in names:
+            if not field.nullable:
+                raise SchemaMismatchError(f"data lacks required column {field.name!r}")
+            columns.append(pa.nulls(data.num_rows, field.type))
+            continue
+        col = data.column(field.name)
+        if not col.type.equals(field.type):
+            if _family(col.type) != _family(field.type) and not pa.types.is_null(col.type):
+                raise SchemaMismatchError(f"column {field.name!r} has type {col.type}, the table expects {field.type}")
+            try:
+                col = col.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaMismatchError(f"column {field.name!r}: cannot convert {col.type} to {field.type}: {exc}") from None
+        if not field.nullable and col.null_count:
+            error = KeyViolationError if field.name in key else SchemaMismatchError
+            raise error(f"column {field.name!r} is required but {col.null_count} row(s) are null")
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def check_columns(schema: Schema, columns: Sequence[str], what: str) -> None:
+    """Raise UnknownColumnError if any of ``columns`` is not a table or lineage column."""
+    known = [f.name for f in schema.fields]
+    unknown = [c for c in columns if c not in known and c not in LINEAGE_COLUMNS]
+    if unknown:
+        raise UnknownColumnError(f"{what}: unknown column(s) {unknown}; the table has {known + list(LINEAGE_COLUMNS)}")
+
+
+def null_or_duplicate_keys(data: pa.Table, key: Sequence[str]) -> str | None:
+    """Describe null or duplicate key values in ``data``, or return None if there are none."""
+    for k in key:
+        nulls = data.column(k).null_count
+        if nulls:
+            return f"key column {k!r} is null in {nulls} row(s)"
+    counts = data.group_by(list(key)).aggregate([([], "count_all")])
+    dups = counts.filter(pc.greater(counts.column("count_all"), 1))
+    if dups.num_rows:
+        sample = dups.slice(0, 3).drop_columns(["count_all"]).to_pylist()
+        return f"{dups.num_rows} key value(s) occur more than once in the batch, e.g. {sample}"
+    return None

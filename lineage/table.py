@@ -1,0 +1,689 @@
+"""Tables with row lineage: create, open, write, read.
+
+Every write follows the same three steps, repeated if another writer wins
+the commit race:
+
+1. **plan** against the current snapshot in DuckDB: which live images are
+   removed, which new images replace them (same row id), which rows are new;
+2. **write** Parquet files: new data files, and either position delete files
+   (merge-on-read) or rewritten data files (copy-on-write);
+3. **commit**: write the lineage segment, the deleted-rows index segment and
+   the lineage list, then one Iceberg snapshot whose summary points at the
+   list. The snapshot is the single atomic point.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError as _IceExists
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Operation
+
+from index.deleted_rows import RemovedImages, write_index_segment
+from lineage import duck
+from lineage.catalog import identifier, resolve_catalog
+from lineage.commit import commit_files
+from lineage.errors import (
+    CommitConflictError,
+    InvalidArgumentError,
+    KeyViolationError,
+    TableAlreadyExistsError,
+    TableNotFoundError,
+    UnknownColumnError,
+)
+from lineage.metadata import (
+    FORMAT_VERSION,
+    SUMMARY_FORMAT_VERSION,
+    SUMMARY_LIST,
+    SUMMARY_NEXT_ROW_ID,
+    SUMMARY_OPERATION,
+    SUMMARY_VERSION,
+    CommitEntry,
+    FileLineage,
+    read_segment,
+    write_list,
+    write_segment,
+)
+from lineage.predicate import parse_predicate, quote_ident
+from lineage.rle import encode_sequence, encode_values, sequence_run, value_run
+from lineage.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.schema import (
+    LINEAGE_COLUMNS,
+    arrow_schema,
+    conform,
+    iceberg_schema,
+    null_or_duplicate_keys,
+    partition_spec,
+    to_arrow_table,
+)
+from lineage.state import LiveFile, TableState, state_at
+from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
+
+log = logging.getLogger(__name__)
+
+MERGE_ON_READ = "merge-on-read"
+COPY_ON_WRITE = "copy-on-write"
+_MODES = (MERGE_ON_READ, COPY_ON_WRITE)
+
+# Table properties (Iceberg's own names where Iceberg has one).
+PROP_DELETE_MODE = "write.delete.mode"
+PROP_UPDATE_MODE = "write.update.mode"
+PROP_MERGE_MODE = "write.merge.mode"
+PROP_DELETE_GRANULARITY = "write.delete.granularity"
+PROP_RETRIES = "commit.retry.num-retries"
+PROP_LINEAGE = "lineage.enabled"
+DEFAULT_RETRIES = 20
+
+_ICEBERG_OPERATION = {"append": Operation.APPEND, "delete": Operation.DELETE, "update": Operation.OVERWRITE, "upsert": Operation.OVERWRITE}
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What one write did. ``committed`` is False for a write that matched nothing."""
+
+    version: int
+    snapshot_id: int | None
+    timestamp: _dt.datetime
+    operation: str
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    data_files_added: int = 0
+    delete_files_added: int = 0
+    data_files_removed: int = 0
+    bytes_written: int = 0
+    attempts: int = 1
+    committed: bool = True
+
+
+@dataclass
+class _Plan:
+    """What a write does to the state it was planned against."""
+
+    operation: str
+    files: list[LiveFile] = field(default_factory=list)
+    removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
+    new_images: pa.Table | None = None  # data columns + ROW_ID, CREATED: updated images of existing rows
+    inserts: pa.Table | None = None  # data columns: rows with fresh ids
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
+
+
+def _ms_to_datetime(ms: int) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
+
+
+def create_table(
+    name: str,
+    schema: pa.Schema,
+    key: Sequence[str] | None = None,
+    partition_by: Sequence[str] | None = None,
+    *,
+    warehouse: str | os.PathLike[str] | None = None,
+    catalog: Catalog | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Create an Iceberg (format v2) table whose rows carry lineage.
+
+    ``key`` columns become the table's identifier fields (required, used by
+    :meth:`Table.upsert`). ``partition_by`` takes Iceberg transforms such as
+    ``"region"``, ``"day(ts)"``, ``"bucket(16, id)"``, ``"truncate(4, name)"``.
+    """
+    cat = resolve_catalog(warehouse, catalog)
+    ns, tbl = identifier(name)
+    ischema = iceberg_schema(schema, key)
+    spec = partition_spec(ischema, partition_by)
+    props = {PROP_LINEAGE: "true", "format-version": "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ}
+    for k, v in (properties or {}).items():
+        props[str(k)] = str(v)
+    if props.get("format-version") != "2":
+        raise InvalidArgumentError(f"format-version must be 2 (got {props['format-version']!r}); v1 has no delete files")
+    for prop in (PROP_DELETE_MODE, PROP_UPDATE_MODE, PROP_MERGE_MODE):
+        _check_mode(props[prop], prop)
+    try:
+        cat.create_namespace(ns)
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        ice = cat.create_table((ns, tbl), schema=ischema, partition_spec=spec, properties=props)
+    except _IceExists:
+        raise TableAlreadyExistsError(f"table {ns}.{tbl} already exists; open it with lineage.open_table") from None
+    return Table(ice, cat)
+
+
+def open_table(name: str, *, warehouse: str | os.PathLike[str] | None = None, catalog: Catalog | None = None) -> Table:
+    """Open a table created by :func:`create_table`."""
+    cat = resolve_catalog(warehouse, catalog)
+    ns, tbl = identifier(name)
+    try:
+        ice = cat.load_table((ns, tbl))
+    except NoSuchTableError:
+        raise TableNotFoundError(f"table {ns}.{tbl} does not exist in this catalog") from None
+    if ice.metadata.properties.get(PROP_LINEAGE) != "true":
+        raise InvalidArgumentError(f"table {ns}.{tbl} is a plain Iceberg table, not one created with lineage.create_table")
+    return Table(ice, cat)
+
+
+def _check_mode(mode: str, what: str) -> str:
+    if mode not in _MODES:
+        raise InvalidArgumentError(f"{what} must be one of {_MODES}, got {mode!r}")
+    return mode
+
+
+class Table:
+    """An Iceberg table whose rows carry ``_row_id`` and created/updated versions."""
+
+    def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
+        self._iceberg = iceberg
+        self._catalog = catalog
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def name(self) -> str:
+        """The table's name, ``namespace.table``."""
+        return ".".join(self._iceberg.name()[-2:])
+
+    @property
+    def iceberg(self) -> IcebergTable:
+        """The underlying pyiceberg table (refreshed by :meth:`refresh`)."""
+        return self._iceberg
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog the table lives in."""
+        return self._catalog
+
+    @property
+    def key(self) -> list[str]:
+        """The table's key columns (its Iceberg identifier fields)."""
+        return list(self._iceberg.schema().identifier_field_names())
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The data columns as a pyarrow schema."""
+        return arrow_schema(self._iceberg.schema())
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The Iceberg table properties."""
+        return dict(self._iceberg.metadata.properties)
+
+    def refresh(self) -> Table:
+        """Reload the table's metadata from the catalog."""
+        self._iceberg = self._iceberg.refresh()
+        return self
+
+    @property
+    def version(self) -> int:
+        """The current version (0 before the first commit)."""
+        self.refresh()
+        snap = self._iceberg.metadata.current_snapshot()
+        return snap.sequence_number if snap else 0
+
+    def state(self, as_of: int | None = None) -> TableState:
+        """The table's state at a version (current by default), for engines and tools."""
+        self.refresh()
+        return state_at(self._iceberg, as_of)
+
+    def history(self) -> list[CommitInfo]:
+        """Every commit, oldest first, from the lineage commit log (survives snapshot expiry)."""
+        lst = self.state().lineage
+        return [
+            CommitInfo(
+                version=c.version,
+                snapshot_id=c.snapshot_id,
+                timestamp=_ms_to_datetime(c.timestamp_ms),
+                operation=c.operation,
+                inserted=c.inserted,
+                updated=c.updated,
+                deleted=c.deleted,
+            )
+            for c in lst.commits
+        ]
+
+    # ------------------------------------------------------------------ reads
+    def scan(
+        self,
+        where: str | BooleanExpression | None = None,
+        columns: Sequence[str] | None = None,
+        as_of: int | None = None,
+        with_lineage: bool = True,
+    ) -> pa.Table:
+        """Live rows at ``as_of`` (a version; current by default) with lineage columns."""
+        state = self.state(as_of)
+        schema = self.arrow_schema
+        probe = pa.schema(list(schema) + LINEAGE_SCHEMA)
+        pred = parse_predicate(where, probe)
+        if columns is None:
+            wanted = list(schema.names) + (list(LINEAGE_COLUMNS) if with_lineage else [])
+        else:
+            if isinstance(columns, str):
+                raise InvalidArgumentError("columns must be a list of column names, not a string")
+            unknown = [c for c in columns if c not in probe.names]
+            if unknown:
+                raise UnknownColumnError(f"columns {unknown} are not in the table (columns: {probe.names})")
+            wanted = list(columns)
+        con = duck.connect()
+        try:
+            register_live_view(con, "live", state.live_files(pred.prune), schema)
+            select = ", ".join(quote_ident(c) for c in wanted)
+            result = con.execute(f"SELECT {select} FROM live WHERE ({pred.sql})").to_arrow_table()
+        finally:
+            con.close()
+        target = pa.schema([probe.field(c) for c in wanted])
+        return result.cast(target) if result.schema != target else result
+
+    def count(self, as_of: int | None = None) -> int:
+        """Number of live rows at ``as_of``."""
+        return self.scan(columns=["_row_id"], as_of=as_of).num_rows
+
+    # ------------------------------------------------------------------ writes
+    def append(self, data: object) -> CommitInfo:
+        """Append rows; each gets a fresh row id, created = updated = the new version."""
+        batch = conform(to_arrow_table(data), self._iceberg.schema(), self.key)
+        written: list[WrittenFile] = []
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            return _Plan("append", inserts=batch, inserted=batch.num_rows)
+
+        return self._write(plan, mode=MERGE_ON_READ, reuse_inserts=written)
+
+    def delete(self, where: str | BooleanExpression, *, mode: str | None = None) -> CommitInfo:
+        """Delete the live rows matching ``where`` (merge-on-read unless ``mode``/properties say otherwise)."""
+        if where is None:
+            raise InvalidArgumentError("where is required; use where='TRUE' to delete every row")
+        pred = parse_predicate(where, self._probe_schema())
+        mode = self._mode(mode, PROP_DELETE_MODE)
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            files = state.live_files(pred.prune)
+            register_live_view(con, "live", files, self.arrow_schema)
+            removed = con.execute(f"SELECT {_REMOVED_COLS} FROM live WHERE ({pred.sql})").to_arrow_table()
+            return _Plan("delete", files=files, removed=removed, deleted=removed.num_rows)
+
+        return self._write(plan, mode=mode)
+
+    def update(self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None) -> CommitInfo:  # noqa: A002
+        """Set columns of the rows matching ``where`` to SQL expressions (evaluated on the old row).
+
+        Updated rows keep their row id and created version; their updated
+        version becomes the new version.
+        """
+        schema = self.arrow_schema
+        if not isinstance(set, Mapping) or not set:
+            raise InvalidArgumentError("set must be a non-empty mapping of column name to SQL expression")
+        unknown = [c for c in set if c not in schema.names]
+        if unknown:
+            raise UnknownColumnError(f"set names column(s) {unknown} that the table does not have (columns: {schema.names})")
+        pred = parse_predicate(where, self._probe_schema())
+        for col, expr in set.items():
+            if not isinstance(expr, str) or not expr.strip():
+                raise InvalidArgumentError(f"set[{col!r}] must be a SQL expression string, got {expr!r}")
+            _check_expression(expr, self._probe_schema(), col)
+        mode = self._mode(mode, PROP_UPDATE_MODE)
+        select = ", ".join(f"({set[c]}) AS {quote_ident(c)}" if c in set else quote_ident(c) for c in schema.names)
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            files = state.live_files(pred.prune)
+            register_live_view(con, "live", files, schema)
+            con.execute(
+                f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
+                f"{_REMOVED_COLS} FROM live WHERE ({pred.sql})"
+            )
+            removed = con.execute(f"SELECT {_REMOVED_COLS} FROM matched").to_arrow_table()
+            names = ", ".join(quote_ident(c) for c in schema.names)
+            images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
+            images = _conform_images(images, self._iceberg.schema(), self.key, "update")
+            return _Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows)
+
+        return self._write(plan, mode=mode)
+
+    def upsert(self, data: object, *, skip_unchanged: bool = False, mode: str | None = None) -> CommitInfo:
+        """Insert-or-update by the table key.
+
+        Rows whose key matches a live row update it (same row id and created
+        version); the others are inserted with fresh row ids. A batch with
+        null or duplicate keys is rejected. With ``skip_unchanged`` a matched
+        row equal in every column is left alone instead of updated.
+        """
+        key = self.key
+        if not key:
+            raise KeyViolationError(f"table {self.name} has no key; create it with key=[...] to upsert")
+        batch = conform(to_arrow_table(data), self._iceberg.schema(), key)
+        problem = null_or_duplicate_keys(batch, key)
+        if problem:
+            raise KeyViolationError(f"upsert batch rejected: {problem}")
+        mode = self._mode(mode, PROP_MERGE_MODE)
+        schema = self.arrow_schema
+        on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
+        same = " AND ".join(f"b.{quote_ident(c)} IS NOT DISTINCT FROM l.{quote_ident(c)}" for c in schema.names)
+        bcols = ", ".join(f"b.{quote_ident(c)}" for c in schema.names)
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            files = state.live_files()
+            register_live_view(con, "live", files, schema)
+            con.register("batch", batch)
+            skip = f" AND NOT ({same})" if skip_unchanged else ""
+            con.execute(
+                f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
+                "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version "
+                f"FROM batch b JOIN live l ON {on}{skip}"
+            )
+            removed = con.execute(f"SELECT {_REMOVED_COLS} FROM matched").to_arrow_table()
+            images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
+            inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN live l ON {on}").to_arrow_table()
+            images = _conform_images(images, self._iceberg.schema(), key, "upsert")
+            inserts = inserts.cast(schema)
+            return _Plan(
+                "upsert", files=files, removed=removed, new_images=images, inserts=inserts, inserted=inserts.num_rows, updated=removed.num_rows
+            )
+
+        return self._write(plan, mode=mode)
+
+    # ------------------------------------------------------------------ internals
+    def _probe_schema(self) -> pa.Schema:
+        return pa.schema(list(self.arrow_schema) + LINEAGE_SCHEMA)
+
+    def _mode(self, mode: str | None, prop: str) -> str:
+        if mode is None:
+            return _check_mode(self._iceberg.metadata.properties.get(prop, MERGE_ON_READ), f"table property {prop}")
+        return _check_mode(mode, "mode")
+
+    def _write(
+        self,
+        plan_fn: Callable[[TableState, duckdb.DuckDBPyConnection], _Plan],
+        *,
+        mode: str,
+        reuse_inserts: list[WrittenFile] | None = None,
+    ) -> CommitInfo:
+        """Plan, write and commit, re-planning after each lost commit race."""
+        retries = int(self._iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
+        for attempt in range(1, retries + 2):
+            self.refresh()
+            state = state_at(self._iceberg)
+            con = duck.connect()
+            created: list[str] = []
+            try:
+                plan = plan_fn(state, con)
+                if plan.is_empty:
+                    return self._no_op(state, plan.operation, attempt)
+                try:
+                    return self._materialize_and_commit(state, plan, mode, con, created, attempt, reuse_inserts)
+                except CommitFailedException as exc:
+                    log.info("commit of %s lost a race (attempt %d): %s", plan.operation, attempt, exc)
+                    _cleanup(self._iceberg, created)
+            except _Committed as done:
+                raise done.error from None
+            except BaseException:
+                # Nothing was committed (see _Committed): the files are ours to remove.
+                _cleanup(self._iceberg, created + [w.data_file.file_path for w in reuse_inserts or []])
+                raise
+            finally:
+                con.close()
+            time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)) * random.uniform(0.5, 1.5))
+        if reuse_inserts:
+            _cleanup(self._iceberg, [w.data_file.file_path for w in reuse_inserts])
+        raise CommitConflictError(
+            f"gave up after {retries + 1} attempts: other writers kept committing to {self.name}; nothing was committed. "
+            f"Retry later or raise the table property {PROP_RETRIES}"
+        )
+
+    def _no_op(self, state: TableState, operation: str, attempt: int) -> CommitInfo:
+        snap = state.snapshot
+        ts = _ms_to_datetime(snap.timestamp_ms) if snap else _ms_to_datetime(self._iceberg.metadata.last_updated_ms)
+        return CommitInfo(
+            version=state.version, snapshot_id=snap.snapshot_id if snap else None, timestamp=ts, operation=operation, attempts=attempt, committed=False
+        )
+
+    def _materialize_and_commit(
+        self,
+        state: TableState,
+        plan: _Plan,
+        mode: str,
+        con: duckdb.DuckDBPyConnection,
+        created: list[str],
+        attempt: int,
+        reuse_inserts: list[WrittenFile] | None,
+    ) -> CommitInfo:
+        ice = self._iceberg
+        version = ice.metadata.next_sequence_number()
+        written: list[WrittenFile] = []
+        delete_files: list[DataFile] = []
+        removed_files: list[DataFile] = []
+        removed_images: list[RemovedImages] = []
+
+        # 1. removed images: position deletes, or rewritten files
+        if plan.removed is not None and plan.removed.num_rows:
+            groups = _group_removed(plan.removed)
+            for fid, cols in groups.items():
+                removed_images.append(
+                    RemovedImages(plan.files[fid].path, cols["__pos"], cols["_row_id"], cols["_row_created_at_version"], cols["_row_last_updated_at_version"], version)
+                )
+            if mode == MERGE_ON_READ:
+                granularity = ice.metadata.properties.get(PROP_DELETE_GRANULARITY, "file")
+                if granularity not in ("file", "partition"):
+                    raise InvalidArgumentError(f"table property {PROP_DELETE_GRANULARITY} must be 'file' or 'partition', got {granularity!r}")
+                delete_files = write_position_deletes(ice, [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()], granularity)
+                created.extend(f.file_path for f in delete_files)
+            else:
+                kept = _kept_rows(con, [plan.files[fid] for fid in groups], groups, self.arrow_schema)
+                rewritten = write_data_files(ice, kept.cast(_with_hidden(self.arrow_schema, (ROW_ID, CREATED, UPDATED))))
+                created.extend(w.data_file.file_path for w in rewritten)
+                written.extend(rewritten)
+                removed_files = [plan.files[fid].data_file for fid in groups]
+
+        # 2. new images of updated rows, then fresh inserts
+        if plan.new_images is not None and plan.new_images.num_rows:
+            images = plan.new_images.sort_by(ROW_ID)
+            new = write_data_files(ice, images)
+            created.extend(w.data_file.file_path for w in new)
+            written.extend(new)
+        if plan.inserts is not None and plan.inserts.num_rows:
+            if reuse_inserts:
+                written.extend(reuse_inserts)  # appends do not depend on the base snapshot
+            else:
+                new = write_data_files(ice, plan.inserts)
+                if reuse_inserts is not None:
+                    reuse_inserts.extend(new)
+                else:
+                    created.extend(w.data_file.file_path for w in new)
+                written.extend(new)
+
+        # 3. lineage of every new data file
+        next_row_id = state.lineage.next_row_id
+        lineages = []
+        for w in written:
+            n = w.data_file.record_count
+            if w.row_ids is None:
+                rids = sequence_run(next_row_id, n)
+                next_row_id += n
+            else:
+                rids = encode_sequence(w.row_ids)
+            lineages.append(
+                FileLineage(
+                    w.data_file.file_path,
+                    n,
+                    rids,
+                    value_run(version, n) if w.created is None else encode_values(w.created),
+                    value_run(version, n) if w.updated is None else encode_values(w.updated),
+                )
+            )
+
+        # 4. lineage and index files, then the Iceberg commit
+        snapshot_id = ice.metadata.new_snapshot_id()
+        last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
+        timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
+        meta_dir = f"{ice.metadata.location}/metadata"
+        tag = f"{version:09d}-{uuid.uuid4()}"
+        bytes_written = sum(w.data_file.file_size_in_bytes for w in written) + sum(f.file_size_in_bytes for f in delete_files)
+        segment_path = index_path = None
+        if lineages:
+            segment_path = f"{meta_dir}/lineage/{tag}-segment.parquet"
+            created.append(segment_path)
+            bytes_written += write_segment(ice.io, segment_path, lineages)
+        if removed_images:
+            index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
+            created.append(index_path)
+            bytes_written += write_index_segment(ice.io, index_path, removed_images)
+        segments = self._surviving_segments(state, removed_files, written)
+        if segment_path:
+            segments.append(segment_path)
+        entry = CommitEntry(
+            version=version,
+            snapshot_id=snapshot_id,
+            timestamp_ms=timestamp_ms,
+            operation=plan.operation,
+            inserted=plan.inserted,
+            updated=plan.updated,
+            deleted=plan.deleted,
+            segment=segment_path,
+            index=index_path,
+        )
+        new_list = state.lineage.with_commit(entry, tuple(segments), next_row_id)
+        list_path = f"{meta_dir}/lineage/{tag}-list.json"
+        created.append(list_path)
+        bytes_written += write_list(ice.io, list_path, new_list)
+        properties = {
+            SUMMARY_LIST: list_path,
+            SUMMARY_VERSION: str(version),
+            SUMMARY_NEXT_ROW_ID: str(next_row_id),
+            SUMMARY_OPERATION: plan.operation,
+            SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
+        }
+        commit_files(
+            ice,
+            operation=_ICEBERG_OPERATION[plan.operation],
+            added=[w.data_file for w in written] + delete_files,
+            removed=removed_files,
+            properties=properties,
+            timestamp_ms=timestamp_ms,
+            snapshot_id=snapshot_id,
+            written=created,
+        )
+        try:
+            self.refresh()
+        except Exception as exc:  # the commit landed; never clean up its files
+            raise _Committed(exc) from exc
+        return CommitInfo(
+            version=version,
+            snapshot_id=snapshot_id,
+            timestamp=_ms_to_datetime(timestamp_ms),
+            operation=plan.operation,
+            inserted=plan.inserted,
+            updated=plan.updated,
+            deleted=plan.deleted,
+            data_files_added=len(written),
+            delete_files_added=len(delete_files),
+            data_files_removed=len(removed_files),
+            bytes_written=bytes_written,
+            attempts=attempt,
+        )
+
+    def _surviving_segments(self, state: TableState, removed_files: list[DataFile], written: list[WrittenFile]) -> list[str]:
+        """Segments of the base list that still describe at least one live data file."""
+        segments = list(state.lineage.segments)
+        if not removed_files:
+            return segments
+        live = state.all_data_file_paths() - {f.file_path for f in removed_files}
+        return [s for s in segments if any(fl.file_path in live for fl in read_segment(self._iceberg.io, s))]
+
+
+class _Committed(Exception):
+    """Wraps an error raised after the commit landed, so no written file is cleaned up."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+_REMOVED_COLS = "__file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
+
+
+def _with_hidden(schema: pa.Schema, hidden: Sequence[str]) -> pa.Schema:
+    return pa.schema(list(schema) + [pa.field(h, pa.int64(), nullable=False) for h in hidden])
+
+
+def _kept_rows(
+    con: duckdb.DuckDBPyConnection, files: list[LiveFile], groups: dict[int, dict[str, np.ndarray]], schema: pa.Schema
+) -> pa.Table:
+    """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order."""
+    register_live_view(con, "affected", files, schema)
+    removed = pa.table(
+        {
+            "__file_id": np.concatenate([np.full(len(g["__pos"]), i, np.int32) for i, g in enumerate(groups.values())]),
+            "__pos": np.concatenate([g["__pos"] for g in groups.values()]),
+        }
+    )
+    con.register("removed_now", removed)
+    names = ", ".join(quote_ident(c) for c in schema.names)
+    return con.execute(
+        f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, _row_last_updated_at_version AS {UPDATED} "
+        "FROM affected l ANTI JOIN removed_now r ON r.__file_id = l.__file_id AND r.__pos = l.__pos "
+        "ORDER BY l.__file_id, l.__pos"
+    ).to_arrow_table()
+
+
+def _group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
+    """Split removed images by file id, each sorted by position."""
+    removed = removed.sort_by([("__file_id", "ascending"), ("__pos", "ascending")])
+    fid = removed.column("__file_id").to_numpy()
+    bounds = np.flatnonzero(np.diff(fid)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(fid)]))
+    cols = {c: removed.column(c).to_numpy().astype(np.int64) for c in removed.column_names if c != "__file_id"}
+    return {int(fid[s]): {c: v[s:e] for c, v in cols.items()} for s, e in zip(starts, ends, strict=True)}
+
+
+def _conform_images(images: pa.Table, schema, key: Sequence[str], what: str) -> pa.Table:  # type: ignore[no-untyped-def]
+    """Cast new row images to the table schema (checking required columns), keeping hidden lineage columns."""
+    data = conform(images.drop_columns([ROW_ID, CREATED]), schema, key)
+    if what == "update" and key and any(images.column(k).null_count for k in key):
+        raise KeyViolationError("update would set a key column to null")
+    return data.append_column(pa.field(ROW_ID, pa.int64(), False), images.column(ROW_ID).cast(pa.int64())).append_column(
+        pa.field(CREATED, pa.int64(), False), images.column(CREATED).cast(pa.int64())
+    )
+
+
+def _check_expression(expr: str, schema: pa.Schema, column: str) -> None:
+    con = duckdb.connect()
+    try:
+        con.register("__probe", pa.Table.from_batches([], schema=schema))
+        statement = f"SELECT ({expr}) FROM __probe"
+        try:
+            if len(con.extract_statements(statement)) != 1:
+                raise InvalidArgumentError(f"set[{column!r}] must be a single expression, got {expr!r}")
+            con.execute(statement)
+        except duckdb.BinderException as exc:
+            raise UnknownColumnError(f"set[{column!r}] = {expr!r}: {exc}") from None
+        except duckdb.Error as exc:
+            raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid SQL expression: {exc}") from None
+    finally:
+        con.close()
+
+
+def _cleanup(iceberg: IcebergTable, paths: Sequence[str]) -> None:
+    """Best-effort removal of files written for a commit that did not land."""
+    for path in paths:
+        try:
+            iceberg.io.delete(path)
+        except Exception:
+            log.debug("could not remove %s (vacuum will)", path)

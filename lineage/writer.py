@@ -1,0 +1,160 @@
+"""Writing Parquet data files and position delete files for a commit.
+
+Data files are written through pyiceberg (field ids, statistics, partition
+values); we only decide which rows go to which file so that each file's
+lineage is known exactly. Position delete files follow the Iceberg spec
+(reserved field ids 2147483546 ``file_path`` and 2147483545 ``pos``), sorted
+by path and position, with path bounds so readers match them to their data
+file without opening them.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.conversions import to_bytes
+from pyiceberg.io.pyarrow import _determine_partitions, write_file
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import TableProperties, WriteTask
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.types import LongType, StringType
+
+from lineage.fileio import write_bytes
+
+PATH_FIELD_ID = 2147483546
+POS_FIELD_ID = 2147483545
+
+# Hidden columns that carry lineage through partitioning; never written.
+ROW_ID = "__lineage_row_id"
+CREATED = "__lineage_created"
+UPDATED = "__lineage_updated"
+_HIDDEN = (ROW_ID, CREATED, UPDATED)
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A data file written for a commit, with what is known of its rows' lineage.
+
+    ``None`` means "assigned at commit": fresh row ids for ``row_ids`` and the
+    commit's version for ``created`` / ``updated``.
+    """
+
+    data_file: DataFile
+    row_ids: np.ndarray | None
+    created: np.ndarray | None
+    updated: np.ndarray | None
+
+
+def _target_rows(table: pa.Table, properties: dict[str, str]) -> int:
+    target = int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
+    per_row = max(1.0, table.nbytes / max(1, table.num_rows))
+    return max(1, int(target / per_row))
+
+
+def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]:
+    """Write ``data`` (table columns plus optional hidden lineage columns) as data files.
+
+    Rows keep their order inside each partition; hidden columns, when present,
+    are returned per file as lineage arrays.
+    """
+    if data.num_rows == 0:
+        return []
+    metadata = iceberg.metadata
+    schema = metadata.schema()
+    spec = metadata.spec()
+    if spec.is_unpartitioned():
+        parts = [(None, data)]
+    else:
+        parts = [(p.partition_key, p.arrow_table_partition) for p in _determine_partitions(spec, schema, data)]
+    write_uuid = uuid.uuid4()
+    tasks: list[WriteTask] = []
+    lineage: list[tuple[np.ndarray | None, ...]] = []
+    for key, part in parts:
+        step = _target_rows(part, metadata.properties)
+        for start in range(0, part.num_rows, step):
+            chunk = part.slice(start, step)
+            hidden = tuple(
+                chunk.column(c).to_numpy().astype(np.int64) if c in chunk.column_names else None for c in _HIDDEN
+            )
+            body = chunk.drop_columns([c for c in _HIDDEN if c in chunk.column_names])
+            tasks.append(
+                WriteTask(write_uuid=write_uuid, task_id=len(tasks), schema=schema, record_batches=body.to_batches(), partition_key=key)
+            )
+            lineage.append(hidden)
+    data_files = list(write_file(iceberg.io, metadata, iter(tasks)))
+    return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
+
+
+def write_position_deletes(
+    iceberg: IcebergTable, targets: Sequence[tuple[DataFile, np.ndarray]], granularity: str = "file"
+) -> list[DataFile]:
+    """Write position delete files for ``(data file, positions)`` pairs.
+
+    ``granularity`` is ``"file"`` (one delete file per data file, the Iceberg
+    default) or ``"partition"`` (one per partition); never global.
+    """
+    groups: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
+    for data_file, positions in targets:
+        key = data_file.file_path if granularity == "file" else (data_file.spec_id, data_file.partition)
+        groups[key].append((data_file, positions))
+    metadata = iceberg.metadata
+    provider = load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
+    out = []
+    for members in groups.values():
+        members.sort(key=lambda m: m[0].file_path)
+        paths = np.concatenate([np.full(len(p), i) for i, (_, p) in enumerate(members)])
+        names = [m[0].file_path for m in members]
+        positions = np.concatenate([np.sort(p) for _, p in members]).astype(np.int64)
+        table = pa.table(
+            {
+                "file_path": pa.DictionaryArray.from_arrays(pa.array(paths, pa.int32()), pa.array(names)).cast(pa.string()),
+                "pos": positions,
+            },
+            schema=pa.schema(
+                [
+                    pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
+                    pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
+                ]
+            ),
+        )
+        sink = _io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        location = provider.new_data_location(f"{uuid.uuid4()}-deletes.parquet")
+        size = write_bytes(iceberg.io, location, sink.getvalue())
+        first = members[0][0]
+        out.append(
+            DataFile.from_args(
+                content=DataFileContent.POSITION_DELETES,
+                file_path=location,
+                file_format=FileFormat.PARQUET,
+                partition=first.partition,
+                record_count=len(positions),
+                file_size_in_bytes=size,
+                column_sizes={},
+                value_counts={PATH_FIELD_ID: len(positions), POS_FIELD_ID: len(positions)},
+                null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
+                nan_value_counts={},
+                lower_bounds={
+                    PATH_FIELD_ID: to_bytes(StringType(), names[0]),
+                    POS_FIELD_ID: to_bytes(LongType(), int(positions.min())),
+                },
+                upper_bounds={
+                    PATH_FIELD_ID: to_bytes(StringType(), names[-1]),
+                    POS_FIELD_ID: to_bytes(LongType(), int(positions.max())),
+                },
+                split_offsets=None,
+                equality_ids=None,
+                sort_order_id=None,
+                spec_id=first.spec_id,
+                key_metadata=None,
+            )
+        )
+    return out
