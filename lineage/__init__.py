@@ -16,12 +16,14 @@ from lineage.errors import (
     KeyViolationError,
     LineageError,
     LineageMetadataError,
+    RetentionError,
     SchemaMismatchError,
     TableAlreadyExistsError,
     TableNotFoundError,
     UnknownColumnError,
     UnknownVersionError,
     UnsupportedFormatError,
+    VersionRangeError,
 )
 from lineage.table import COPY_ON_WRITE, MERGE_ON_READ, CommitInfo, Table, create_table, open_table
 
@@ -35,6 +37,7 @@ __all__ = [
     "LineageError",
     "LineageMetadataError",
     "MERGE_ON_READ",
+    "RetentionError",
     "SchemaMismatchError",
     "Table",
     "TableAlreadyExistsError",
@@ -42,6 +45,7 @@ __all__ = [
     "UnknownColumnError",
     "UnknownVersionError",
     "UnsupportedFormatError",
+    "VersionRangeError",
     "create_table",
     "open_table",
 ]

@@ -54,3 +54,14 @@ class LineageMetadataError(LineageError):
 
 class UnsupportedFormatError(LineageMetadataError):
     """A lineage or index file was written in a format version this release cannot read."""
+
+
+class VersionRangeError(InvalidArgumentError):
+    """A version range is reversed or otherwise malformed."""
+
+
+class RetentionError(InvalidArgumentError):
+    """A version range starts before the table's change-feed retention window.
+
+    The message names the oldest version a range may start from.
+    """

@@ -1,0 +1,53 @@
+"""Shapes shared by every engine: the commits relation and output schemas."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from lineage.metadata import CommitEntry
+
+TIMESTAMP = pa.timestamp("ms", tz="UTC")
+
+CHANGE_FIELDS = [
+    pa.field("_change_type", pa.string(), nullable=False),
+    pa.field("_commit_version", pa.int64(), nullable=False),
+    pa.field("_commit_timestamp", TIMESTAMP),
+    pa.field("_row_id", pa.int64(), nullable=False),
+    pa.field("_row_created_at_version", pa.int64(), nullable=False),
+    pa.field("_row_last_updated_at_version", pa.int64(), nullable=False),
+    pa.field("_changed_columns", pa.list_(pa.string())),
+]
+
+DELETED_FIELDS = [
+    pa.field("_row_deleted_at_version", pa.int64(), nullable=False),
+    pa.field("_row_deleted_at_timestamp", TIMESTAMP),
+    pa.field("_row_id", pa.int64(), nullable=False),
+    pa.field("_row_created_at_version", pa.int64(), nullable=False),
+    pa.field("_row_last_updated_at_version", pa.int64(), nullable=False),
+]
+
+
+def commits_table(commits: tuple[CommitEntry, ...]) -> pa.Table:
+    """``__version`` → ``_commit_timestamp`` for every commit in the log."""
+    return pa.table(
+        {
+            "__version": pa.array([c.version for c in commits], pa.int64()),
+            "_commit_timestamp": pa.array([c.timestamp_ms for c in commits], pa.int64()).cast(TIMESTAMP),
+        }
+    )
+
+
+def change_schema(data: pa.Schema) -> pa.Schema:
+    """Output schema of ``changes()``: the selected data columns then the change columns."""
+    return pa.schema(list(data) + CHANGE_FIELDS)
+
+
+def deleted_schema(data: pa.Schema) -> pa.Schema:
+    """Output schema of ``deleted_rows()``."""
+    return pa.schema(list(data) + DELETED_FIELDS)
+
+
+def conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast an engine's result to the documented schema (column order included)."""
+    result = result.select(schema.names)
+    return result if result.schema == schema else result.cast(schema)

@@ -1,0 +1,142 @@
+"""Which versions a change feed may span: the retention window and range resolution.
+
+The guarantee is set by two table properties:
+
+* ``lineage.cdf.retention.versions`` = N: ranges may start at any of the last N versions;
+* ``lineage.cdf.retention.days`` = D: ranges may start at any version that was
+  current at some time in the last D days.
+
+With both set, either suffices (the window is the longer of the two). With
+neither, every version since the table's creation is available.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from dataclasses import dataclass
+
+from lineage.errors import InvalidArgumentError, RetentionError, UnknownVersionError, VersionRangeError
+from lineage.metadata import CommitEntry
+from lineage.state import TableState
+
+PROP_RETENTION_VERSIONS = "lineage.cdf.retention.versions"
+PROP_RETENTION_DAYS = "lineage.cdf.retention.days"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The versions a change-feed range may use: start >= ``oldest``, end <= ``current``."""
+
+    oldest: int
+    current: int
+    commits: tuple[CommitEntry, ...]
+
+
+def _positive(properties: dict[str, str], name: str, kind: type) -> float | None:
+    raw = properties.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"table property {name} must be a positive {kind.__name__}, got {raw!r}") from None
+    if value <= 0:
+        raise InvalidArgumentError(f"table property {name} must be positive, got {raw!r}")
+    return value
+
+
+def window(state: TableState, now_ms: int | None = None) -> Window:
+    """The retention window of ``state``'s table at its current version."""
+    props = dict(state.iceberg.metadata.properties)
+    commits = state.lineage.commits
+    current = state.version
+    n = _positive(props, PROP_RETENTION_VERSIONS, int)
+    d = _positive(props, PROP_RETENTION_DAYS, float)
+    if n is None and d is None:
+        return Window(0, current, commits)
+    candidates = []
+    if n is not None:
+        candidates.append(max(0, current - int(n)))
+    if d is not None:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        horizon = now_ms - d * 86_400_000
+        # The version current at the horizon: the last commit at or before it.
+        at_horizon = 0
+        for c in commits:
+            if c.timestamp_ms <= horizon:
+                at_horizon = c.version
+        candidates.append(at_horizon)
+    return Window(min(candidates), current, commits)
+
+
+def _to_ms(ts: object, what: str) -> int:
+    if isinstance(ts, _dt.datetime):
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=_dt.timezone.utc)
+        return int(ts.timestamp() * 1000)
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return int(ts)
+    if isinstance(ts, str):
+        try:
+            return _to_ms(_dt.datetime.fromisoformat(ts), what)
+        except ValueError:
+            pass
+    raise InvalidArgumentError(f"{what} must be a datetime, an ISO-8601 string or epoch milliseconds, got {ts!r}")
+
+
+def version_at(win: Window, ts: object, what: str) -> int:
+    """The version that was current at timestamp ``ts`` (0 before the first commit)."""
+    ms = _to_ms(ts, what)
+    version = 0
+    for c in win.commits:
+        if c.timestamp_ms <= ms:
+            version = c.version
+    return version
+
+
+def _check_version(win: Window, v: object, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidArgumentError(f"{what} must be an integer version, got {v!r}")
+    known = {0} | {c.version for c in win.commits}
+    if v not in known or v > win.current:
+        raise UnknownVersionError(
+            f"{what}={v} is not a version of this table; versions run from 0 to {win.current} "
+            f"and the oldest available start is {win.oldest}"
+        )
+    return v
+
+
+def resolve_range(
+    state: TableState,
+    from_version: int | None = None,
+    to_version: int | None = None,
+    *,
+    from_timestamp: object = None,
+    to_timestamp: object = None,
+) -> tuple[int, int]:
+    """Validate a range and return ``(a, b)``: changes after version a up to and including b."""
+    win = window(state)
+    if from_version is not None and from_timestamp is not None:
+        raise InvalidArgumentError("pass from_version or from_timestamp, not both")
+    if to_version is not None and to_timestamp is not None:
+        raise InvalidArgumentError("pass to_version or to_timestamp, not both")
+    if from_version is None and from_timestamp is None:
+        raise InvalidArgumentError("from_version (or from_timestamp) is required")
+    a = version_at(win, from_timestamp, "from_timestamp") if from_timestamp is not None else _check_version(win, from_version, "from_version")
+    if to_timestamp is not None:
+        b = version_at(win, to_timestamp, "to_timestamp")
+    elif to_version is not None:
+        b = _check_version(win, to_version, "to_version")
+    else:
+        b = win.current
+    if a > b:
+        raise VersionRangeError(
+            f"the range is reversed: from {a} is after to {b}; the start is exclusive and the end inclusive, so pass from <= to"
+        )
+    if a < win.oldest:
+        raise RetentionError(
+            f"version {a} is older than the change-feed retention window; the oldest available version is {win.oldest} "
+            f"(table properties {PROP_RETENTION_VERSIONS}, {PROP_RETENTION_DAYS})"
+        )
+    return a, b

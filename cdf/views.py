@@ -1,0 +1,1 @@
+def register(*a, **k): raise NotImplementedError
