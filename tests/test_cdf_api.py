@@ -1,0 +1,191 @@
+"""The change-feed API: views, timestamps, errors, retention, _changed_columns."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import cdf
+import lineage
+from conftest import SCHEMA, rows
+
+
+@pytest.fixture
+def history(table):
+    """A table with six versions of mixed writes; returns (table, commit infos by version)."""
+    infos = [
+        table.append(pa.table({"id": [1, 2, 3, 4], "name": list("abcd"), "amount": [1.0, 2.0, 3.0, 4.0]})),  # v1
+        table.update("id = 2", {"amount": "amount * 10"}),  # v2
+        table.delete("id = 3"),  # v3
+        table.upsert(pa.table({"id": [4, 5], "name": ["D", "e"], "amount": [4.0, 5.0]})),  # v4
+        table.update("id = 2", {"name": "'bb'"}),  # v5
+        table.delete("id = 5", mode="copy-on-write"),  # v6
+    ]
+    assert [i.version for i in infos] == [1, 2, 3, 4, 5, 6]
+    return table, {i.version: i for i in infos}
+
+
+def feed(t: pa.Table) -> list[tuple]:
+    return rows(t, ["id", "name", "amount", "_change_type", "_commit_version", "_row_id", "_row_created_at_version",
+                    "_row_last_updated_at_version", "_changed_columns"])
+
+
+def test_per_version_feed_has_every_change_with_lineage(history):
+    t, _ = history
+    got = feed(cdf.changes(t, 1, 6))
+    assert got == sorted([
+        (2, "b", 2.0, "update_preimage", 2, 1, 1, 1, ["amount"]),
+        (2, "b", 20.0, "update_postimage", 2, 1, 1, 2, ["amount"]),
+        (3, "c", 3.0, "delete", 3, 2, 1, 1, None),
+        (4, "d", 4.0, "update_preimage", 4, 3, 1, 1, ["name"]),
+        (4, "D", 4.0, "update_postimage", 4, 3, 1, 4, ["name"]),
+        (5, "e", 5.0, "insert", 4, 4, 4, 4, None),
+        (2, "b", 20.0, "update_preimage", 5, 1, 1, 2, ["name"]),
+        (2, "bb", 20.0, "update_postimage", 5, 1, 1, 5, ["name"]),
+        (5, "e", 5.0, "delete", 6, 4, 4, 4, None),
+    ], key=repr)
+
+
+def test_output_columns_are_in_the_documented_order(history):
+    t, _ = history
+    out = cdf.changes(t, 0)
+    assert out.column_names == SCHEMA.names + ["_change_type", "_commit_version", "_commit_timestamp", "_row_id",
+                                               "_row_created_at_version", "_row_last_updated_at_version", "_changed_columns"]
+    assert out.schema.field("_changed_columns").type == pa.list_(pa.string())
+
+
+def test_net_feed_collapses_each_row(history):
+    t, _ = history
+    got = feed(cdf.changes(t, 1, 6, net=True))
+    assert got == sorted([
+        (3, "c", 3.0, "delete", 3, 2, 1, 1, None),
+        (4, "d", 4.0, "update_preimage", 4, 3, 1, 1, ["name"]),
+        (4, "D", 4.0, "update_postimage", 4, 3, 1, 4, ["name"]),
+        (2, "b", 2.0, "update_preimage", 5, 1, 1, 1, ["name", "amount"]),
+        (2, "bb", 20.0, "update_postimage", 5, 1, 1, 5, ["name", "amount"]),
+    ], key=repr)
+
+
+def test_update_that_changes_nothing_is_an_update_with_no_changed_columns(table):
+    table.append(pa.table({"id": [1], "name": ["a"], "amount": [1.0]}))
+    table.update("id = 1", {"amount": "amount"})
+    per_version = cdf.changes(table, 1)
+    assert per_version.column("_change_type").to_pylist() == ["update_preimage", "update_postimage"]
+    assert per_version.column("_changed_columns").to_pylist() == [[], []]
+    assert cdf.changes(table, 1, net=True).num_rows == 0  # equal images: the net pair is dropped
+
+
+def test_empty_range_and_columns_projection(history):
+    t, _ = history
+    assert cdf.changes(t, 4, 4).num_rows == 0
+    out = cdf.changes(t, 1, 2, columns=["amount"])
+    assert out.column_names[0] == "amount" and "name" not in out.column_names
+    assert out.column("_changed_columns").to_pylist() == [["amount"], ["amount"]]
+
+
+def test_commit_timestamps_and_timestamp_ranges(history):
+    t, infos = history
+    out = cdf.changes(t, 0)
+    for version, ts in zip(out.column("_commit_version").to_pylist(), out.column("_commit_timestamp").to_pylist()):
+        assert ts == infos[version].timestamp
+    by_ts = cdf.changes(t, from_timestamp=infos[2].timestamp, to_timestamp=infos[5].timestamp)
+    assert feed(by_ts) == feed(cdf.changes(t, 2, 5))
+    before_everything = infos[1].timestamp - dt.timedelta(days=1)
+    assert feed(cdf.changes(t, from_timestamp=before_everything)) == feed(cdf.changes(t, 0))
+    iso = infos[3].timestamp.isoformat()
+    assert feed(cdf.changes(t, from_timestamp=iso, to_version=6)) == feed(cdf.changes(t, 3, 6))
+
+
+def test_deleted_rows_python_api(history):
+    t, _ = history
+    out = cdf.deleted_rows(t)
+    assert rows(out, ["id", "name", "_row_deleted_at_version", "_row_id", "_row_created_at_version"]) == [
+        (3, "c", 3, 2, 1), (5, "e", 6, 4, 4)]
+    assert rows(cdf.deleted_rows(t, since=3), ["id"]) == [(5,)]
+    assert rows(cdf.deleted_rows(t, until=5), ["id"]) == [(3,)]
+
+
+def test_duckdb_views(history):
+    t, _ = history
+    con = duckdb.connect()
+    assert cdf.register(con, t) == "orders"
+    got = con.execute('SELECT * FROM "orders$changes"(1, 6)').to_arrow_table()
+    assert feed(got) == feed(cdf.changes(t, 1, 6))
+    net = con.execute('SELECT * FROM "orders$changes"(1, net := true)').to_arrow_table()
+    assert feed(net) == feed(cdf.changes(t, 1, net=True))
+    deleted = con.execute('SELECT id, _row_deleted_at_version FROM "orders$deleted_rows" ORDER BY id').fetchall()
+    assert deleted == [(3, 3), (5, 6)]
+    t.delete("id = 1")  # views are evaluated at query time
+    assert con.execute('SELECT count(*) FROM "orders$deleted_rows"').fetchone()[0] == 3
+    with pytest.raises(duckdb.Error, match="reversed"):
+        con.execute('SELECT * FROM "orders$changes"(5, 2)').fetchall()
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        ((5, 2), lineage.VersionRangeError, "reversed"),
+        ((0, 99), lineage.UnknownVersionError, "to_version=99"),
+        ((42,), lineage.UnknownVersionError, "from_version=42"),
+        (("1",), lineage.InvalidArgumentError, "integer"),
+        ((), lineage.InvalidArgumentError, "from_version"),
+    ],
+)
+def test_bad_ranges_are_refused(history, args, error, message):
+    t, _ = history
+    with pytest.raises(error, match=message):
+        cdf.changes(t, *args)
+
+
+def test_bad_arguments_are_refused(history):
+    t, _ = history
+    with pytest.raises(lineage.UnknownColumnError, match="nope"):
+        cdf.changes(t, 0, columns=["nope"])
+    with pytest.raises(lineage.InvalidArgumentError, match="engine"):
+        cdf.changes(t, 0, engine="trino")
+    with pytest.raises(lineage.InvalidArgumentError, match="lineage.Table"):
+        cdf.changes("orders", 0)
+    with pytest.raises(lineage.InvalidArgumentError, match="from_timestamp"):
+        cdf.changes(t, from_timestamp="not a time")
+
+
+def test_retention_by_versions(warehouse):
+    t = lineage.create_table("r.t", SCHEMA, key=["id"], warehouse=warehouse,
+                             properties={"lineage.cdf.retention.versions": "2"})
+    for i in range(5):
+        t.append(pa.table({"id": [i], "name": ["x"], "amount": [1.0]}))
+    assert cdf.changes(t, 3).num_rows == 2
+    with pytest.raises(lineage.RetentionError, match="oldest available version is 3"):
+        cdf.changes(t, 2)
+    with pytest.raises(lineage.RetentionError, match="oldest available version is 3"):
+        cdf.deleted_rows(t, since=1)
+
+
+def test_retention_by_days(warehouse):
+    t = lineage.create_table("r.d", SCHEMA, key=["id"], warehouse=warehouse,
+                             properties={"lineage.cdf.retention.days": "1"})
+    for i in range(3):
+        t.append(pa.table({"id": [i], "name": ["x"], "amount": [1.0]}))
+    # every commit is younger than a day, so the whole history is available
+    assert cdf.changes(t, 0).num_rows == 3
+    from cdf.retention import window
+
+    tomorrow = int(t.history()[-1].timestamp.timestamp() * 1000) + 2 * 86_400_000
+    assert window(t.state(), now_ms=tomorrow).oldest == 3
+
+
+def test_unreadable_retention_property(warehouse):
+    t = lineage.create_table("r.bad", SCHEMA, warehouse=warehouse, properties={"lineage.cdf.retention.versions": "ten"})
+    t.append(pa.table({"id": [1], "name": ["x"], "amount": [1.0]}))
+    with pytest.raises(lineage.InvalidArgumentError, match="lineage.cdf.retention.versions"):
+        cdf.changes(t, 0)
+
+
+def test_feed_is_answered_from_the_index_after_copy_on_write(history):
+    """The v6 delete rewrote a file; its old image is read from the pinned file via the index."""
+    t, _ = history
+    got = cdf.changes(t, 5, 6)
+    assert rows(got, ["id", "_change_type"]) == [(5, "delete")]
