@@ -41,20 +41,28 @@ def register_live_view(con: duckdb.DuckDBPyConnection, name: str, files: Sequenc
     locals_ = [local_path(p) for p in paths]
     con.register(f"{name}__files", pa.table({"file_id": pa.array(range(len(files)), pa.int32()), "path": paths, "local": locals_}))
 
-    run_parts = []
+    # Files written by one append have a single run: lineage is arithmetic on the
+    # position (hash join on a tiny table). Only files with several runs (updates,
+    # rewrites) need the ASOF join of positions with run starts.
+    single, multi = [], []
     for i, f in enumerate(files):
         pos, rid, created, updated = combined_breakpoints(f.lineage.row_ids, f.lineage.created, f.lineage.updated)
-        run_parts.append((np.full(len(pos), i, np.int32), pos, rid, created, updated))
-    runs = pa.table(
-        {
-            "file_id": np.concatenate([p[0] for p in run_parts]),
-            "pos_start": np.concatenate([p[1] for p in run_parts]),
-            "row_id_start": np.concatenate([p[2] for p in run_parts]),
-            "created": np.concatenate([p[3] for p in run_parts]),
-            "updated": np.concatenate([p[4] for p in run_parts]),
-        }
-    )
-    con.register(f"{name}__runs", runs)
+        target = single if len(pos) == 1 else multi
+        target.append((np.full(len(pos), i, np.int32), pos, rid, created, updated))
+    for label, parts in (("single", single), ("runs", multi)):
+        if parts:
+            con.register(
+                f"{name}__{label}",
+                pa.table(
+                    {
+                        "file_id": np.concatenate([p[0] for p in parts]),
+                        "pos_start": np.concatenate([p[1] for p in parts]),
+                        "row_id_start": np.concatenate([p[2] for p in parts]),
+                        "created": np.concatenate([p[3] for p in parts]),
+                        "updated": np.concatenate([p[4] for p in parts]),
+                    }
+                ),
+            )
 
     delete_paths = sorted({local_path(d.file_path) for f in files for d in f.deletes})
     if delete_paths:
@@ -63,26 +71,36 @@ def register_live_view(con: duckdb.DuckDBPyConnection, name: str, files: Sequenc
             f"SELECT f.file_id, x.pos FROM read_parquet({_list(delete_paths)}) x "
             f"JOIN {quote_ident(name + '__files')} f ON f.path = x.file_path"
         )
+
+    def source(group: list[tuple[np.ndarray, ...]]) -> str:
+        # file_index (position in the list read) maps back to our file ids without a string join.
+        ids = sorted({int(p[0][0]) for p in group})
+        con.register(f"{name}__ids_{len(group)}_{ids[0]}", pa.table({"idx": pa.array(range(len(ids)), pa.int64()), "file_id": pa.array(ids, pa.int32())}))
         anti = (
-            f"ANTI JOIN {quote_ident(name + '__dels')} x ON x.file_id = f.file_id AND x.pos = d.file_row_number"
+            f"ANTI JOIN {quote_ident(name + '__dels')} x ON x.file_id = m.file_id AND x.pos = d.file_row_number"
+            if delete_paths
+            else ""
         )
-    else:
-        anti = ""
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS
-        SELECT {cols},
-               r.row_id_start + (d.file_row_number - r.pos_start) AS _row_id,
-               r.created AS _row_created_at_version,
-               r.updated AS _row_last_updated_at_version,
-               f.file_id AS __file_id,
-               d.file_row_number AS __pos
-        FROM read_parquet({_list(locals_)}, filename = true, file_row_number = true) d
-        JOIN {quote_ident(name + '__files')} f ON f.local = d.filename
-        {anti}
-        ASOF JOIN {quote_ident(name + '__runs')} r ON r.file_id = f.file_id AND d.file_row_number >= r.pos_start
-        """
-    )
+        return (
+            f"(SELECT d.*, m.file_id FROM read_parquet({_list([locals_[i] for i in ids])}, file_row_number = true) d "
+            f"JOIN {quote_ident(f'{name}__ids_{len(group)}_{ids[0]}')} m ON m.idx = d.file_index {anti})"
+        )
+
+    branches = []
+    if single:
+        branches.append(
+            f"SELECT {cols}, r.row_id_start + (d.file_row_number - r.pos_start) AS _row_id, r.created AS _row_created_at_version, "
+            f"r.updated AS _row_last_updated_at_version, d.file_id AS __file_id, d.file_row_number AS __pos "
+            f"FROM {source(single)} d JOIN {quote_ident(name + '__single')} r ON r.file_id = d.file_id"
+        )
+    if multi:
+        branches.append(
+            f"SELECT {cols}, r.row_id_start + (d.file_row_number - r.pos_start) AS _row_id, r.created AS _row_created_at_version, "
+            f"r.updated AS _row_last_updated_at_version, d.file_id AS __file_id, d.file_row_number AS __pos "
+            f"FROM {source(multi)} d ASOF JOIN {quote_ident(name + '__runs')} r "
+            f"ON r.file_id = d.file_id AND d.file_row_number >= r.pos_start"
+        )
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS " + " UNION ALL ".join(branches))
 
 
 def _list(paths: Sequence[str]) -> str:
