@@ -204,3 +204,40 @@ def _read_positions(path: str, positions: np.ndarray, columns: list[str]) -> pa.
         t = pf.read_row_group(int(rg), columns=columns)
         pieces.append(t.take(pa.array(positions[mask] - rg_start[rg])))
     return pa.concat_tables(pieces)
+
+
+def pointer_runs(pointers: pa.Table) -> pa.Table:
+    """Compress pointers into runs: consecutive positions with consecutive row ids and equal versions.
+
+    A run ``(file_path, pos_start, length, row_id_start, created, valid_from,
+    valid_to)`` stands for ``length`` pointers. A fresh append in the range is
+    one run, so shipping runs to a distributed engine costs O(runs).
+    """
+    if pointers.num_rows == 0:
+        return pa.table({"file_path": pa.array([], pa.string()), "pos_start": pa.array([], pa.int64()), "length": pa.array([], pa.int64()),
+                         "row_id_start": pa.array([], pa.int64()), "_row_created_at_version": pa.array([], pa.int64()),
+                         "_valid_from": pa.array([], pa.int64()), "_valid_to": pa.array([], pa.int64())})
+    p = pointers.sort_by([("file_path", "ascending"), ("pos", "ascending")])
+    path = p.column("file_path").to_numpy(zero_copy_only=False)
+    pos = p.column("pos").to_numpy()
+    rid = p.column("_row_id").to_numpy()
+    cre = p.column("_row_created_at_version").to_numpy()
+    vf = p.column("_valid_from").to_numpy()
+    vt_col = p.column("_valid_to")
+    vt = vt_col.fill_null(-1).to_numpy()
+    same = (path[1:] == path[:-1]) & (pos[1:] == pos[:-1] + 1) & (rid[1:] == rid[:-1] + 1) & (cre[1:] == cre[:-1]) & (vf[1:] == vf[:-1]) & (vt[1:] == vt[:-1])
+    starts = np.concatenate(([0], np.flatnonzero(~same) + 1))
+    lengths = np.diff(np.concatenate((starts, [len(pos)])))
+    vt_runs = pa.array(vt[starts], pa.int64())
+    vt_runs = pc.if_else(pc.equal(vt_runs, -1), pa.nulls(len(starts), pa.int64()), vt_runs)
+    return pa.table(
+        {
+            "file_path": pa.array(path[starts], pa.string()),
+            "pos_start": pa.array(pos[starts], pa.int64()),
+            "length": pa.array(lengths, pa.int64()),
+            "row_id_start": pa.array(rid[starts], pa.int64()),
+            "_row_created_at_version": pa.array(cre[starts], pa.int64()),
+            "_valid_from": pa.array(vf[starts], pa.int64()),
+            "_valid_to": vt_runs,
+        }
+    )
