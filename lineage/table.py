@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -59,8 +60,9 @@ from lineage.metadata import (
     write_segment,
 )
 from lineage.predicate import parse_predicate, quote_ident
-from lineage.rle import encode_sequence, encode_values, sequence_run, value_run
+from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.spark import is_spark_dataframe
 from lineage.schema import (
     LINEAGE_COLUMNS,
     arrow_schema,
@@ -119,13 +121,15 @@ class _Plan:
     removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
     new_images: pa.Table | None = None  # data columns + ROW_ID, CREATED: updated images of existing rows
     inserts: pa.Table | None = None  # data columns: rows with fresh ids
+    prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
+    reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
 
     @property
     def is_empty(self) -> bool:
-        return not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
+        return not self.prewritten and not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
 
 
 def _ms_to_datetime(ms: int) -> _dt.datetime:
@@ -298,7 +302,13 @@ class Table:
 
     # ------------------------------------------------------------------ writes
     def append(self, data: object) -> CommitInfo:
-        """Append rows; each gets a fresh row id, created = updated = the new version."""
+        """Append rows; each gets a fresh row id, created = updated = the new version.
+
+        ``data`` is a pyarrow Table/RecordBatch/RecordBatchReader, a pandas
+        DataFrame, or a Spark DataFrame (executors write the files).
+        """
+        if is_spark_dataframe(data):
+            return self._append_spark(data)
         batch = conform(to_arrow_table(data), self._iceberg.schema(), self.key)
         written: list[WrittenFile] = []
 
@@ -368,6 +378,8 @@ class Table:
         key = self.key
         if not key:
             raise KeyViolationError(f"table {self.name} has no key; create it with key=[...] to upsert")
+        if is_spark_dataframe(data):
+            return self._upsert_spark(data, mode)
         batch = conform(to_arrow_table(data), self._iceberg.schema(), key)
         problem = null_or_duplicate_keys(batch, key)
         if problem:
@@ -398,6 +410,40 @@ class Table:
             )
 
         return self._write(plan, mode=mode)
+
+    # ------------------------------------------------------------------ Spark
+    def to_spark(self, spark: Any, as_of: int | None = None, with_lineage: bool = True) -> Any:
+        """The table at ``as_of`` as a Spark DataFrame with ``_row_id`` and the version columns."""
+        from lineage import spark as spark_io
+
+        return spark_io.to_spark(spark, self.state(as_of), with_lineage)
+
+    def _append_spark(self, df: Any) -> CommitInfo:
+        from lineage import spark as spark_io
+
+        spark_io.reject_bad_batch(self, df, keyed=False)
+        cache: list[WrittenFile] = []
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            if not cache:
+                cache.extend(spark_io.write_with_executors(self, df))
+            rows = sum(w.data_file.record_count for w in cache)
+            return _Plan("append", prewritten=list(cache), reusable=True, inserted=rows)
+
+        return self._write(plan, mode=MERGE_ON_READ, reuse_inserts=cache)
+
+    def _upsert_spark(self, df: Any, mode: str | None) -> CommitInfo:
+        from lineage import spark as spark_io
+
+        if self._mode(mode, PROP_MERGE_MODE) != MERGE_ON_READ:
+            raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
+        spark_io.reject_bad_batch(self, df, keyed=True)
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            files, removed, written, updated, inserted = spark_io.plan_upsert(df.sparkSession, self, state, df)
+            return _Plan("upsert", files=files, removed=removed, prewritten=written, updated=updated, inserted=inserted)
+
+        return self._write(plan, mode=MERGE_ON_READ)
 
     # ------------------------------------------------------------------ internals
     def _probe_schema(self) -> pa.Schema:
@@ -508,6 +554,11 @@ class Table:
                     created.extend(w.data_file.file_path for w in new)
                 written.extend(new)
 
+        if plan.prewritten:
+            if not plan.reusable:
+                created.extend(w.data_file.file_path for w in plan.prewritten)
+            written.extend(plan.prewritten)
+
         # 3. lineage of every new data file
         next_row_id = state.lineage.next_row_id
         lineages = []
@@ -517,15 +568,9 @@ class Table:
                 rids = sequence_run(next_row_id, n)
                 next_row_id += n
             else:
-                rids = encode_sequence(w.row_ids)
+                rids = w.row_ids if isinstance(w.row_ids, Runs) else encode_sequence(w.row_ids)
             lineages.append(
-                FileLineage(
-                    w.data_file.file_path,
-                    n,
-                    rids,
-                    value_run(version, n) if w.created is None else encode_values(w.created),
-                    value_run(version, n) if w.updated is None else encode_values(w.updated),
-                )
+                FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n))
             )
 
         # 4. lineage and index files, then the Iceberg commit
@@ -616,6 +661,13 @@ class _Committed(Exception):
 
 
 _REMOVED_COLS = "__file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
+
+
+def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Runs:
+    """Encoded versions of a new file's rows; None means every row gets the commit's version."""
+    if values is None:
+        return value_run(version, n)
+    return values if isinstance(values, Runs) else encode_values(values)
 
 
 def _with_hidden(schema: pa.Schema, hidden: Sequence[str]) -> pa.Schema:

@@ -28,6 +28,7 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import LongType, StringType
 
 from lineage.fileio import write_bytes
+from lineage.rle import Runs
 
 PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
@@ -44,13 +45,14 @@ class WrittenFile:
     """A data file written for a commit, with what is known of its rows' lineage.
 
     ``None`` means "assigned at commit": fresh row ids for ``row_ids`` and the
-    commit's version for ``created`` / ``updated``.
+    commit's version for ``created`` / ``updated``. Values are per-row arrays
+    or, when an engine encoded them already, :class:`~lineage.rle.Runs`.
     """
 
     data_file: DataFile
-    row_ids: np.ndarray | None
-    created: np.ndarray | None
-    updated: np.ndarray | None
+    row_ids: np.ndarray | Runs | None
+    created: np.ndarray | Runs | None
+    updated: np.ndarray | Runs | None
 
 
 def _target_rows(table: pa.Table, properties: dict[str, str]) -> int:
@@ -61,6 +63,9 @@ def _target_rows(table: pa.Table, properties: dict[str, str]) -> int:
 
 def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]:
     """Write ``data`` (table columns plus optional hidden lineage columns) as data files.
+
+    ``iceberg`` may be any object with the table's ``metadata`` and ``io``
+    (Spark executors pass a lightweight stand-in).
 
     Rows keep their order inside each partition; hidden columns, when present,
     are returned per file as lineage arrays.

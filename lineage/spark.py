@@ -1,0 +1,275 @@
+"""Spark integration: scans with lineage, and writes of Spark DataFrames.
+
+Executors do all row work: they read the Parquet files (``_metadata.file_path``
+and ``_metadata.row_index`` give positions), and they write new data files
+with this library's own writer inside ``mapInArrow``. The driver handles only
+metadata: file lists, lineage runs, position pointers of removed images, and
+the descriptors of written files, then stamps lineage and commits one
+Iceberg snapshot, exactly like the Python path.
+
+Spark's Python workers must import this package: run them with the same
+interpreter (``spark.pyspark.python``) or install the package on the workers.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from lineage.errors import InvalidArgumentError, KeyViolationError
+from lineage.fileio import local_path
+from lineage.rle import combined_breakpoints, encode_sequence, encode_values
+from lineage.schema import conform
+from lineage.state import LiveFile, TableState
+from lineage.writer import CREATED, ROW_ID, WrittenFile, write_data_files
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lineage.table import Table
+
+_NORMALIZE = r"^file:(//)?"
+
+
+def is_spark_dataframe(data: object) -> bool:
+    """Whether ``data`` is a PySpark DataFrame (without importing pyspark eagerly)."""
+    return type(data).__module__.startswith("pyspark.sql") and type(data).__name__ == "DataFrame"
+
+
+def _col(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def read_files(spark: Any, paths: list[str], columns: list[str]) -> Any:
+    """Rows of ``paths`` with ``__path`` (normalised local path) and ``__pos`` (row index)."""
+    from pyspark.sql import functions as F
+
+    # recursiveFileLookup disables partition inference from directory names like id_bucket=3.
+    df = spark.read.option("recursiveFileLookup", "true").parquet(*[local_path(p) for p in paths])
+    return df.select(
+        *[_col(c) for c in columns],
+        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__path"),
+        F.col("_metadata.row_index").alias("__pos"),
+    )
+
+
+def live_rows(spark: Any, state: TableState, columns: list[str], files: list[LiveFile] | None = None) -> Any:
+    """Live images with lineage (and ``__path``/``__pos``) as a Spark DataFrame."""
+    from pyspark.sql import functions as F
+
+    files = state.live_files() if files is None else files
+    if not files:
+        schema = pa.schema(
+            [state_field for state_field in _arrow_schema(state) if state_field.name in columns]
+            + [pa.field(n, pa.int64()) for n in ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__pos")]
+            + [pa.field("__path", pa.string())]
+        )
+        return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
+    rows = read_files(spark, [f.path for f in files], columns)
+
+    deletes = sorted({local_path(d.file_path) for f in files for d in f.deletes})
+    if deletes:
+        dels = spark.read.parquet(*deletes).select(
+            F.regexp_replace(F.col("file_path"), _NORMALIZE, "").alias("__dpath"), F.col("pos").alias("__dpos")
+        )
+        rows = rows.join(dels, (rows["__path"] == dels["__dpath"]) & (rows["__pos"] == dels["__dpos"]), "left_anti")
+
+    single, multi = [], []
+    for f in files:
+        pos, rid, created, updated = combined_breakpoints(f.lineage.row_ids, f.lineage.created, f.lineage.updated)
+        ends = np.append(pos[1:], f.lineage.record_count)
+        entry = (local_path(f.path), pos, ends - pos, rid, created, updated)
+        (single if len(pos) == 1 else multi).append(entry)
+
+    def runs_table(entries: list[tuple]) -> pa.Table:
+        return pa.table(
+            {
+                "__rpath": pa.array([p for e in entries for p in [e[0]] * len(e[1])], pa.string()),
+                "pos_start": np.concatenate([e[1] for e in entries]),
+                "length": np.concatenate([e[2] for e in entries]),
+                "row_id_start": np.concatenate([e[3] for e in entries]),
+                "created": np.concatenate([e[4] for e in entries]),
+                "updated": np.concatenate([e[5] for e in entries]),
+            }
+        )
+
+    lineage_cols = [
+        (F.col("row_id_start") + F.col("__pos") - F.col("pos_start")).alias("_row_id"),
+        F.col("created").alias("_row_created_at_version"),
+        F.col("updated").alias("_row_last_updated_at_version"),
+    ]
+    out = []
+    if single:
+        runs = F.broadcast(spark.createDataFrame(runs_table(single)))
+        out.append(rows.join(runs, rows["__path"] == runs["__rpath"]).select(*[_col(c) for c in columns], *lineage_cols, "__path", "__pos"))
+    if multi:
+        runs = (
+            spark.createDataFrame(runs_table(multi))
+            .withColumn("__i", F.explode(F.sequence(F.lit(0).cast("long"), F.col("length") - 1)))
+            .withColumn("__ppos", F.col("pos_start") + F.col("__i"))
+        )
+        joined = rows.join(runs, (rows["__path"] == runs["__rpath"]) & (rows["__pos"] == runs["__ppos"]))
+        out.append(joined.select(*[_col(c) for c in columns], *lineage_cols, "__path", "__pos"))
+    result = out[0]
+    for other in out[1:]:
+        result = result.unionByName(other)
+    return result
+
+
+def _arrow_schema(state: TableState) -> pa.Schema:
+    from lineage.schema import arrow_schema
+
+    return arrow_schema(state.iceberg.schema())
+
+
+def to_spark(spark: Any, state: TableState, with_lineage: bool = True) -> Any:
+    """The table at ``state`` as a Spark DataFrame with the lineage columns."""
+    columns = _arrow_schema(state).names
+    df = live_rows(spark, state, columns)
+    keep = columns + (["_row_id", "_row_created_at_version", "_row_last_updated_at_version"] if with_lineage else [])
+    return df.select(*[_col(c) for c in keep])
+
+
+# ---------------------------------------------------------------- writes
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What an executor needs to write data files: the table metadata and a FileIO."""
+
+    metadata: Any
+    io: Any
+
+
+def _executor_writer(metadata_json: str, io_properties: dict[str, str], location: str, schema: pa.Schema, key: list[str]):  # type: ignore[no-untyped-def]
+    """A ``mapInArrow`` function that writes its partition as data files and yields their descriptors."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        metadata = TableMetadataUtil.parse_raw(metadata_json)
+        target = _Target(metadata, load_file_io(io_properties, location))
+        batches = list(batches)
+        if not batches:
+            return
+        data = pa.Table.from_batches(batches)
+        hidden = [c for c in (ROW_ID, CREATED) if c in data.column_names]
+        body = conform(data.drop_columns(hidden), metadata.schema(), key)
+        for h in hidden:
+            body = body.append_column(pa.field(h, pa.int64(), False), data.column(h).cast(pa.int64()))
+        for w in write_data_files(target, body):
+            row_ids = encode_sequence(w.row_ids) if w.row_ids is not None else None
+            created = encode_values(w.created) if w.created is not None else None
+            payload = pickle.dumps(WrittenFile(w.data_file, row_ids, created, None))
+            yield pa.RecordBatch.from_pydict({"payload": [payload]}, schema=pa.schema([("payload", pa.binary())]))
+
+    return write
+
+
+def write_with_executors(table: Table, df: Any) -> list[WrittenFile]:
+    """Executors write ``df`` (table columns, optionally ROW_ID/CREATED) as data files; returns their descriptors."""
+    ice = table.iceberg
+    fn = _executor_writer(ice.metadata.model_dump_json(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
+    payloads = df.mapInArrow(fn, "payload binary").collect()
+    return [pickle.loads(r["payload"]) for r in payloads]
+
+
+def check_spark_schema(table: Table, df: Any) -> None:
+    """Validate a Spark DataFrame's columns against the table on the driver (no rows read)."""
+    empty = df.limit(0).toArrow()
+    conform(empty, table.iceberg.schema(), table.key)
+
+
+def check_spark_keys(df: Any, key: list[str]) -> str | None:
+    """Describe null or duplicate keys in a Spark DataFrame (aggregates only reach the driver)."""
+    from pyspark.sql import functions as F
+
+    null_cond = None
+    for k in key:
+        cond = _col(k).isNull()
+        null_cond = cond if null_cond is None else (null_cond | cond)
+    nulls = df.filter(null_cond).count()
+    if nulls:
+        return f"key column(s) {key} are null in {nulls} row(s)"
+    dups = df.groupBy(*[_col(k) for k in key]).count().filter(F.col("count") > 1)
+    n = dups.count()
+    if n:
+        sample = [r.asDict() for r in dups.drop("count").limit(3).collect()]
+        return f"{n} key value(s) occur more than once in the batch, e.g. {sample}"
+    return None
+
+
+def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tuple[list[LiveFile], pa.Table, list[WrittenFile], int, int]:
+    """Match a Spark batch with the live rows by key on executors.
+
+    Returns the live files, the removed images' pointers (metadata), the
+    written files (new images with kept row ids, and inserts), and the update
+    and insert counts.
+    """
+    from pyspark.sql import functions as F
+
+    key = table.key
+    columns = table.arrow_schema.names
+    files = state.live_files()
+    live = live_rows(spark, state, key, files)
+    b = batch.select(*[_col(c) for c in columns]).alias("b")
+    live = live.alias("l")
+    cond = None
+    for k in key:
+        c = F.col(f"b.`{k}`") == F.col(f"l.`{k}`")
+        cond = c if cond is None else (cond & c)
+    matched = b.join(live, cond, "inner").select(
+        *[F.col(f"b.`{c}`").alias(c) for c in columns],
+        F.col("l._row_id").alias("_row_id"),
+        F.col("l._row_created_at_version").alias("_row_created_at_version"),
+        F.col("l._row_last_updated_at_version").alias("_row_last_updated_at_version"),
+        F.col("l.__path").alias("__path"),
+        F.col("l.__pos").alias("__pos"),
+    )
+    matched = matched.persist()
+    try:
+        pointers = matched.select("__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version").toArrow()
+        images = matched.select(*[_col(c) for c in columns], F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED))
+        inserts = b.join(live, cond, "left_anti")
+        # ~2M rows per written file; images sorted by row id so their lineage compresses into runs.
+        written = (
+            write_with_executors(table, images.coalesce(max(1, pointers.num_rows // 2_000_000)).sortWithinPartitions(ROW_ID))
+            if pointers.num_rows
+            else []
+        )
+        n_inserts = inserts.count()
+        new = write_with_executors(table, inserts.coalesce(max(1, n_inserts // 2_000_000))) if n_inserts else []
+    finally:
+        matched.unpersist()
+    index_of = {local_path(f.path): i for i, f in enumerate(files)}
+    missing = [p for p in set(pointers.column("__path").to_pylist()) if p not in index_of]
+    if missing:
+        raise InvalidArgumentError(f"internal: matched rows point at files not in the snapshot: {missing[:3]}")
+    removed = pa.table(
+        {
+            "__file_id": pa.array([index_of[p] for p in pointers.column("__path").to_pylist()], pa.int32()),
+            "__pos": pointers.column("__pos").cast(pa.int64()),
+            "_row_id": pointers.column("_row_id"),
+            "_row_created_at_version": pointers.column("_row_created_at_version"),
+            "_row_last_updated_at_version": pointers.column("_row_last_updated_at_version"),
+        }
+    )
+    inserted = sum(w.data_file.record_count for w in new)
+    return files, removed, written + new, pointers.num_rows, inserted
+
+
+def reject_bad_batch(table: Table, df: Any, keyed: bool) -> None:
+    """Driver-side validation of a Spark batch (schema, and keys for upserts)."""
+    check_spark_schema(table, df)
+    if keyed:
+        if not table.key:
+            raise KeyViolationError(f"table {table.name} has no key; create it with key=[...] to upsert")
+        problem = check_spark_keys(df, table.key)
+        if problem:
+            raise KeyViolationError(f"upsert batch rejected: {problem}")
