@@ -46,3 +46,29 @@ def assert_interop(table: lineage.Table) -> None:
     finally:
         con.close()
     assert rows(ddb, names) == rows(ours, names), "DuckDB iceberg_scan differs from ours"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session shared by every test that needs it (started on first use)."""
+    import os
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("lineage-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,118 @@
+"""Spark engine: same change feed, scans and writes as the DuckDB path (one shared session)."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+import cdf
+import cdf.spark
+import lineage
+from conftest import SCHEMA, assert_interop, rows
+
+pytestmark = pytest.mark.spark
+
+
+def _random_history(table: lineage.Table, seed: int, steps: int = 7) -> None:
+    rnd = random.Random(seed)
+    next_id = 0
+    for _ in range(steps):
+        op = rnd.choice(["append", "update", "delete", "upsert", "update_cow"])
+        if op == "append" or next_id == 0:
+            n = rnd.randint(1, 6)
+            table.append(pa.table({"id": list(range(next_id, next_id + n)), "name": [rnd.choice("ab") for _ in range(n)],
+                                   "amount": [float(rnd.randint(0, 3)) for _ in range(n)]}, schema=SCHEMA))
+            next_id += n
+        elif op == "update":
+            table.update(f"id % {rnd.randint(2, 4)} = {rnd.randint(0, 1)}", {"amount": "amount + 1"})
+        elif op == "update_cow":
+            table.update(f"name = '{rnd.choice('ab')}'", {"name": "'c'"}, mode="copy-on-write")
+        elif op == "delete":
+            table.delete(f"id % {rnd.randint(3, 5)} = {rnd.randint(0, 2)}")
+        else:
+            ids = [rnd.randrange(next_id + 3) for _ in range(3)]
+            ids = sorted(set(ids))
+            table.upsert(pa.table({"id": ids, "name": ["u"] * len(ids), "amount": [9.0] * len(ids)}, schema=SCHEMA))
+            next_id = max(next_id, max(ids) + 1)
+
+
+@pytest.mark.parametrize("seed, partition_by", [(1, None), (7, ["bucket(4, id)"])])
+def test_spark_and_duckdb_agree(spark, warehouse, seed, partition_by):
+    t = lineage.create_table("s.eq", SCHEMA, key=["id"], partition_by=partition_by, warehouse=warehouse)
+    _random_history(t, seed)
+    current = t.version
+    rnd = random.Random(seed)
+    pairs = {(0, current), (current - 1, current)} | {tuple(sorted(rnd.sample(range(current + 1), 2))) for _ in range(2)}
+    for a, b in sorted(pairs):
+        for net in (False, True):
+            theirs = cdf.changes(t, a, b, net=net, engine="spark", spark=spark).toArrow()
+            ours = cdf.changes(t, a, b, net=net)
+            assert theirs.column_names == ours.column_names
+            assert rows(theirs) == rows(ours), (a, b, net)
+    assert rows(cdf.deleted_rows(t, engine="spark", spark=spark).toArrow()) == rows(cdf.deleted_rows(t))
+    for v in (current, max(1, current - 2)):
+        assert rows(t.to_spark(spark, as_of=v).toArrow()) == rows(t.scan(as_of=v))
+
+
+def test_spark_feed_never_collects_rows(spark, warehouse, monkeypatch):
+    """Building the Spark feed runs no Spark action: the driver ships metadata, executors do the rest."""
+    from pyspark.sql import DataFrame
+
+    t = lineage.create_table("s.lazy", SCHEMA, key=["id"], warehouse=warehouse)
+    _random_history(t, 3)
+    actions = []
+    for name in ("collect", "toArrow", "toPandas", "take", "count", "toLocalIterator"):
+        original = getattr(DataFrame, name)
+
+        def spy(self, *args, _name=name, _original=original, **kwargs):
+            actions.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(DataFrame, name, spy)
+    df = cdf.changes(t, 0, engine="spark", spark=spark)
+    net = cdf.changes(t, 0, net=True, engine="spark", spark=spark)
+    assert actions == []
+    assert df.count() >= net.count()
+
+
+def test_writes_from_spark_keep_row_ids_and_interop(spark, warehouse):
+    t = lineage.create_table("s.w", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse)
+    c1 = t.append(spark.createDataFrame(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0]}, schema=SCHEMA)))
+    before = {r["id"]: r["_row_id"] for r in t.scan().to_pylist()}
+    c2 = t.upsert(spark.createDataFrame(pa.table({"id": [2, 4], "name": ["B", "d"], "amount": [2.5, 4.0]}, schema=SCHEMA)))
+    assert (c1.inserted, c2.updated, c2.inserted) == (3, 1, 1)
+    assert c2.delete_files_added >= 1  # merge-on-read: the old image is a position delete
+    after = {r["id"]: r for r in t.scan().to_pylist()}
+    assert after[2]["_row_id"] == before[2] and after[2]["_row_created_at_version"] == c1.version
+    assert after[2]["_row_last_updated_at_version"] == c2.version and after[2]["name"] == "B"
+    assert after[4]["_row_id"] not in before.values()
+    assert_interop(t)
+    feed = cdf.changes(t, c1.version)
+    assert sorted(feed.column("_change_type").to_pylist()) == ["insert", "update_postimage", "update_preimage"]
+
+
+def test_bad_spark_batches_are_refused(spark, warehouse):
+    t = lineage.create_table("s.bad", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(pa.table({"id": [1], "name": ["a"], "amount": [1.0]}, schema=SCHEMA))
+    snapshot = t.iceberg.metadata.current_snapshot_id
+    dup = spark.createDataFrame(pa.table({"id": [5, 5], "name": ["x", "y"], "amount": [1.0, 2.0]}, schema=SCHEMA))
+    with pytest.raises(lineage.KeyViolationError, match="more than once"):
+        t.upsert(dup)
+    extra = spark.createDataFrame(pa.table({"id": [6], "name": ["x"], "amount": [1.0], "oops": [1]}))
+    with pytest.raises(lineage.UnknownColumnError, match="oops"):
+        t.append(extra)
+    with pytest.raises(lineage.InvalidArgumentError, match="merge-on-read"):
+        t.upsert(dup, mode="copy-on-write")
+    assert t.refresh().iceberg.metadata.current_snapshot_id == snapshot
+
+
+def test_spark_views(spark, warehouse):
+    t = lineage.create_table("s.views", SCHEMA, key=["id"], warehouse=warehouse)
+    _random_history(t, 5)
+    assert cdf.spark.register(spark, t) == "views"
+    got = spark.sql("SELECT * FROM `views$changes` WHERE _commit_version > 1 AND _commit_version <= 4").toArrow()
+    assert rows(got) == rows(cdf.changes(t, 1, min(4, t.version)))
+    deleted = spark.sql("SELECT * FROM `views$deleted_rows`").toArrow()
+    assert rows(deleted) == rows(cdf.deleted_rows(t))
