@@ -187,7 +187,7 @@ def fetch_values(pointers: pa.Table, columns: list[str]) -> pa.Table:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         pieces = list(pool.map(read, zip(starts, ends)))
-    values = pa.concat_tables(pieces)
+    values = pa.concat_tables(pieces, promote_options="permissive")
     inverse = np.empty(len(order), np.int64)
     inverse[order.to_numpy()] = np.arange(len(order))
     return values.take(pa.array(inverse))
@@ -195,15 +195,20 @@ def fetch_values(pointers: pa.Table, columns: list[str]) -> pa.Table:
 
 def _read_positions(path: str, positions: np.ndarray, columns: list[str]) -> pa.Table:
     pf = pq.ParquetFile(local_path(path))
+    present = [c for c in columns if c in pf.schema_arrow.names]  # columns added later read as null
     sizes = np.array([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)], np.int64)
     rg_start = np.cumsum(sizes) - sizes
     rg_of = np.searchsorted(rg_start, positions, side="right") - 1
     pieces = []
     for rg in np.unique(rg_of):
         mask = rg_of == rg
-        t = pf.read_row_group(int(rg), columns=columns)
+        t = pf.read_row_group(int(rg), columns=present)
         pieces.append(t.take(pa.array(positions[mask] - rg_start[rg])))
-    return pa.concat_tables(pieces)
+    out = pa.concat_tables(pieces)
+    for c in columns:
+        if c not in present:
+            out = out.append_column(c, pa.nulls(out.num_rows))
+    return out.select(columns)
 
 
 def pointer_runs(pointers: pa.Table) -> pa.Table:

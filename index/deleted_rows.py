@@ -89,7 +89,7 @@ def _read(fileio: FileIO, path: str) -> tuple[RemovedImages, ...]:
     try:
         table = read_parquet(fileio, path)
     except FileNotFoundError:
-        raise LineageMetadataError(f"deleted-rows index segment {path} is missing; run `lineage verify` on the table") from None
+        raise LineageMetadataError(f"deleted-rows index segment {path} is missing: the lineage metadata of this table is incomplete (was the file deleted by hand or by a foreign vacuum?)") from None
     except Exception as exc:
         raise LineageMetadataError(f"deleted-rows index segment {path} is unreadable: {exc}") from exc
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}

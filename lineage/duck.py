@@ -36,3 +36,15 @@ def connect(*extensions: str) -> duckdb.DuckDBPyConnection:
     for name in needed:
         con.execute(f"LOAD '{extension_path(name)}'")
     return con
+
+
+def duckdb_types(schema: "pa.Schema") -> list[tuple[str, str]]:
+    """``(column, DuckDB type)`` for each field of an Arrow schema."""
+    import pyarrow as pa
+
+    scratch = duckdb.connect()
+    try:
+        scratch.register("probe", pa.Table.from_batches([], schema=schema))
+        return [(row[0], row[1]) for row in scratch.execute("DESCRIBE probe").fetchall()]
+    finally:
+        scratch.close()

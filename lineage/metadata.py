@@ -114,7 +114,7 @@ def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]
     try:
         table = read_parquet(fileio, path)
     except FileNotFoundError:
-        raise LineageMetadataError(f"lineage segment {path} is missing; run `lineage verify` on the table") from None
+        raise LineageMetadataError(f"lineage segment {path} is missing: the lineage metadata of this table is incomplete (was the file deleted by hand or by a foreign vacuum?)") from None
     except Exception as exc:  # pyarrow raises several types for corrupt files
         raise LineageMetadataError(f"lineage segment {path} is unreadable: {exc}") from exc
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -230,7 +230,7 @@ def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
     try:
         obj = read_json(fileio, path)
     except FileNotFoundError:
-        raise LineageMetadataError(f"lineage list {path} is missing; run `lineage verify` on the table") from None
+        raise LineageMetadataError(f"lineage list {path} is missing: the lineage metadata of this table is incomplete (was the file deleted by hand or by a foreign vacuum?)") from None
     except ValueError as exc:
         raise LineageMetadataError(f"lineage list {path} is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):

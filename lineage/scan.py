@@ -16,6 +16,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from lineage.duck import duckdb_types
 from lineage.fileio import local_path
 from lineage.predicate import quote_ident
 from lineage.rle import combined_breakpoints
@@ -28,8 +29,15 @@ LINEAGE_SCHEMA = [
 ]
 
 
-def register_live_view(con: duckdb.DuckDBPyConnection, name: str, files: Sequence[LiveFile], schema: pa.Schema) -> None:
-    """Create the temp view ``name`` of the live images of ``files``."""
+def register_live_view(
+    con: duckdb.DuckDBPyConnection, name: str, files: Sequence[LiveFile], schema: pa.Schema, field_ids: dict[str, int] | None = None
+) -> None:
+    """Create the temp view ``name`` of the live images of ``files``.
+
+    With ``field_ids`` (column name → Iceberg field id) Parquet columns are
+    matched by field id, as Iceberg requires: columns added after a file was
+    written read as null, and renamed columns keep their values.
+    """
     cols = ", ".join(f"d.{quote_ident(c)}" for c in schema.names)
     if not files:
         empty = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__file_id", pa.int32()), pa.field("__pos", pa.int64())])
@@ -72,6 +80,13 @@ def register_live_view(con: duckdb.DuckDBPyConnection, name: str, files: Sequenc
             f"JOIN {quote_ident(name + '__files')} f ON f.path = x.file_path"
         )
 
+    by_id = ""
+    if field_ids:
+        entries = ", ".join(
+            f"{field_ids[col]}: {{name: {_string(col)}, type: {_string(dtype)}, default_value: NULL}}" for col, dtype in duckdb_types(schema)
+        )
+        by_id = f", schema = MAP {{{entries}}}"
+
     def source(group: list[tuple[np.ndarray, ...]]) -> str:
         # file_index (position in the list read) maps back to our file ids without a string join.
         ids = sorted({int(p[0][0]) for p in group})
@@ -82,7 +97,7 @@ def register_live_view(con: duckdb.DuckDBPyConnection, name: str, files: Sequenc
             else ""
         )
         return (
-            f"(SELECT d.*, m.file_id FROM read_parquet({_list([locals_[i] for i in ids])}, file_row_number = true) d "
+            f"(SELECT d.*, m.file_id FROM read_parquet({_list([locals_[i] for i in ids])}, file_row_number = true{by_id}) d "
             f"JOIN {quote_ident(f'{name}__ids_{len(group)}_{ids[0]}')} m ON m.idx = d.file_index {anti})"
         )
 
@@ -101,6 +116,10 @@ def register_live_view(con: duckdb.DuckDBPyConnection, name: str, files: Sequenc
             f"ON r.file_id = d.file_id AND d.file_row_number >= r.pos_start"
         )
     con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS " + " UNION ALL ".join(branches))
+
+
+def _string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _list(paths: Sequence[str]) -> str:

@@ -265,7 +265,7 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
 
 
 def reject_bad_batch(table: Table, df: Any, keyed: bool) -> None:
-    """Driver-side validation of a Spark batch (schema, and keys for upserts)."""
+    """Driver-side validation of a Spark batch (schema; null and duplicate keys when ``keyed``)."""
     check_spark_schema(table, df)
     if keyed:
         if not table.key:
@@ -273,3 +273,9 @@ def reject_bad_batch(table: Table, df: Any, keyed: bool) -> None:
         problem = check_spark_keys(df, table.key)
         if problem:
             raise KeyViolationError(f"upsert batch rejected: {problem}")
+
+
+def existing_keys(spark: Any, state: TableState, batch: Any, key: list[str]) -> list[dict[str, Any]]:
+    """Up to three key values of ``batch`` that live rows already have (computed by executors)."""
+    live = live_rows(spark, state, key).select(*[_col(k) for k in key])
+    return [r.asDict() for r in batch.select(*[_col(k) for k in key]).join(live, key, "left_semi").limit(3).collect()]

@@ -88,6 +88,7 @@ PROP_MERGE_MODE = "write.merge.mode"
 PROP_DELETE_GRANULARITY = "write.delete.granularity"
 PROP_RETRIES = "commit.retry.num-retries"
 PROP_LINEAGE = "lineage.enabled"
+PROP_KEY_ENFORCE = "lineage.key.enforce"
 DEFAULT_RETRIES = 20
 
 _ICEBERG_OPERATION = {"append": Operation.APPEND, "delete": Operation.DELETE, "update": Operation.OVERWRITE, "upsert": Operation.OVERWRITE}
@@ -288,7 +289,7 @@ class Table:
             wanted = list(columns)
         con = duck.connect()
         try:
-            register_live_view(con, "live", state.live_files(pred.prune), schema)
+            register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids())
             select = ", ".join(quote_ident(c) for c in wanted)
             result = con.execute(f"SELECT {select} FROM live WHERE ({pred.sql})").to_arrow_table()
         finally:
@@ -309,10 +310,26 @@ class Table:
         """
         if is_spark_dataframe(data):
             return self._append_spark(data)
-        batch = conform(to_arrow_table(data), self._iceberg.schema(), self.key)
+        key = self.key
+        batch = conform(to_arrow_table(data), self._iceberg.schema(), key)
+        check_keys = bool(key) and self._enforce_key()
+        if check_keys:
+            problem = null_or_duplicate_keys(batch, key)
+            if problem:
+                raise KeyViolationError(f"append rejected: {problem}")
         written: list[WrittenFile] = []
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            if check_keys:
+                register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids())
+                con.register("batch", batch.select(key))
+                on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
+                clash = con.execute(f"SELECT b.* FROM batch b SEMI JOIN live l ON {on} LIMIT 3").to_arrow_table()
+                if clash.num_rows:
+                    raise KeyViolationError(
+                        f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; use upsert to update "
+                        f"existing rows (or set table property {PROP_KEY_ENFORCE}=false to skip this check)"
+                    )
             return _Plan("append", inserts=batch, inserted=batch.num_rows)
 
         return self._write(plan, mode=MERGE_ON_READ, reuse_inserts=written)
@@ -326,7 +343,7 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             files = state.live_files(pred.prune)
-            register_live_view(con, "live", files, self.arrow_schema)
+            register_live_view(con, "live", files, self.arrow_schema, self._field_ids())
             removed = con.execute(f"SELECT {_REMOVED_COLS} FROM live WHERE ({pred.sql})").to_arrow_table()
             return _Plan("delete", files=files, removed=removed, deleted=removed.num_rows)
 
@@ -350,11 +367,12 @@ class Table:
                 raise InvalidArgumentError(f"set[{col!r}] must be a SQL expression string, got {expr!r}")
             _check_expression(expr, self._probe_schema(), col)
         mode = self._mode(mode, PROP_UPDATE_MODE)
+        key_set = any(k in set for k in self.key) and self._enforce_key()
         select = ", ".join(f"({set[c]}) AS {quote_ident(c)}" if c in set else quote_ident(c) for c in schema.names)
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             files = state.live_files(pred.prune)
-            register_live_view(con, "live", files, schema)
+            register_live_view(con, "live", files, schema, self._field_ids())
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
                 f"{_REMOVED_COLS} FROM live WHERE ({pred.sql})"
@@ -363,6 +381,8 @@ class Table:
             names = ", ".join(quote_ident(c) for c in schema.names)
             images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
             images = _conform_images(images, self._iceberg.schema(), self.key, "update")
+            if key_set:
+                _check_updated_keys(con, self.key)
             return _Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows)
 
         return self._write(plan, mode=mode)
@@ -392,7 +412,7 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             files = state.live_files()
-            register_live_view(con, "live", files, schema)
+            register_live_view(con, "live", files, schema, self._field_ids())
             con.register("batch", batch)
             skip = f" AND NOT ({same})" if skip_unchanged else ""
             con.execute(
@@ -421,10 +441,15 @@ class Table:
     def _append_spark(self, df: Any) -> CommitInfo:
         from lineage import spark as spark_io
 
-        spark_io.reject_bad_batch(self, df, keyed=False)
+        check_keys = bool(self.key) and self._enforce_key()
+        spark_io.reject_bad_batch(self, df, keyed=check_keys)
         cache: list[WrittenFile] = []
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
+            if check_keys:
+                clash = spark_io.existing_keys(df.sparkSession, state, df, self.key)
+                if clash:
+                    raise KeyViolationError(f"append rejected: key value(s) already in the table, e.g. {clash}; use upsert")
             if not cache:
                 cache.extend(spark_io.write_with_executors(self, df))
             rows = sum(w.data_file.record_count for w in cache)
@@ -448,6 +473,15 @@ class Table:
     # ------------------------------------------------------------------ internals
     def _probe_schema(self) -> pa.Schema:
         return pa.schema(list(self.arrow_schema) + LINEAGE_SCHEMA)
+
+    def _field_ids(self) -> dict[str, int]:
+        return {f.name: f.field_id for f in self._iceberg.schema().fields}
+
+    def _enforce_key(self) -> bool:
+        raw = self._iceberg.metadata.properties.get(PROP_KEY_ENFORCE, "true").lower()
+        if raw not in ("true", "false"):
+            raise InvalidArgumentError(f"table property {PROP_KEY_ENFORCE} must be 'true' or 'false', got {raw!r}")
+        return raw == "true"
 
     def _mode(self, mode: str | None, prop: str) -> str:
         if mode is None:
@@ -531,7 +565,7 @@ class Table:
                 delete_files = write_position_deletes(ice, [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()], granularity)
                 created.extend(f.file_path for f in delete_files)
             else:
-                kept = _kept_rows(con, [plan.files[fid] for fid in groups], groups, self.arrow_schema)
+                kept = _kept_rows(con, [plan.files[fid] for fid in groups], groups, self.arrow_schema, self._field_ids())
                 rewritten = write_data_files(ice, kept.cast(_with_hidden(self.arrow_schema, (ROW_ID, CREATED, UPDATED))))
                 created.extend(w.data_file.file_path for w in rewritten)
                 written.extend(rewritten)
@@ -675,10 +709,14 @@ def _with_hidden(schema: pa.Schema, hidden: Sequence[str]) -> pa.Schema:
 
 
 def _kept_rows(
-    con: duckdb.DuckDBPyConnection, files: list[LiveFile], groups: dict[int, dict[str, np.ndarray]], schema: pa.Schema
+    con: duckdb.DuckDBPyConnection,
+    files: list[LiveFile],
+    groups: dict[int, dict[str, np.ndarray]],
+    schema: pa.Schema,
+    field_ids: dict[str, int],
 ) -> pa.Table:
     """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order."""
-    register_live_view(con, "affected", files, schema)
+    register_live_view(con, "affected", files, schema, field_ids)
     removed = pa.table(
         {
             "__file_id": np.concatenate([np.full(len(g["__pos"]), i, np.int32) for i, g in enumerate(groups.values())]),
@@ -713,6 +751,17 @@ def _conform_images(images: pa.Table, schema, key: Sequence[str], what: str) -> 
     return data.append_column(pa.field(ROW_ID, pa.int64(), False), images.column(ROW_ID).cast(pa.int64())).append_column(
         pa.field(CREATED, pa.int64(), False), images.column(CREATED).cast(pa.int64())
     )
+
+
+def _check_updated_keys(con: duckdb.DuckDBPyConnection, key: Sequence[str]) -> None:
+    """Refuse an update that would leave two live rows with the same key."""
+    cols = ", ".join(quote_ident(k) for k in key)
+    clash = con.execute(
+        f"SELECT {cols} FROM (SELECT {cols} FROM live l ANTI JOIN matched m ON m.__file_id = l.__file_id AND m.__pos = l.__pos "
+        f"UNION ALL SELECT {cols} FROM matched) GROUP BY ALL HAVING count(*) > 1 LIMIT 3"
+    ).to_arrow_table()
+    if clash.num_rows:
+        raise KeyViolationError(f"update rejected: it would give several rows the same key, e.g. {clash.to_pylist()}")
 
 
 def _check_expression(expr: str, schema: pa.Schema, column: str) -> None:
