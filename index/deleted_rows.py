@@ -95,12 +95,18 @@ def _read(fileio: FileIO, path: str) -> tuple[RemovedImages, ...]:
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     check_format(INDEX_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
     out = []
-    for row in table.to_pylist():
-        positions = np.array(list(BitMap64.deserialize(row["positions"])), dtype=np.int64)
-        created = decode_values(Runs(np.array(row["created_values"], np.int64), np.array(row["created_lengths"], np.int64)))
-        valid_from = decode_values(Runs(np.array(row["valid_from_values"], np.int64), np.array(row["valid_from_lengths"], np.int64)))
-        row_ids = np.array(row["row_ids"], dtype=np.int64)
-        if not (len(positions) == len(row_ids) == len(created) == len(valid_from)):
-            raise LineageMetadataError(f"deleted-rows index segment {path} is inconsistent for {row['file_path']}")
-        out.append(RemovedImages(row["file_path"], positions, row_ids, created, valid_from, int(row["valid_to"])))
+    try:
+        for row in table.to_pylist():
+            positions = np.array(list(BitMap64.deserialize(row["positions"])), dtype=np.int64)
+            created_runs = Runs(np.array(row["created_values"], np.int64), np.array(row["created_lengths"], np.int64))
+            from_runs = Runs(np.array(row["valid_from_values"], np.int64), np.array(row["valid_from_lengths"], np.int64))
+            if len(created_runs.values) != len(created_runs.lengths) or len(from_runs.values) != len(from_runs.lengths):
+                raise ValueError("version runs are malformed")
+            created, valid_from = decode_values(created_runs), decode_values(from_runs)
+            row_ids = np.array(row["row_ids"], dtype=np.int64)
+            if not (len(positions) == len(row_ids) == len(created) == len(valid_from)):
+                raise ValueError(f"lengths disagree for {row['file_path']}")
+            out.append(RemovedImages(row["file_path"], positions, row_ids, created, valid_from, int(row["valid_to"])))
+    except Exception as exc:  # missing columns, nulls, corrupt bitmaps
+        raise LineageMetadataError(f"deleted-rows index segment {path} has damaged content: {exc!r}") from None
     return tuple(out)

@@ -120,16 +120,20 @@ def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     check_format(SEGMENT_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
     out = []
-    for row in table.to_pylist():
-        out.append(
-            FileLineage(
-                file_path=row["file_path"],
-                record_count=row["record_count"],
-                row_ids=Runs(np.array(row["row_id_starts"], np.int64), np.array(row["row_id_lengths"], np.int64)),
-                created=Runs(np.array(row["created_values"], np.int64), np.array(row["created_lengths"], np.int64)),
-                updated=Runs(np.array(row["updated_values"], np.int64), np.array(row["updated_lengths"], np.int64)),
-            )
-        )
+    try:
+        for row in table.to_pylist():
+            runs = {}
+            for name, first in (("row_id", "starts"), ("created", "values"), ("updated", "values")):
+                values = np.array(row[f"{name}_{first}"], np.int64)
+                lengths = np.array(row[f"{name}_lengths"], np.int64)
+                if len(values) != len(lengths) or (lengths <= 0).any():
+                    raise ValueError(f"{name} runs are malformed")
+                runs[name] = Runs(values, lengths)
+            out.append(FileLineage(row["file_path"], int(row["record_count"]), runs["row_id"], runs["created"], runs["updated"]))
+    except LineageMetadataError:
+        raise
+    except Exception as exc:  # missing columns, nulls, wrong types
+        raise LineageMetadataError(f"lineage segment {path} has damaged content: {exc!r}") from None
     return tuple(out)
 
 

@@ -155,11 +155,13 @@ def _check_sql(sql: str, schema: pa.Schema) -> None:
     con = duckdb.connect()
     try:
         con.register("__probe", pa.Table.from_batches([], schema=schema))
-        statement = f"SELECT count(*) FROM __probe WHERE ({sql})"
+        statement = f"SELECT ({sql}) AS p FROM __probe"
         try:
             if len(con.extract_statements(statement)) != 1:
                 raise BadPredicateError(f"where {sql!r} must be a single expression")
-            con.execute(statement)
+            kind = con.execute(f"DESCRIBE {statement}").fetchall()[0][1]
+            if kind not in ("BOOLEAN", '"NULL"', "NULL"):
+                raise BadPredicateError(f"where {sql!r} is of type {kind}, not a boolean condition (e.g. write `amount <> 0`)")
         except duckdb.BinderException as exc:
             message = str(exc)
             if "not found" in message and ("column" in message.lower() or "Referenced" in message):

@@ -26,7 +26,7 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import NestedField
+from pyiceberg.types import DoubleType, FloatType, NestedField
 
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
 
@@ -58,8 +58,10 @@ def iceberg_schema(arrow_schema: pa.Schema, key: Sequence[str] | None) -> Schema
     fields = []
     for f in base.fields:
         if f.name in key:
-            if not f.field_type.is_primitive:
-                raise InvalidArgumentError(f"key column {f.name!r} has type {f.field_type}; keys must be primitive columns")
+            if not f.field_type.is_primitive or isinstance(f.field_type, (FloatType, DoubleType)):
+                raise InvalidArgumentError(
+                    f"key column {f.name!r} has type {f.field_type}; keys must be primitive, non-floating-point columns"
+                )
             f = NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc)
         fields.append(f)
     ids = [f.field_id for f in fields if f.name in key]
@@ -77,6 +79,8 @@ def partition_spec(schema: Schema, partition_by: Sequence[str] | None) -> Partit
         partition_by = [partition_by]
     fields = []
     for i, expr in enumerate(partition_by):
+        if not isinstance(expr, str):
+            raise InvalidArgumentError(f"partition_by entries must be strings like 'day(ts)', got {expr!r}")
         m = _TRANSFORM_RE.match(expr)
         if m:
             name, arg, column = m.group(1).lower(), m.group(2), m.group(3)
@@ -98,6 +102,8 @@ def partition_spec(schema: Schema, partition_by: Sequence[str] | None) -> Partit
         elif name in ("year", "month", "day", "hour") and arg is None:
             transform = {"year": YearTransform, "month": MonthTransform, "day": DayTransform, "hour": HourTransform}[name]()
             suffix = f"_{name}"
+        elif name in ("bucket", "truncate") and arg is not None and int(arg) <= 0:
+            raise InvalidArgumentError(f"partition_by entry {expr!r}: {name} needs a positive number, got {arg}")
         elif name == "bucket" and arg is not None:
             transform = BucketTransform(int(arg))
             suffix = f"_bucket_{arg}"

@@ -39,6 +39,7 @@ from lineage import duck
 from lineage.catalog import identifier, resolve_catalog
 from lineage.commit import commit_files
 from lineage.errors import (
+    BadPredicateError,
     CommitConflictError,
     InvalidArgumentError,
     KeyViolationError,
@@ -291,7 +292,10 @@ class Table:
         try:
             register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids())
             select = ", ".join(quote_ident(c) for c in wanted)
-            result = con.execute(f"SELECT {select} FROM live WHERE ({pred.sql})").to_arrow_table()
+            try:
+                result = con.execute(f"SELECT {select} FROM live WHERE ({pred.sql})").to_arrow_table()
+            except duckdb.Error as exc:
+                raise BadPredicateError(f"evaluating where {pred.sql!r} failed on the table's data: {exc}") from None
         finally:
             con.close()
         target = pa.schema([probe.field(c) for c in wanted])
@@ -503,7 +507,11 @@ class Table:
             con = duck.connect()
             created: list[str] = []
             try:
-                plan = plan_fn(state, con)
+                try:
+                    plan = plan_fn(state, con)
+                except duckdb.Error as exc:
+                    # The user's predicate or expressions failed on the data (e.g. a cast); nothing was written.
+                    raise InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}") from None
                 if plan.is_empty:
                     return self._no_op(state, plan.operation, attempt)
                 try:
@@ -774,7 +782,9 @@ def _check_expression(expr: str, schema: pa.Schema, column: str) -> None:
                 raise InvalidArgumentError(f"set[{column!r}] must be a single expression, got {expr!r}")
             con.execute(statement)
         except duckdb.BinderException as exc:
-            raise UnknownColumnError(f"set[{column!r}] = {expr!r}: {exc}") from None
+            if "not found" in str(exc):
+                raise UnknownColumnError(f"set[{column!r}] = {expr!r} names a column the table does not have: {exc}") from None
+            raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid expression for this table: {exc}") from None
         except duckdb.Error as exc:
             raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid SQL expression: {exc}") from None
     finally:
