@@ -36,6 +36,7 @@ from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, write_index_segment
 from lineage import duck
+from lineage.duck import duckdb_types
 from lineage.catalog import identifier, resolve_catalog
 from lineage.commit import commit_files
 from lineage.errors import (
@@ -372,7 +373,11 @@ class Table:
             _check_expression(expr, self._probe_schema(), col)
         mode = self._mode(mode, PROP_UPDATE_MODE)
         key_set = any(k in set for k in self.key) and self._enforce_key()
-        select = ", ".join(f"({set[c]}) AS {quote_ident(c)}" if c in set else quote_ident(c) for c in schema.names)
+        # Each expression is cast to its column's type, so `"1.5"`, `"NULL"` or `"'7'"` fit any compatible column.
+        types = dict(duckdb_types(schema))
+        select = ", ".join(
+            f"CAST(({set[c]}) AS {types[c]}) AS {quote_ident(c)}" if c in set else quote_ident(c) for c in schema.names
+        )
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             files = state.live_files(pred.prune)
