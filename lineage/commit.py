@@ -9,6 +9,12 @@ to the writer, which re-plans against the new snapshot and reassigns row ids.
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table as IcebergTable
@@ -17,6 +23,25 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
 from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+
+from index.deleted_rows import RemovedImages, write_index_segment
+from lineage.metadata import (
+    FORMAT_VERSION,
+    SUMMARY_FORMAT_VERSION,
+    SUMMARY_LIST,
+    SUMMARY_NEXT_ROW_ID,
+    SUMMARY_OPERATION,
+    SUMMARY_VERSION,
+    CommitEntry,
+    FileLineage,
+    LineageList,
+    read_segment,
+    write_list,
+    write_segment,
+)
+from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
+from lineage.state import TableState
+from lineage.writer import WrittenFile
 
 
 class _DeleteManifestWriter(ManifestWriterV2):
@@ -31,41 +56,74 @@ class _DeleteManifestWriter(ManifestWriterV2):
 
 
 class _LineageSnapshotProducer(_OverwriteFiles):
-    """Adds data and delete files, removes data files, in one snapshot."""
+    """Adds data and delete files and removes data or delete files, in one snapshot."""
 
-    def __init__(self, operation: Operation, transaction, io, properties: dict[str, str], timestamp_ms: int, snapshot_id: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(  # type: ignore[no-untyped-def]
+        self, operation: Operation, transaction, io, properties: dict[str, str], timestamp_ms: int, snapshot_id: int, data_sequence_number: int | None
+    ) -> None:
         super().__init__(operation, transaction, io, snapshot_properties=properties, branch=MAIN_BRANCH)
         self._timestamp_ms = timestamp_ms
         self._snapshot_id = snapshot_id
+        self._data_sequence_number = data_sequence_number
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
-        self._build_delete_files_partition_predicate()
         data = [f for f in self._added_data_files if f.content == DataFileContent.DATA]
         deletes = [f for f in self._added_data_files if f.content != DataFileContent.DATA]
-        deleted_entries = self._deleted_entries()
         manifests: list[ManifestFile] = []
         if data:
             with self.new_manifest_writer(spec) as writer:
                 for f in data:
-                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=self._data_sequence_number,
+                            data_file=f,
+                        )
+                    )
             manifests.append(writer.to_manifest_file())
         if deletes:
-            writer = _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
-            with writer:
+            with self._delete_writer(spec) as writer:
                 for f in deletes:
                     writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
             manifests.append(writer.to_manifest_file())
-        if deleted_entries:
-            by_spec: dict[int, list[ManifestEntry]] = {}
-            for entry in deleted_entries:
-                by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
-            for spec_id, entries in by_spec.items():
-                with self.new_manifest_writer(self.spec(spec_id)) as writer:
-                    for entry in entries:
-                        writer.add_entry(entry)
-                manifests.append(writer.to_manifest_file())
-        return manifests + self._existing_manifests()
+        return manifests + self._carried_manifests()
+
+    def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
+        return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+
+    def _carried_manifests(self) -> list[ManifestFile]:
+        """The parent's manifests; those holding a removed file are rewritten with it marked DELETED."""
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
+        if parent is None:
+            return []
+        removed = self._deleted_data_files
+        out: list[ManifestFile] = []
+        found: set[str] = set()
+        for manifest in parent.manifests(io=self._io):
+            if not removed:
+                out.append(manifest)
+                continue
+            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+            hit = [e for e in entries if e.data_file in removed]
+            if not hit:
+                out.append(manifest)
+                continue
+            spec = self.spec(manifest.partition_spec_id)
+            writer = self._delete_writer(spec) if manifest.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
+            with writer:
+                for e in entries:
+                    if e.data_file in removed:
+                        writer.delete(e)
+                        found.add(e.data_file.file_path)
+                    else:
+                        writer.existing(e)
+            out.append(writer.to_manifest_file())
+        missing = [f.file_path for f in removed if f.file_path not in found]
+        if missing:
+            raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
+        return out
 
     def updates_and_requirements(self) -> tuple[tuple, tuple]:
         """Build the snapshot (like pyiceberg's ``_commit``, with our timestamp)."""
@@ -123,6 +181,7 @@ def commit_files(
     timestamp_ms: int,
     snapshot_id: int,
     written: list[str],
+    data_sequence_number: int | None = None,
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -132,7 +191,7 @@ def commit_files(
     caller then re-plans against the new snapshot.
     """
     tx = iceberg.transaction()
-    producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id)
+    producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
     for f in added:
         producer.append_data_file(f)
     for f in removed:
@@ -165,3 +224,125 @@ def _is_transient(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(exc, (OperationalError, ConnectionError, TimeoutError))
+
+
+@dataclass
+class CommitRequest:
+    """Everything one commit changes, as planned against one table state."""
+
+    operation: str  # our name: append, delete, update, upsert, compact, rewrite-deletes, ...
+    iceberg_operation: Operation
+    written: list[WrittenFile] = field(default_factory=list)  # new data files (lineage known or assigned here)
+    delete_files: list[DataFile] = field(default_factory=list)  # new position delete files
+    removed_files: list[DataFile] = field(default_factory=list)  # data or delete files leaving the snapshot
+    removed_images: list[RemovedImages] = field(default_factory=list)  # for this commit's index segment
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    data_sequence_number: int | None = None  # keep an older data sequence number for added data files (compaction)
+    transform_list: Callable[[LineageList], LineageList] | None = None  # maintenance edits of the list (index re-pointing)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What :func:`commit_change` committed."""
+
+    version: int
+    snapshot_id: int
+    timestamp_ms: int
+    bytes_written: int
+
+
+def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Runs:
+    """Encoded versions of a new file's rows; None means every row gets the commit's version."""
+    if values is None:
+        return value_run(version, n)
+    return values if isinstance(values, Runs) else encode_values(values)
+
+
+def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, created: list[str]) -> CommitResult:
+    """Write the lineage segment, index segment and lineage list, then commit the Iceberg snapshot.
+
+    ``state`` must be the state ``iceberg``'s metadata describes (the base of
+    the commit). Paths of every file written are appended to ``created`` so a
+    caller that loses the race can remove them. Raises CommitFailedException
+    when another writer committed first.
+    """
+    version = iceberg.metadata.next_sequence_number()
+    next_row_id = state.lineage.next_row_id
+    lineages = []
+    for w in req.written:
+        n = w.data_file.record_count
+        if w.row_ids is None:
+            rids = sequence_run(next_row_id, n)
+            next_row_id += n
+        else:
+            rids = w.row_ids if isinstance(w.row_ids, Runs) else encode_sequence(w.row_ids)
+        lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
+    removed_images = [
+        r if r.valid_to == version else RemovedImages(r.file_path, r.positions, r.row_ids, r.created, r.valid_from, version)
+        for r in req.removed_images
+    ]
+
+    snapshot_id = iceberg.metadata.new_snapshot_id()
+    last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
+    timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
+    meta_dir = f"{iceberg.metadata.location}/metadata"
+    tag = f"{version:09d}-{uuid.uuid4()}"
+    bytes_written = sum(w.data_file.file_size_in_bytes for w in req.written) + sum(f.file_size_in_bytes for f in req.delete_files)
+    segment_path = index_path = None
+    if lineages:
+        segment_path = f"{meta_dir}/lineage/{tag}-segment.parquet"
+        created.append(segment_path)
+        bytes_written += write_segment(iceberg.io, segment_path, lineages)
+    if removed_images:
+        index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
+        created.append(index_path)
+        bytes_written += write_index_segment(iceberg.io, index_path, removed_images)
+    segments = surviving_segments(state, [f for f in req.removed_files if f.content == DataFileContent.DATA])
+    if segment_path:
+        segments.append(segment_path)
+    entry = CommitEntry(
+        version=version,
+        snapshot_id=snapshot_id,
+        timestamp_ms=timestamp_ms,
+        operation=req.operation,
+        inserted=req.inserted,
+        updated=req.updated,
+        deleted=req.deleted,
+        segment=segment_path,
+        index=index_path,
+    )
+    base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
+    new_list = base_list.with_commit(entry, tuple(segments), next_row_id)
+    list_path = f"{meta_dir}/lineage/{tag}-list.json"
+    created.append(list_path)
+    bytes_written += write_list(iceberg.io, list_path, new_list)
+    properties = {
+        SUMMARY_LIST: list_path,
+        SUMMARY_VERSION: str(version),
+        SUMMARY_NEXT_ROW_ID: str(next_row_id),
+        SUMMARY_OPERATION: req.operation,
+        SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
+    }
+    commit_files(
+        iceberg,
+        operation=req.iceberg_operation,
+        added=[w.data_file for w in req.written] + req.delete_files,
+        removed=req.removed_files,
+        properties=properties,
+        timestamp_ms=timestamp_ms,
+        snapshot_id=snapshot_id,
+        written=created,
+        data_sequence_number=req.data_sequence_number,
+    )
+    return CommitResult(version, snapshot_id, timestamp_ms, bytes_written)
+
+
+def surviving_segments(state: TableState, removed_data_files: list[DataFile]) -> list[str]:
+    """Segments of the base list that still describe at least one live data file."""
+    segments = list(state.lineage.segments)
+    if not removed_data_files:
+        return segments
+    live = state.all_data_file_paths() - {f.file_path for f in removed_data_files}
+    return [s for s in segments if any(fl.file_path in live for fl in read_segment(state.iceberg.io, s))]

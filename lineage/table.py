@@ -38,9 +38,10 @@ from index.deleted_rows import RemovedImages, write_index_segment
 from lineage import duck
 from lineage.duck import duckdb_types
 from lineage.catalog import identifier, resolve_catalog
-from lineage.commit import commit_files
+from lineage.commit import CommitRequest, commit_change
 from lineage.errors import (
     BadPredicateError,
+    SchemaMismatchError,
     CommitConflictError,
     InvalidArgumentError,
     KeyViolationError,
@@ -606,79 +607,26 @@ class Table:
                 created.extend(w.data_file.file_path for w in plan.prewritten)
             written.extend(plan.prewritten)
 
-        # 3. lineage of every new data file
-        next_row_id = state.lineage.next_row_id
-        lineages = []
-        for w in written:
-            n = w.data_file.record_count
-            if w.row_ids is None:
-                rids = sequence_run(next_row_id, n)
-                next_row_id += n
-            else:
-                rids = w.row_ids if isinstance(w.row_ids, Runs) else encode_sequence(w.row_ids)
-            lineages.append(
-                FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n))
-            )
-
-        # 4. lineage and index files, then the Iceberg commit
-        snapshot_id = ice.metadata.new_snapshot_id()
-        last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
-        timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
-        meta_dir = f"{ice.metadata.location}/metadata"
-        tag = f"{version:09d}-{uuid.uuid4()}"
-        bytes_written = sum(w.data_file.file_size_in_bytes for w in written) + sum(f.file_size_in_bytes for f in delete_files)
-        segment_path = index_path = None
-        if lineages:
-            segment_path = f"{meta_dir}/lineage/{tag}-segment.parquet"
-            created.append(segment_path)
-            bytes_written += write_segment(ice.io, segment_path, lineages)
-        if removed_images:
-            index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
-            created.append(index_path)
-            bytes_written += write_index_segment(ice.io, index_path, removed_images)
-        segments = self._surviving_segments(state, removed_files, written)
-        if segment_path:
-            segments.append(segment_path)
-        entry = CommitEntry(
-            version=version,
-            snapshot_id=snapshot_id,
-            timestamp_ms=timestamp_ms,
+        request = CommitRequest(
             operation=plan.operation,
+            iceberg_operation=_ICEBERG_OPERATION[plan.operation],
+            written=written,
+            delete_files=delete_files,
+            removed_files=removed_files,
+            removed_images=removed_images,
             inserted=plan.inserted,
             updated=plan.updated,
             deleted=plan.deleted,
-            segment=segment_path,
-            index=index_path,
         )
-        new_list = state.lineage.with_commit(entry, tuple(segments), next_row_id)
-        list_path = f"{meta_dir}/lineage/{tag}-list.json"
-        created.append(list_path)
-        bytes_written += write_list(ice.io, list_path, new_list)
-        properties = {
-            SUMMARY_LIST: list_path,
-            SUMMARY_VERSION: str(version),
-            SUMMARY_NEXT_ROW_ID: str(next_row_id),
-            SUMMARY_OPERATION: plan.operation,
-            SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
-        }
-        commit_files(
-            ice,
-            operation=_ICEBERG_OPERATION[plan.operation],
-            added=[w.data_file for w in written] + delete_files,
-            removed=removed_files,
-            properties=properties,
-            timestamp_ms=timestamp_ms,
-            snapshot_id=snapshot_id,
-            written=created,
-        )
+        result = commit_change(ice, state, request, created)
         try:
             self.refresh()
         except Exception as exc:  # the commit landed; never clean up its files
             raise _Committed(exc) from exc
         return CommitInfo(
-            version=version,
-            snapshot_id=snapshot_id,
-            timestamp=_ms_to_datetime(timestamp_ms),
+            version=result.version,
+            snapshot_id=result.snapshot_id,
+            timestamp=_ms_to_datetime(result.timestamp_ms),
             operation=plan.operation,
             inserted=plan.inserted,
             updated=plan.updated,
@@ -686,17 +634,9 @@ class Table:
             data_files_added=len(written),
             delete_files_added=len(delete_files),
             data_files_removed=len(removed_files),
-            bytes_written=bytes_written,
+            bytes_written=result.bytes_written,
             attempts=attempt,
         )
-
-    def _surviving_segments(self, state: TableState, removed_files: list[DataFile], written: list[WrittenFile]) -> list[str]:
-        """Segments of the base list that still describe at least one live data file."""
-        segments = list(state.lineage.segments)
-        if not removed_files:
-            return segments
-        live = state.all_data_file_paths() - {f.file_path for f in removed_files}
-        return [s for s in segments if any(fl.file_path in live for fl in read_segment(self._iceberg.io, s))]
 
 
 class _Committed(Exception):
@@ -777,6 +717,29 @@ def _check_updated_keys(con: duckdb.DuckDBPyConnection, key: Sequence[str]) -> N
         raise KeyViolationError(f"update rejected: it would give several rows the same key, e.g. {clash.to_pylist()}")
 
 
+_TYPE_FAMILIES = {
+    "numeric": ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+                "FLOAT", "DOUBLE", "DECIMAL"),
+    "string": ("VARCHAR",),
+    "time": ("DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "TIMESTAMP_NS", "TIMESTAMP_MS", "TIMESTAMP_S"),
+    "boolean": ("BOOLEAN",),
+    "binary": ("BLOB",),
+}
+
+
+def _family_of(duck_type: str) -> str:
+    base = duck_type.split("(")[0].strip()
+    for family, members in _TYPE_FAMILIES.items():
+        if base in members:
+            return family
+    return duck_type
+
+
+def _compatible(produced: str, expected: str) -> bool:
+    """Whether a value of DuckDB type ``produced`` may be stored in a column of type ``expected``."""
+    return produced in ('"NULL"', "NULL") or produced == expected or _family_of(produced) == _family_of(expected)
+
+
 def _check_expression(expr: str, schema: pa.Schema, column: str) -> None:
     con = duckdb.connect()
     try:
@@ -785,7 +748,10 @@ def _check_expression(expr: str, schema: pa.Schema, column: str) -> None:
         try:
             if len(con.extract_statements(statement)) != 1:
                 raise InvalidArgumentError(f"set[{column!r}] must be a single expression, got {expr!r}")
-            con.execute(statement)
+            produced = con.execute(f"DESCRIBE {statement}").fetchall()[0][1]
+            expected = dict(duckdb_types(schema))[column]
+            if not _compatible(produced, expected):
+                raise SchemaMismatchError(f"set[{column!r}] = {expr!r} produces {produced}, but column {column!r} is {expected}")
         except duckdb.BinderException as exc:
             if "not found" in str(exc):
                 raise UnknownColumnError(f"set[{column!r}] = {expr!r} names a column the table does not have: {exc}") from None
