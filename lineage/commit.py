@@ -241,6 +241,7 @@ class CommitRequest:
     deleted: int = 0
     data_sequence_number: int | None = None  # keep an older data sequence number for added data files (compaction)
     transform_list: Callable[[LineageList], LineageList] | None = None  # maintenance edits of the list (index re-pointing)
+    properties: dict[str, str] = field(default_factory=dict)  # caller's checkpoint etc.: summary + commit log
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         deleted=req.deleted,
         segment=segment_path,
         index=index_path,
+        properties=dict(req.properties),
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
     new_list = base_list.with_commit(entry, tuple(segments), next_row_id)
@@ -324,6 +326,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         SUMMARY_NEXT_ROW_ID: str(next_row_id),
         SUMMARY_OPERATION: req.operation,
         SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
+        **req.properties,
     }
     commit_files(
         iceberg,

@@ -159,6 +159,7 @@ class CommitEntry:
     deleted: int = 0
     segment: str | None = None
     index: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored in the list file."""
@@ -172,6 +173,7 @@ class CommitEntry:
             "deleted": self.deleted,
             "segment": self.segment,
             "index": self.index,
+            **({"properties": self.properties} if self.properties else {}),
         }
 
     @staticmethod
@@ -187,6 +189,7 @@ class CommitEntry:
             deleted=int(obj.get("deleted", 0)),
             segment=obj.get("segment"),
             index=obj.get("index"),
+            properties={str(k): str(v) for k, v in (obj.get("properties") or {}).items()},
         )
 
 

@@ -94,7 +94,14 @@ PROP_LINEAGE = "lineage.enabled"
 PROP_KEY_ENFORCE = "lineage.key.enforce"
 DEFAULT_RETRIES = 20
 
-_ICEBERG_OPERATION = {"append": Operation.APPEND, "delete": Operation.DELETE, "update": Operation.OVERWRITE, "upsert": Operation.OVERWRITE}
+_ICEBERG_OPERATION = {
+    "append": Operation.APPEND,
+    "delete": Operation.DELETE,
+    "update": Operation.OVERWRITE,
+    "upsert": Operation.OVERWRITE,
+    "merge": Operation.OVERWRITE,
+}
+USER_PROPERTY_PREFIXES = ("lineage.user.", "mv.")
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ class CommitInfo:
     bytes_written: int = 0
     attempts: int = 1
     committed: bool = True
+    properties: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,6 +135,7 @@ class _Plan:
     inserts: pa.Table | None = None  # data columns: rows with fresh ids
     prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
     reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
+    properties: dict[str, str] = field(default_factory=dict)  # extra snapshot summary / commit log properties
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
@@ -264,6 +273,7 @@ class Table:
                 inserted=c.inserted,
                 updated=c.updated,
                 deleted=c.deleted,
+                properties=dict(c.properties),
             )
             for c in lst.commits
         ]
@@ -405,17 +415,51 @@ class Table:
         null or duplicate keys is rejected. With ``skip_unchanged`` a matched
         row equal in every column is left alone instead of updated.
         """
-        key = self.key
-        if not key:
+        if not self.key:
             raise KeyViolationError(f"table {self.name} has no key; create it with key=[...] to upsert")
         if is_spark_dataframe(data):
             return self._upsert_spark(data, mode)
-        batch = conform(to_arrow_table(data), self._iceberg.schema(), key)
+        return self.merge(data, skip_unchanged=skip_unchanged, mode=mode, _operation="upsert")
+
+    def merge(
+        self,
+        upserts: object = None,
+        deletes: object = None,
+        *,
+        skip_unchanged: bool = False,
+        mode: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        _operation: str = "merge",
+    ) -> CommitInfo:
+        """Upsert some rows and delete others by key, in one commit.
+
+        ``upserts`` is a batch like :meth:`upsert`'s; ``deletes`` holds key
+        values (extra columns are ignored) whose live rows are deleted. A key
+        may not be in both. ``properties`` are added to the snapshot summary
+        and the commit log entry (keys must start with ``lineage.user.`` or
+        ``mv.``), so a consumer can commit its own checkpoint atomically with
+        the data it wrote.
+        """
+        key = self.key
+        if not key:
+            raise KeyViolationError(f"table {self.name} has no key; create it with key=[...] to merge")
+        schema = self.arrow_schema
+        batch = conform(to_arrow_table(upserts), self._iceberg.schema(), key) if upserts is not None else schema.empty_table()
         problem = null_or_duplicate_keys(batch, key)
         if problem:
-            raise KeyViolationError(f"upsert batch rejected: {problem}")
+            raise KeyViolationError(f"{_operation} batch rejected: {problem}")
+        dkeys = None
+        if deletes is not None:
+            raw = to_arrow_table(deletes)
+            missing = [k for k in key if k not in raw.column_names]
+            if missing:
+                raise KeyViolationError(f"deletes must carry the key column(s) {missing}")
+            dkeys = conform(raw.select(key), _key_schema(self), key)
+            problem = null_or_duplicate_keys(dkeys, key)
+            if problem:
+                raise KeyViolationError(f"deletes rejected: {problem}")
+        extra = _check_user_properties(properties)
         mode = self._mode(mode, PROP_MERGE_MODE)
-        schema = self.arrow_schema
         on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
         same = " AND ".join(f"b.{quote_ident(c)} IS NOT DISTINCT FROM l.{quote_ident(c)}" for c in schema.names)
         bcols = ", ".join(f"b.{quote_ident(c)}" for c in schema.names)
@@ -424,6 +468,11 @@ class Table:
             files = state.live_files()
             register_live_view(con, "live", files, schema, self._field_ids())
             con.register("batch", batch)
+            if dkeys is not None:
+                con.register("dkeys", dkeys)
+                both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
+                if both.num_rows:
+                    raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
             skip = f" AND NOT ({same})" if skip_unchanged else ""
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
@@ -435,8 +484,14 @@ class Table:
             inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN live l ON {on}").to_arrow_table()
             images = _conform_images(images, self._iceberg.schema(), key, "upsert")
             inserts = inserts.cast(schema)
+            deleted = 0
+            if dkeys is not None:
+                gone = con.execute(f"SELECT {_REMOVED_COLS} FROM live l SEMI JOIN dkeys b ON {on}").to_arrow_table()
+                deleted = gone.num_rows
+                removed = pa.concat_tables([removed, gone.cast(removed.schema)])
             return _Plan(
-                "upsert", files=files, removed=removed, new_images=images, inserts=inserts, inserted=inserts.num_rows, updated=removed.num_rows
+                _operation, files=files, removed=removed, new_images=images, inserts=inserts,
+                inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra,
             )
 
         return self._write(plan, mode=mode)
@@ -617,6 +672,7 @@ class Table:
             inserted=plan.inserted,
             updated=plan.updated,
             deleted=plan.deleted,
+            properties=plan.properties,
         )
         result = commit_change(ice, state, request, created)
         try:
@@ -637,6 +693,27 @@ class Table:
             bytes_written=result.bytes_written,
             attempts=attempt,
         )
+
+
+def _key_schema(table: Table) -> pa.Schema:
+    """A schema with only the key columns, as required fields (for delete-key batches)."""
+    from lineage.schema import iceberg_schema as _to_iceberg
+
+    fields = [table.arrow_schema.field(k) for k in table.key]
+    return _to_iceberg(pa.schema(fields), table.key)
+
+
+def _check_user_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
+    if not properties:
+        return {}
+    if not isinstance(properties, Mapping):
+        raise InvalidArgumentError(f"properties must be a mapping of strings, got {type(properties).__name__}")
+    out = {}
+    for k, v in properties.items():
+        if not isinstance(k, str) or not k.startswith(USER_PROPERTY_PREFIXES):
+            raise InvalidArgumentError(f"property {k!r} must start with one of {USER_PROPERTY_PREFIXES}")
+        out[k] = str(v)
+    return out
 
 
 class _Committed(Exception):
