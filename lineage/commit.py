@@ -18,7 +18,7 @@ import numpy as np
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table.snapshots import Operation, Snapshot
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
 from pyiceberg.manifest import write_manifest_list
@@ -130,7 +130,14 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         metadata = self._transaction.table_metadata
         new_manifests = self._manifests()
         sequence_number = metadata.next_sequence_number()
-        summary = self._summary(self.snapshot_properties)
+        if self._operation == Operation.REPLACE:
+            # pyiceberg only totals append/overwrite/delete summaries; totals are the same for a replace.
+            self._operation = Operation.OVERWRITE
+            totals = self._summary(self.snapshot_properties)
+            self._operation = Operation.REPLACE
+            summary = Summary(operation=Operation.REPLACE, **totals.additional_properties)
+        else:
+            summary = self._summary(self.snapshot_properties)
         location = self._transaction._table.location_provider().new_metadata_location(
             _new_manifest_list_file_name(snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid)
         )

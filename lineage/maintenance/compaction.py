@@ -1,0 +1,172 @@
+"""Compaction: merge position delete files, and rewrite data files dropping deleted rows.
+
+Neither operation changes the table's rows, so neither produces change
+events: surviving rows keep ``_row_id`` and both versions (the new files'
+lineage is copied from the old positions), and the deleted-rows index keeps
+pointing at the old files, which stay pinned while the retention window
+needs them.
+
+Data sequence numbers: compacted data files are committed with the data
+sequence number of the snapshot compaction started from (what Iceberg's
+``rewrite_data_files`` does with ``use-starting-sequence-number``), so
+equality deletes committed concurrently would still apply to them. Rewritten
+position delete files get the new snapshot's sequence number, which is at
+least the sequence number of every data file they reference.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import TableProperties
+from pyiceberg.table.snapshots import Operation
+
+from lineage import duck
+from lineage.commit import CommitRequest
+from lineage.fileio import local_path
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries, referenced_data_path, snapshot_files
+from lineage.predicate import quote_ident
+from lineage.scan import register_live_view
+from lineage.state import LiveFile, TableState
+from lineage.writer import CREATED, ROW_ID, UPDATED, write_data_files, write_position_deletes
+
+
+def _partition_key(f: DataFile) -> tuple:
+    return (f.spec_id, tuple(f.partition._data) if hasattr(f.partition, "_data") else repr(f.partition))
+
+
+def rewrite_deletes(table, granularity: str | None = None) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Merge the position delete files of each partition into one per data file (or per partition).
+
+    Delete entries that point at data files no longer in the snapshot (left by
+    copy-on-write or compaction) are dropped. No data file is rewritten.
+    """
+    granularity = granularity or table.iceberg.metadata.properties.get("write.delete.granularity", "file")
+    stats: dict[str, int] = {}
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        live_data, delete_files = snapshot_files(state)
+        if not delete_files:
+            return None
+        live = {f.file_path: f for f in live_data}
+        groups: dict[tuple, list[DataFile]] = defaultdict(list)
+        for d in delete_files:
+            groups[_partition_key(d)].append(d)
+        removed: list[DataFile] = []
+        targets: list[tuple[DataFile, np.ndarray]] = []
+        for members in groups.values():
+            positions: dict[str, list[np.ndarray]] = defaultdict(list)
+            dangling = False
+            for d in members:
+                t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"])
+                paths = t.column("file_path").to_numpy(zero_copy_only=False)
+                pos = t.column("pos").to_numpy()
+                for p in np.unique(paths):
+                    if p in live:
+                        positions[p].append(pos[paths == p])
+                    else:
+                        dangling = True
+            wanted = len(positions) if granularity == "file" else min(1, len(positions))
+            if len(members) <= wanted and not dangling:
+                continue
+            removed.extend(members)
+            targets.extend((live[p], np.unique(np.concatenate(parts))) for p, parts in positions.items())
+        if not removed:
+            return None
+        new = write_position_deletes(table.iceberg, targets, granularity) if targets else []
+        created.extend(f.file_path for f in new)
+        stats.update(added=len(new), removed=len(removed), bytes_added=sum(f.file_size_in_bytes for f in new),
+                     bytes_removed=sum(f.file_size_in_bytes for f in removed))
+        return CommitRequest("rewrite-deletes", Operation.REPLACE, delete_files=new, removed_files=removed)
+
+    _, result = commit_with_retries(table, plan, "rewrite-deletes")
+    if result is None:
+        return MaintenanceResult("rewrite-deletes", None, detail="nothing to rewrite")
+    return MaintenanceResult("rewrite-deletes", result.version, stats["added"], stats["removed"], stats["bytes_added"], stats["bytes_removed"])
+
+
+def _bins(files: list[LiveFile], target: int) -> list[list[LiveFile]]:
+    """Group files (in order) into bins whose total size stays near ``target``."""
+    out: list[list[LiveFile]] = []
+    current: list[LiveFile] = []
+    size = 0
+    for f in sorted(files, key=lambda f: f.data_file.file_size_in_bytes):
+        if current and size + f.data_file.file_size_in_bytes > target:
+            out.append(current)
+            current, size = [], 0
+        current.append(f)
+        size += f.data_file.file_size_in_bytes
+    if current:
+        out.append(current)
+    return out
+
+
+def compact(table, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Rewrite data files that have deletes or are small, per partition, up to the target size.
+
+    A partition is compacted when it has a data file with position deletes,
+    or at least two files smaller than ``min_file_size_bytes`` (default: 3/4
+    of the target, ``write.target-file-size-bytes`` on disk). Rows keep their
+    lineage; no change events; the CDF over any range is the same after.
+    """
+    props = table.iceberg.metadata.properties
+    target = int(target_file_size_bytes or props.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
+    small = int(min_file_size_bytes if min_file_size_bytes is not None else target * 3 // 4)
+    schema = table.arrow_schema
+    field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+    stats: dict[str, int] = {}
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        files = state.live_files()
+        by_partition: dict[tuple, list[LiveFile]] = defaultdict(list)
+        for f in files:
+            by_partition[_partition_key(f.data_file)].append(f)
+        chosen: list[list[LiveFile]] = []
+        for members in by_partition.values():
+            candidates = [f for f in members if f.deletes or f.data_file.file_size_in_bytes < small]
+            if any(f.deletes for f in candidates) or len(candidates) >= 2:
+                chosen.extend(_bins(candidates, target))
+        if not chosen:
+            return None
+        _, all_deletes = snapshot_files(state)
+        written, removed = [], []
+        names = ", ".join(quote_ident(c) for c in schema.names)
+        for group in chosen:
+            con = duck.connect()
+            try:
+                register_live_view(con, "g", group, schema, field_ids)
+                rows = con.execute(
+                    f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
+                    f"_row_last_updated_at_version AS {UPDATED} FROM g ORDER BY __file_id, __pos"
+                ).to_arrow_table()
+            finally:
+                con.close()
+            hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (ROW_ID, CREATED, UPDATED)])
+            new = write_data_files(table.iceberg, rows.cast(hidden))
+            created.extend(w.data_file.file_path for w in new)
+            written.extend(new)
+            removed.extend(f.data_file for f in group)
+        gone = {f.file_path for f in removed}
+        removed_deletes = [d for d in all_deletes if referenced_data_path(d) in gone]
+        stats.update(
+            added=len(written),
+            removed=len(removed) + len(removed_deletes),
+            bytes_added=sum(w.data_file.file_size_in_bytes for w in written),
+            bytes_removed=sum(f.file_size_in_bytes for f in removed + removed_deletes),
+        )
+        return CommitRequest(
+            "compact",
+            Operation.REPLACE,
+            written=written,
+            removed_files=removed + removed_deletes,
+            data_sequence_number=state.version,
+        )
+
+    _, result = commit_with_retries(table, plan, "compact")
+    if result is None:
+        return MaintenanceResult("compact", None, detail="nothing to compact")
+    return MaintenanceResult("compact", result.version, stats["added"], stats["removed"], stats["bytes_added"], stats["bytes_removed"])
