@@ -2,5 +2,6 @@
 
 from lineage.maintenance._common import MaintenanceResult
 from lineage.maintenance.compaction import compact, rewrite_deletes
+from lineage.maintenance.vacuum import expire_snapshots, referenced_files, vacuum
 
-__all__ = ["MaintenanceResult", "compact", "rewrite_deletes"]
+__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "referenced_files", "rewrite_deletes", "vacuum"]

@@ -1,0 +1,128 @@
+"""Snapshot expiry and vacuum that never lose change-feed history inside the retention window.
+
+``vacuum`` keeps every file that is referenced by a retained snapshot (its
+metadata, manifests, data and delete files, lineage list and segments), by
+the deleted-rows index inside the retention window (index segments and every
+data or archive file they point into: *pinned* files), or that is younger
+than ``older_than`` (it may belong to a commit in flight). Everything else
+under the table's location is removed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+
+from pyiceberg.table.snapshots import Snapshot
+
+from index.deleted_rows import read_index_segment
+from lineage.errors import InvalidArgumentError
+from lineage.fileio import local_path
+from lineage.maintenance._common import MaintenanceResult, log
+from lineage.metadata import SUMMARY_LIST, read_list
+from lineage.state import TableState, lineage_list_of, main_branch_snapshots, state_at
+
+DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
+
+
+def expire_snapshots(table, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Expire main-branch snapshots beyond the last ``retain_last`` (and older than ``older_than``).
+
+    The change feed does not need old snapshots (it reads the deleted-rows
+    index); ``scan(as_of=v)`` does, so expired versions can no longer be
+    time-travelled to. Run :func:`vacuum` afterwards to delete the files.
+    """
+    if not isinstance(retain_last, int) or isinstance(retain_last, bool) or retain_last < 1:
+        raise InvalidArgumentError(f"retain_last must be an integer >= 1, got {retain_last!r}")
+    if isinstance(older_than, _dt.timedelta):
+        older_than = _dt.datetime.now(_dt.timezone.utc) - older_than
+    if older_than is not None and not isinstance(older_than, _dt.datetime):
+        raise InvalidArgumentError(f"older_than must be a datetime or timedelta, got {older_than!r}")
+    table.refresh()
+    meta = table.iceberg.metadata
+    keep = {s.snapshot_id for s in main_branch_snapshots(table.iceberg)[-retain_last:]}
+    cutoff_ms = int(older_than.timestamp() * 1000) if older_than else None
+    expire = [
+        s.snapshot_id
+        for s in meta.snapshots
+        if s.snapshot_id not in keep and (cutoff_ms is None or s.timestamp_ms < cutoff_ms)
+    ]
+    if not expire:
+        return MaintenanceResult("expire", None, detail="no snapshot to expire")
+    table.iceberg.maintenance.expire_snapshots().by_ids(expire).commit()
+    table.refresh()
+    return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
+
+
+def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: ignore[no-untyped-def]
+    io = table.iceberg.io
+    refs.add(local_path(snap.manifest_list))
+    for manifest in snap.manifests(io):
+        refs.add(local_path(manifest.manifest_path))
+        for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+            refs.add(local_path(entry.data_file.file_path))
+    summary = snap.summary.additional_properties if snap.summary else {}
+    if SUMMARY_LIST in summary:
+        refs.add(local_path(summary[SUMMARY_LIST]))
+        for seg in read_list(io, summary[SUMMARY_LIST]).segments:
+            refs.add(local_path(seg))
+
+
+def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
+    """(index segments, pointed-to files) the retention window needs, as local paths."""
+    from cdf.retention import window  # cdf depends on lineage, not the reverse at import time
+
+    oldest = window(state).oldest
+    segments, files = set(), set()
+    for c in state.lineage.commits:
+        if c.version > oldest and c.index:
+            segments.add(local_path(c.index))
+            for r in read_index_segment(state.iceberg.io, c.index):
+                files.add(local_path(r.file_path))
+    return segments, files
+
+
+def referenced_files(table) -> set[str]:  # type: ignore[no-untyped-def]
+    """Every file the table still needs, as local paths."""
+    table.refresh()
+    meta = table.iceberg.metadata
+    refs = {local_path(table.iceberg.metadata_location)}
+    refs.update(local_path(m.metadata_file) for m in meta.metadata_log)
+    for snap in meta.snapshots:
+        _snapshot_refs(table, snap, refs)
+    state = state_at(table.iceberg)
+    segments, files = pinned_files(state)
+    return refs | segments | files
+
+
+def vacuum(table, older_than: _dt.timedelta = DEFAULT_ORPHAN_AGE, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Delete files under the table that nothing needs any more (see the module docstring)."""
+    if not isinstance(older_than, _dt.timedelta) or older_than < _dt.timedelta(0):
+        raise InvalidArgumentError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+    started = time.time()
+    refs = referenced_files(table)
+    root = local_path(table.iceberg.metadata.location)
+    cutoff = started - older_than.total_seconds()
+    removed, removed_bytes = [], 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if path in refs:
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_mtime > cutoff:
+                continue
+            removed.append(path)
+            removed_bytes += st.st_size
+            if not dry_run:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+    log.info("vacuum removed %d files (%d bytes)%s", len(removed), removed_bytes, " (dry run)" if dry_run else "")
+    return MaintenanceResult("vacuum", None, files_removed=len(removed), bytes_removed=removed_bytes,
+                             detail="\n".join(sorted(removed)) if dry_run else f"removed {len(removed)} file(s)")
