@@ -201,6 +201,7 @@ class LineageList:
     next_row_id: int
     segments: tuple[str, ...] = ()
     commits: tuple[CommitEntry, ...] = field(default_factory=tuple)
+    purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
 
     @staticmethod
     def empty() -> LineageList:
@@ -224,6 +225,7 @@ def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
             "next-row-id": lst.next_row_id,
             "segments": list(lst.segments),
             "commits": [c.to_json() for c in lst.commits],
+            **({"purged": lst.purged} if lst.purged else {}),
         },
     )
 
@@ -249,6 +251,7 @@ def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
             next_row_id=int(obj["next-row-id"]),
             segments=tuple(obj["segments"]),
             commits=tuple(CommitEntry.from_json(c) for c in obj["commits"]),
+            purged=obj.get("purged"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LineageMetadataError(f"lineage list {path} is malformed: {exc!r}") from exc

@@ -1,0 +1,136 @@
+"""Re-home pinned images: copy the few still-needed deleted images out of big files.
+
+A data file that left the snapshot stays on disk while the deleted-rows index
+points into it. When only a small fraction of its rows are still needed, the
+needed images are copied (values and all) into a compact archive file owned
+by the index, the index segments are re-pointed to it in one commit, and the
+big file is released for the next vacuum. Work is done in batches of files
+so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.table.snapshots import Operation
+
+from cdf.pointers import fetch_values
+from index.deleted_rows import RemovedImages, read_index_segment, write_index_segment
+from lineage.commit import CommitRequest
+from lineage.errors import InvalidArgumentError
+from lineage.fileio import local_path, write_parquet
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries
+from lineage.metadata import LineageList
+from lineage.state import TableState
+
+ARCHIVE_FORMAT = "deleted-rows-archive"
+
+
+def snapshot_data_paths(state: TableState) -> set[str]:
+    """Local paths of data files referenced by any retained snapshot."""
+    out: set[str] = set()
+    io = state.iceberg.io
+    for snap in state.iceberg.metadata.snapshots:
+        for manifest in snap.manifests(io):
+            if manifest.content == 0:
+                out.update(local_path(e.data_file.file_path) for e in manifest.fetch_manifest_entry(io, discard_deleted=True))
+    return out
+
+
+def repoint(state: TableState, mapping: dict[str, tuple[str, dict[int, int] | None]], oldest: int, tag: str, created: list[str]):  # type: ignore[no-untyped-def]
+    """Rewrite the retained index segments whose entries point into ``mapping``'s files.
+
+    ``mapping`` maps an old file path to ``(new path, old position -> new
+    position)`` (``None``: positions unchanged). Returns a function that
+    applies the new segment paths to a lineage list.
+    """
+    replaced: dict[int, str] = {}
+    for c in state.lineage.commits:
+        if c.version <= oldest or not c.index:
+            continue
+        entries = read_index_segment(state.iceberg.io, c.index)
+        if not any(e.file_path in mapping for e in entries):
+            continue
+        new_entries = []
+        for e in entries:
+            if e.file_path not in mapping:
+                new_entries.append(e)
+                continue
+            new_path, positions = mapping[e.file_path]
+            new_pos = e.positions if positions is None else np.array([positions[int(p)] for p in e.positions], np.int64)
+            order = np.argsort(new_pos, kind="stable")
+            new_entries.append(RemovedImages(new_path, new_pos[order], e.row_ids[order], e.created[order], e.valid_from[order], e.valid_to))
+        path = f"{state.iceberg.metadata.location}/metadata/index/{c.version:09d}-{tag}-deleted-rows.parquet"
+        created.append(path)
+        write_index_segment(state.iceberg.io, path, new_entries)
+        replaced[c.version] = path
+
+    def transform(lst: LineageList) -> LineageList:
+        commits = tuple(dataclasses.replace(c, index=replaced[c.version]) if c.version in replaced else c for c in lst.commits)
+        return dataclasses.replace(lst, commits=commits)
+
+    return transform, replaced
+
+
+def rehome(table, max_live_fraction: float = 0.1, max_files: int = 64) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Move still-needed images out of pinned files where they are at most ``max_live_fraction`` of the rows."""
+    from cdf.retention import window
+
+    if not 0 < max_live_fraction <= 1:
+        raise InvalidArgumentError(f"max_live_fraction must be in (0, 1], got {max_live_fraction!r}")
+    schema = table.arrow_schema
+    stats: dict[str, int] = {}
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        oldest = window(state).oldest
+        in_snapshots = snapshot_data_paths(state)
+        needed: dict[str, list[np.ndarray]] = defaultdict(list)
+        for c in state.lineage.commits:
+            if c.version > oldest and c.index:
+                for e in read_index_segment(state.iceberg.io, c.index):
+                    if local_path(e.file_path) not in in_snapshots:
+                        needed[e.file_path].append(e.positions)
+        chosen = []
+        for path, parts in needed.items():
+            rows = pq.ParquetFile(local_path(path)).metadata.num_rows
+            count = len(np.unique(np.concatenate(parts)))
+            if count <= max_live_fraction * rows and count < rows:
+                chosen.append((path, np.unique(np.concatenate(parts)), rows))
+        chosen = chosen[:max_files]
+        if not chosen:
+            return None
+        pointers = pa.table(
+            {
+                "file_path": pa.array([p for p, pos, _ in chosen for _ in range(len(pos))], pa.string()),
+                "pos": np.concatenate([pos for _, pos, _ in chosen]),
+            }
+        )
+        values = fetch_values(pointers, schema.names).cast(schema)
+        tag = str(uuid.uuid4())
+        archive = f"{state.iceberg.metadata.location}/metadata/index/archive-{tag}.parquet"
+        created.append(archive)
+        size = write_parquet(
+            state.iceberg.io, archive, values.replace_schema_metadata({"lineage.format": ARCHIVE_FORMAT, "lineage.format-version": "1"})
+        )
+        mapping: dict[str, tuple[str, dict[int, int] | None]] = {}
+        offset = 0
+        for path, pos, _ in chosen:
+            mapping[path] = (archive, {int(p): offset + i for i, p in enumerate(pos)})
+            offset += len(pos)
+        transform, replaced = repoint(state, mapping, oldest, tag, created)
+        stats.update(files=len(chosen), rows=int(offset), size=size, released=sum(r for _, _, r in chosen), segments=len(replaced))
+        return CommitRequest("rehome", Operation.REPLACE, transform_list=transform)
+
+    _, result = commit_with_retries(table, plan, "rehome")
+    if result is None:
+        return MaintenanceResult("rehome", None, detail="no pinned file is sparse enough to re-home")
+    return MaintenanceResult(
+        "rehome", result.version, files_added=1, bytes_added=stats["size"],
+        detail=f"copied {stats['rows']} image(s) out of {stats['files']} file(s) holding {stats['released']} rows; "
+        f"re-pointed {stats['segments']} index segment(s); run vacuum to delete the released files",
+    )
