@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdf.dialect import SPARK
-from cdf.output import DELETED_FIELDS, change_schema, commits_table
+from cdf.output import change_schema, commits_table, deleted_schema
 from cdf.plan import changes_sql
 from cdf.pointers import change_pointers, deletion_pointers, pointer_runs
 from lineage.fileio import local_path
@@ -50,9 +50,11 @@ def images_df(spark: Any, pointers: pa.Table, data: pa.Schema) -> Any:
     from pyspark.sql import functions as F
 
     runs = pointer_runs(pointers)
+    extra = ["_purged"] if "_purged" in pointers.column_names else []
     if runs.num_rows == 0:
         empty = pa.schema(list(data) + [pa.field("_row_id", pa.int64()), pa.field("_row_created_at_version", pa.int64()),
-                                       pa.field("_valid_from", pa.int64()), pa.field("_valid_to", pa.int64())])
+                                       pa.field("_valid_from", pa.int64()), pa.field("_valid_to", pa.int64())]
+                          + [pa.field(c, pa.bool_()) for c in extra])
         return spark.createDataFrame(pa.Table.from_batches([], schema=empty))
     paths = sorted(set(runs.column("file_path").to_pylist()))
     runs = runs.set_column(0, "file_path", pa.array([_normalize(p) for p in runs.column("file_path").to_pylist()], pa.string()))
@@ -66,11 +68,16 @@ def images_df(spark: Any, pointers: pa.Table, data: pa.Schema) -> Any:
             "_row_created_at_version",
             "_valid_from",
             "_valid_to",
+            *extra,
         )
     )
     rows = read_positions(spark, paths, data.names)
     joined = rows.join(expanded, (rows["__path"] == expanded["__ppath"]) & (rows["__pos"] == expanded["__ppos"]))
-    return joined.select(*[F.col(f"`{c}`") for c in data.names], "_row_id", "_row_created_at_version", "_valid_from", "_valid_to")
+    values = [
+        (F.when(~F.col("_purged"), F.col(f"`{c}`")) if extra else F.col(f"`{c}`")).alias(c)  # erased images read as null
+        for c in data.names
+    ]
+    return joined.select(*values, "_row_id", "_row_created_at_version", "_valid_from", "_valid_to", *extra)
 
 
 def _views(spark: Any, images: Any, state: TableState) -> tuple[str, str]:
@@ -83,20 +90,25 @@ def _views(spark: Any, images: Any, state: TableState) -> tuple[str, str]:
 
 def changes(spark: Any, state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> Any:
     """The change feed over ``(a, b]`` as a Spark DataFrame."""
-    images = images_df(spark, change_pointers(state, a, b), data)
+    pointers = change_pointers(state, a, b)
+    extra = ["_purged"] if "_purged" in pointers.column_names else []
+    images = images_df(spark, pointers, data)
     images_view, commits_view = _views(spark, images, state)
-    df = spark.sql(changes_sql(SPARK, images_view, commits_view, data.names, str(a), str(b), net))
-    return df.select(*[f"`{n}`" for n in change_schema(data).names])
+    df = spark.sql(changes_sql(SPARK, images_view, commits_view, data.names, str(a), str(b), net, extra))
+    return df.select(*[f"`{n}`" for n in change_schema(data, bool(extra)).names])
 
 
 def deleted_rows(spark: Any, state: TableState, since: int, until: int, data: pa.Schema) -> Any:
     """Rows deleted in ``(since, until]`` as a Spark DataFrame."""
-    images = images_df(spark, deletion_pointers(state, since, until), data)
+    pointers = deletion_pointers(state, since, until)
+    purged = "_purged" in pointers.column_names
+    images = images_df(spark, pointers, data)
     images_view, commits_view = _views(spark, images, state)
     cols = "".join(f"i.`{c}`, " for c in data.names)
     df = spark.sql(
         f"SELECT {cols} i._valid_to AS _row_deleted_at_version, c._commit_timestamp AS _row_deleted_at_timestamp, "
-        "i._row_id, i._row_created_at_version, i._valid_from AS _row_last_updated_at_version "
-        f"FROM {images_view} i LEFT JOIN {commits_view} c ON c.__version = i._valid_to ORDER BY i._valid_to, i._row_id"
+        "i._row_id, i._row_created_at_version, i._valid_from AS _row_last_updated_at_version"
+        + (", i._purged " if purged else " ")
+        + f"FROM {images_view} i LEFT JOIN {commits_view} c ON c.__version = i._valid_to ORDER BY i._valid_to, i._row_id"
     )
-    return df.select(*[f"`{n}`" for n in data.names] + [f.name for f in DELETED_FIELDS])
+    return df.select(*[f"`{n}`" for n in deleted_schema(data, purged).names])

@@ -37,13 +37,23 @@ def commits_table(commits: tuple[CommitEntry, ...]) -> pa.Table:
     )
 
 
-def change_schema(data: pa.Schema) -> pa.Schema:
-    """Output schema of ``changes()``: the selected data columns then the change columns."""
+PURGED_FIELD = pa.field("_purged", pa.bool_(), nullable=False)
+
+
+def change_schema(data: pa.Schema, purged: bool = False) -> pa.Schema:
+    """Output schema of ``changes()``: the selected data columns then the change columns.
+
+    Tables that were ever purged get a trailing ``_purged`` flag.
+    """
+    if purged:  # erased images have null data columns, keys included
+        return pa.schema([f.with_nullable(True) for f in data] + CHANGE_FIELDS + [PURGED_FIELD])
     return pa.schema(list(data) + CHANGE_FIELDS)
 
 
-def deleted_schema(data: pa.Schema) -> pa.Schema:
-    """Output schema of ``deleted_rows()``."""
+def deleted_schema(data: pa.Schema, purged: bool = False) -> pa.Schema:
+    """Output schema of ``deleted_rows()`` (``_purged`` as in :func:`change_schema`)."""
+    if purged:
+        return pa.schema([f.with_nullable(True) for f in data] + DELETED_FIELDS + [PURGED_FIELD])
     return pa.schema(list(data) + DELETED_FIELDS)
 
 

@@ -51,17 +51,27 @@ def _partners(d: Dialect, columns: list[str], take_previous: str) -> str:
     )
 
 
-def changes_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, net: bool = False) -> str:
-    """The SQL text of the change feed over ``(a, b]``."""
-    return (_net_sql if net else _per_version_sql)(d, images, commits, columns, str(a), str(b))
+def changes_sql(
+    d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, net: bool = False, extra: list[str] | None = None
+) -> str:
+    """The SQL text of the change feed over ``(a, b]``.
+
+    ``extra`` image columns (e.g. ``_purged``) are carried through unchanged
+    and appended to the output; they do not count as changed columns.
+    """
+    return (_net_sql if net else _per_version_sql)(d, images, commits, columns, str(a), str(b), list(extra or []))
+
+
+def _trailing(d: Dialect, extra: list[str], alias: str) -> str:
+    return "".join(f", {alias}{d.ident(c)}" for c in extra)
 
 
 def _select_cols(d: Dialect, columns: list[str], alias: str = "") -> str:
     return "".join(f"{alias}{d.ident(c)}, " for c in columns)
 
 
-def _per_version_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str) -> str:
-    cols = _select_cols(d, columns)
+def _per_version_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, extra: list[str]) -> str:
+    cols = _select_cols(d, columns + extra)
     return f"""
 WITH events AS (
     SELECT {cols}_row_id, _row_created_at_version, _valid_from AS _row_last_updated_at_version,
@@ -85,14 +95,14 @@ SELECT {_select_cols(d, columns, "p.")}
     CASE WHEN p.__paired THEN CASE WHEN p.__kind = 1 THEN 'update_postimage' ELSE 'update_preimage' END
          ELSE CASE WHEN p.__kind = 1 THEN 'insert' ELSE 'delete' END END AS _change_type,
     p._commit_version, c._commit_timestamp, p._row_id, p._row_created_at_version, p._row_last_updated_at_version,
-    CASE WHEN p.__paired THEN {_changed(d, columns, "__p")} END AS _changed_columns
+    CASE WHEN p.__paired THEN {_changed(d, columns, "__p")} END AS _changed_columns{_trailing(d, extra, "p.")}
 FROM paired p LEFT JOIN {commits} c ON c.__version = p._commit_version
 ORDER BY p._commit_version, p._row_id, p.__kind
 """
 
 
-def _net_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str) -> str:
-    cols = _select_cols(d, columns)
+def _net_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, extra: list[str]) -> str:
+    cols = _select_cols(d, columns + extra)
     starts = f"(_valid_from > {a} AND _valid_from <= {b})"
     ends = f"(_valid_to > {a} AND _valid_to <= {b})"
     return f"""
@@ -121,7 +131,7 @@ SELECT {_select_cols(d, columns, "t.")}
     CASE WHEN t.__paired THEN CASE WHEN t.__at_b THEN 'update_postimage' ELSE 'update_preimage' END
          ELSE CASE WHEN t.__at_b THEN 'insert' ELSE 'delete' END END AS _change_type,
     t._commit_version, c._commit_timestamp, t._row_id, t._row_created_at_version, t._valid_from AS _row_last_updated_at_version,
-    CASE WHEN t.__paired THEN t.__changed END AS _changed_columns
+    CASE WHEN t.__paired THEN t.__changed END AS _changed_columns{_trailing(d, extra, "t.")}
 FROM typed t LEFT JOIN {commits} c ON c.__version = t._commit_version
 WHERE NOT t.__paired OR {d.size("t.__changed")} > 0
 ORDER BY t._commit_version, t._row_id, t.__at_b

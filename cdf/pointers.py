@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from index.deleted_rows import RemovedImages, read_index_segment
+from index.purged import is_purged, read_purged
 from lineage.fileio import local_path
 from lineage.rle import combined_breakpoints
 from lineage.state import LiveFile, TableState
@@ -94,6 +95,14 @@ def _live_pointers(live: LiveFile, a: int, b: int) -> pa.Table | None:
     return _table(live.path, pos, rid, cre, upd, None)
 
 
+def with_purged_flag(state: TableState, pointers: pa.Table) -> pa.Table:
+    """Add ``_purged`` (images of rows erased by a purge) when the table has ever been purged."""
+    if not state.lineage.purged:
+        return pointers
+    bitmap = read_purged(state.iceberg.io, state.lineage.purged)
+    return pointers.append_column("_purged", pa.array(is_purged(bitmap, pointers.column("_row_id").to_numpy()), pa.bool_()))
+
+
 def change_pointers(state: TableState, a: int, b: int) -> pa.Table:
     """Pointers to every image that starts or ends in ``(a, b]`` (see module docstring)."""
     parts: list[pa.Table] = []
@@ -109,9 +118,7 @@ def change_pointers(state: TableState, a: int, b: int) -> pa.Table:
                     _table(r.file_path, r.positions[in_range], r.row_ids[in_range], r.created[in_range], r.valid_from[in_range],
                            np.full(int(in_range.sum()), r.valid_to, np.int64))
                 )
-    if not parts:
-        return POINTER_SCHEMA.empty_table()
-    return pa.concat_tables(parts)
+    return with_purged_flag(state, pa.concat_tables(parts) if parts else POINTER_SCHEMA.empty_table())
 
 
 def deletion_pointers(state: TableState, since: int, until: int) -> pa.Table:
@@ -124,7 +131,7 @@ def deletion_pointers(state: TableState, since: int, until: int) -> pa.Table:
     removed = removed_images(state, since)
     ended = [r for r in removed if since < r.valid_to <= until]
     if not ended:
-        return POINTER_SCHEMA.empty_table()
+        return with_purged_flag(state, POINTER_SCHEMA.empty_table())
     versions = sorted({r.valid_to for r in ended})
     lo, hi = versions[0] - 1, versions[-1]
     starts = change_pointers_starts(state, removed, lo, hi)
@@ -136,7 +143,7 @@ def deletion_pointers(state: TableState, since: int, until: int) -> pa.Table:
         if gone.any():
             parts.append(_table(r.file_path, r.positions[gone], r.row_ids[gone], r.created[gone], r.valid_from[gone],
                                 np.full(int(gone.sum()), r.valid_to, np.int64)))
-    return pa.concat_tables(parts) if parts else POINTER_SCHEMA.empty_table()
+    return with_purged_flag(state, pa.concat_tables(parts) if parts else POINTER_SCHEMA.empty_table())
 
 
 def change_pointers_starts(state: TableState, removed: list[RemovedImages], lo: int, hi: int) -> np.ndarray:
@@ -230,12 +237,14 @@ def pointer_runs(pointers: pa.Table) -> pa.Table:
     vf = p.column("_valid_from").to_numpy()
     vt_col = p.column("_valid_to")
     vt = vt_col.fill_null(-1).to_numpy()
+    pur = p.column("_purged").to_numpy(zero_copy_only=False) if "_purged" in p.column_names else np.zeros(len(pos), bool)
     same = (path[1:] == path[:-1]) & (pos[1:] == pos[:-1] + 1) & (rid[1:] == rid[:-1] + 1) & (cre[1:] == cre[:-1]) & (vf[1:] == vf[:-1]) & (vt[1:] == vt[:-1])
+    same &= pur[1:] == pur[:-1]
     starts = np.concatenate(([0], np.flatnonzero(~same) + 1))
     lengths = np.diff(np.concatenate((starts, [len(pos)])))
     vt_runs = pa.array(vt[starts], pa.int64())
     vt_runs = pc.if_else(pc.equal(vt_runs, -1), pa.nulls(len(starts), pa.int64()), vt_runs)
-    return pa.table(
+    out = pa.table(
         {
             "file_path": pa.array(path[starts], pa.string()),
             "pos_start": pa.array(pos[starts], pa.int64()),
@@ -246,3 +255,6 @@ def pointer_runs(pointers: pa.Table) -> pa.Table:
             "_valid_to": vt_runs,
         }
     )
+    if "_purged" in p.column_names:
+        out = out.append_column("_purged", pa.array(pur[starts], pa.bool_()))
+    return out

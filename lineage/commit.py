@@ -9,6 +9,7 @@ to the writer, which re-plans against the new snapshot and reassigns row ids.
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from collections.abc import Callable
@@ -55,8 +56,24 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
+def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
+    """A copy of ``entry`` whose data file has no lower/upper bounds (they may hold erased values)."""
+    df = copy.copy(entry.data_file)
+    df._data = list(df._data)  # DataFile exposes no setters; positions 10/11 are lower/upper bounds
+    df._data[10], df._data[11] = {}, {}
+    return ManifestEntry.from_args(
+        status=entry.status,
+        snapshot_id=entry.snapshot_id,
+        sequence_number=entry.sequence_number,
+        file_sequence_number=entry.file_sequence_number,
+        data_file=df,
+    )
+
+
 class _LineageSnapshotProducer(_OverwriteFiles):
     """Adds data and delete files and removes data or delete files, in one snapshot."""
+
+    strip_removed_stats = False
 
     def __init__(  # type: ignore[no-untyped-def]
         self, operation: Operation, transaction, io, properties: dict[str, str], timestamp_ms: int, snapshot_id: int, data_sequence_number: int | None
@@ -102,12 +119,16 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         out: list[ManifestFile] = []
         found: set[str] = set()
         for manifest in parent.manifests(io=self._io):
-            if not removed:
+            live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
+            if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
+                continue  # only DELETED entries of an earlier commit: nothing to carry
+            stale = self.strip_removed_stats and bool(manifest.deleted_files_count)
+            if not removed and not stale:
                 out.append(manifest)
                 continue
             entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
             hit = [e for e in entries if e.data_file in removed]
-            if not hit:
+            if not hit and not stale:
                 out.append(manifest)
                 continue
             spec = self.spec(manifest.partition_spec_id)
@@ -115,11 +136,12 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             with writer:
                 for e in entries:
                     if e.data_file in removed:
-                        writer.delete(e)
+                        writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
                         found.add(e.data_file.file_path)
                     else:
                         writer.existing(e)
-            out.append(writer.to_manifest_file())
+            if entries:
+                out.append(writer.to_manifest_file())
         missing = [f.file_path for f in removed if f.file_path not in found]
         if missing:
             raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
@@ -189,6 +211,7 @@ def commit_files(
     snapshot_id: int,
     written: list[str],
     data_sequence_number: int | None = None,
+    strip_removed_stats: bool = False,
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -199,6 +222,7 @@ def commit_files(
     """
     tx = iceberg.transaction()
     producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
+    producer.strip_removed_stats = strip_removed_stats
     for f in added:
         producer.append_data_file(f)
     for f in removed:
@@ -249,6 +273,7 @@ class CommitRequest:
     data_sequence_number: int | None = None  # keep an older data sequence number for added data files (compaction)
     transform_list: Callable[[LineageList], LineageList] | None = None  # maintenance edits of the list (index re-pointing)
     properties: dict[str, str] = field(default_factory=dict)  # caller's checkpoint etc.: summary + commit log
+    strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
 
 
 @dataclass(frozen=True)
@@ -345,6 +370,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         snapshot_id=snapshot_id,
         written=created,
         data_sequence_number=req.data_sequence_number,
+        strip_removed_stats=req.strip_removed_stats,
     )
     return CommitResult(version, snapshot_id, timestamp_ms, bytes_written)
 

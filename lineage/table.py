@@ -496,6 +496,44 @@ class Table:
 
         return self._write(plan, mode=mode)
 
+    # ------------------------------------------------------------------ maintenance
+    def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> Any:
+        """Rewrite data files with deletes or small files (lineage kept, no change events)."""
+        from lineage.maintenance import compact
+
+        return compact(self, target_file_size_bytes, min_file_size_bytes)
+
+    def rewrite_deletes(self, granularity: str | None = None) -> Any:
+        """Merge position delete files into one per data file (or per partition)."""
+        from lineage.maintenance import rewrite_deletes
+
+        return rewrite_deletes(self, granularity)
+
+    def expire_snapshots(self, older_than: Any = None, retain_last: int = 1) -> Any:
+        """Expire old snapshots (the change feed does not need them)."""
+        from lineage.maintenance import expire_snapshots
+
+        return expire_snapshots(self, older_than, retain_last)
+
+    def vacuum(self, older_than: Any = None, dry_run: bool = False) -> Any:
+        """Delete files nothing needs any more (pinned files inside the retention window are kept)."""
+        from lineage.maintenance import vacuum
+        from lineage.maintenance.vacuum import DEFAULT_ORPHAN_AGE
+
+        return vacuum(self, DEFAULT_ORPHAN_AGE if older_than is None else older_than, dry_run)
+
+    def rehome(self, max_live_fraction: float = 0.1) -> Any:
+        """Copy still-needed images out of sparse pinned files so vacuum can release them."""
+        from lineage.maintenance import rehome
+
+        return rehome(self, max_live_fraction)
+
+    def purge(self, where: str | BooleanExpression) -> Any:
+        """Erase matching rows for good (GDPR): live data, pinned files, archives; see lineage.maintenance.purge."""
+        from lineage.maintenance import purge
+
+        return purge(self, where)
+
     # ------------------------------------------------------------------ Spark
     def to_spark(self, spark: Any, as_of: int | None = None, with_lineage: bool = True) -> Any:
         """The table at ``as_of`` as a Spark DataFrame with ``_row_id`` and the version columns."""

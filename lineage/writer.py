@@ -98,6 +98,14 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
 
 
+def _spec_id(data_file: DataFile, default: int) -> int:
+    """A data file's partition spec id (files fresh from the writer do not carry one yet)."""
+    try:
+        return int(data_file.spec_id)
+    except AttributeError:
+        return default
+
+
 def write_position_deletes(
     iceberg: IcebergTable, targets: Sequence[tuple[DataFile, np.ndarray]], granularity: str = "file"
 ) -> list[DataFile]:
@@ -158,7 +166,7 @@ def write_position_deletes(
                 split_offsets=None,
                 equality_ids=None,
                 sort_order_id=None,
-                spec_id=first.spec_id,
+                spec_id=_spec_id(first, metadata.default_spec_id),
                 key_metadata=None,
             )
         )

@@ -2,7 +2,8 @@
 
 from lineage.maintenance._common import MaintenanceResult
 from lineage.maintenance.compaction import compact, rewrite_deletes
+from lineage.maintenance.purge import purge
 from lineage.maintenance.rehome import rehome
 from lineage.maintenance.vacuum import expire_snapshots, referenced_files, vacuum
 
-__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "referenced_files", "rehome", "rewrite_deletes", "vacuum"]
+__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "purge", "referenced_files", "rehome", "rewrite_deletes", "vacuum"]

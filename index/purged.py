@@ -1,0 +1,59 @@
+"""The purged-rows file: row ids whose values were erased for good (GDPR).
+
+One immutable Parquet file (``purged-rows`` format 1) holding a serialized
+64-bit roaring bitmap of row ids, cumulative over every purge of the table;
+the lineage list names the current one. The change feed flags every image of
+these rows with ``_purged = true`` (their data columns read as null).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.io import FileIO
+from pyroaring import BitMap64
+
+from lineage.errors import LineageMetadataError
+from lineage.fileio import ImmutableFileCache, read_parquet, write_parquet
+from lineage.metadata import FORMAT_VERSION, check_format
+
+PURGED_FORMAT = "purged-rows"
+_CACHE: ImmutableFileCache[BitMap64] = ImmutableFileCache(64)
+
+
+def write_purged(fileio: FileIO, path: str, row_ids: BitMap64) -> int:
+    """Write the purged row ids; return the file size."""
+    table = pa.table({"row_ids": pa.array([row_ids.serialize()], pa.binary())}).replace_schema_metadata(
+        {"lineage.format": PURGED_FORMAT, "lineage.format-version": str(FORMAT_VERSION)}
+    )
+    return write_parquet(fileio, path, table)
+
+
+def read_purged(fileio: FileIO, path: str | None) -> BitMap64:
+    """The purged row ids named by a lineage list (empty when it names none)."""
+    if not path:
+        return BitMap64()
+    return _CACHE.get(path, lambda: _read(fileio, path))
+
+
+def _read(fileio: FileIO, path: str) -> BitMap64:
+    try:
+        table = read_parquet(fileio, path)
+    except FileNotFoundError:
+        raise LineageMetadataError(f"purged-rows file {path} is missing") from None
+    except Exception as exc:
+        raise LineageMetadataError(f"purged-rows file {path} is unreadable: {exc}") from exc
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    check_format(PURGED_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
+    try:
+        return BitMap64.deserialize(table.column("row_ids")[0].as_py())
+    except Exception as exc:
+        raise LineageMetadataError(f"purged-rows file {path} has damaged content: {exc!r}") from None
+
+
+def is_purged(bitmap: BitMap64, row_ids: np.ndarray) -> np.ndarray:
+    """A boolean mask: which of ``row_ids`` are purged."""
+    if len(bitmap) == 0 or len(row_ids) == 0:
+        return np.zeros(len(row_ids), bool)
+    purged = np.array(list(bitmap), dtype=np.int64)
+    return np.isin(row_ids, purged)

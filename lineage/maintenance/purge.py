@@ -1,0 +1,243 @@
+"""Purge (GDPR): erase rows for good, from live data, pinned files and archives.
+
+``purge(table, where)`` finds the live rows matching ``where`` and, in one
+commit:
+
+* rewrites every live data file that holds any image of those rows (live or
+  deleted) as a copy with the same positions whose data columns are null for
+  them; the copy keeps the file's lineage, its deletes are carried over, and
+  the purged rows are deleted (so they leave the table as deletes at the
+  purge version, recorded in the deleted-rows index);
+* copies the still-needed images of every pinned file that left the
+  snapshot into a fresh archive, with the purged rows' values nulled (the
+  pinned files are then released);
+* re-points the retained index segments at the rewritten files;
+* records the purged row ids (cumulative), so the change feed flags every
+  image of them with ``_purged = true``.
+
+Then it expires every other snapshot and deletes the files only they, or the
+released pinned files, referenced. Manifest entries of removed files are
+written without column bounds, so no statistics keep the erased values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.manifest import DataFile
+from pyiceberg.table.snapshots import Operation
+from pyroaring import BitMap64
+
+from cdf.pointers import fetch_values
+from index.deleted_rows import RemovedImages, read_index_segment
+from index.purged import read_purged, write_purged
+from lineage import duck
+from lineage.commit import CommitRequest
+from lineage.fileio import local_path, write_parquet
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
+from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
+from lineage.maintenance.vacuum import referenced_files
+from lineage.metadata import LineageList
+from lineage.predicate import parse_predicate
+from lineage.rle import decode_sequence, decode_values
+from lineage.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.state import TableState
+from lineage.writer import WrittenFile, write_data_files, write_position_deletes
+
+
+def _erased(field: pa.Field, n: int) -> pa.Array:
+    """Values that reveal nothing: null, or for a required column a fixed neutral value."""
+    if field.nullable:
+        return pa.nulls(n, field.type)
+    t = field.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        value: object = ""
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        value = b""
+    elif pa.types.is_boolean(t):
+        value = False
+    else:
+        return pc.cast(pa.array([0] * n, pa.int64()), t, safe=False)
+    return pa.array([value] * n, t)
+
+
+def _null_rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    """``table`` with the rows where ``mask`` is true erased (row count and order kept).
+
+    Optional columns become null; required ones (keys) a neutral value. The
+    change feed reports every data column of a purged image as null either way.
+    """
+    if not mask.any():
+        return table
+    keep = pa.array(~mask)
+    cols = [pc.if_else(keep, table.column(i), _erased(table.schema.field(i), table.num_rows)) for i in range(table.num_columns)]
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Erase the live rows matching ``where`` and every earlier image of them (see the module docstring)."""
+    from cdf.retention import window
+
+    schema = table.arrow_schema
+    field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+    pred = parse_predicate(where, pa.schema(list(schema) + LINEAGE_SCHEMA))
+    stats: dict[str, object] = {}
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        io = state.iceberg.io
+        files = state.live_files()
+        con = duck.connect()
+        try:
+            register_live_view(con, "live", files, schema, field_ids)
+            hits = con.execute(f"SELECT __file_id, __pos, _row_id FROM live WHERE ({pred.sql})").to_arrow_table()
+        finally:
+            con.close()
+        if hits.num_rows == 0:
+            return None
+        version = state.iceberg.metadata.next_sequence_number()
+        new_ids = hits.column("_row_id").to_numpy()
+        purged = BitMap64(read_purged(io, state.lineage.purged))
+        purged.update(new_ids.tolist())
+        purged_arr = np.array(list(purged), dtype=np.int64)
+
+        # 1. live files holding any image of a purged row: same positions, values nulled
+        hit_pos: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(0, np.int64))
+        fid = hits.column("__file_id").to_numpy()
+        for i in np.unique(fid):
+            hit_pos[int(i)] = np.sort(hits.column("__pos").to_numpy()[fid == i])
+        _, all_deletes = snapshot_files(state)
+        rewritten: dict[str, str] = {}
+        written: list[WrittenFile] = []
+        removed_files: list[DataFile] = []
+        removed_images: list[RemovedImages] = []
+        delete_targets: list[tuple[DataFile, np.ndarray]] = []
+        old_deleted: dict[str, np.ndarray] = {}
+        for d in all_deletes:
+            t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"])
+            paths = t.column("file_path").to_numpy(zero_copy_only=False)
+            for p in np.unique(paths):
+                old_deleted[p] = np.union1d(old_deleted.get(p, np.zeros(0, np.int64)), t.column("pos").to_numpy()[paths == p])
+        for i, f in enumerate(files):
+            row_ids = decode_sequence(f.lineage.row_ids)
+            mask = np.isin(row_ids, purged_arr)
+            if not mask.any():
+                continue
+            data = pq.read_table(local_path(f.path), columns=schema.names)
+            copy = write_data_files(state.iceberg, _null_rows(data, mask).cast(schema))
+            if len(copy) != 1:
+                raise AssertionError("a purged copy must be one file")
+            w = copy[0]
+            created.append(w.data_file.file_path)
+            written.append(WrittenFile(w.data_file, f.lineage.row_ids, f.lineage.created, f.lineage.updated))
+            rewritten[f.path] = w.data_file.file_path
+            removed_files.append(f.data_file)
+            positions = np.union1d(old_deleted.get(f.path, np.zeros(0, np.int64)), hit_pos[i])
+            if len(positions):
+                delete_targets.append((w.data_file, positions))
+            if len(hit_pos[i]):
+                pos = hit_pos[i]
+                created_v, updated_v = decode_values(f.lineage.created), decode_values(f.lineage.updated)
+                removed_images.append(RemovedImages(w.data_file.file_path, pos, row_ids[pos], created_v[pos], updated_v[pos], version))
+        # delete files that mention a rewritten file are replaced; their other entries are carried over
+        removed_deletes = []
+        live_by_path = {f.path: f.data_file for f in files}
+        for d in all_deletes:
+            t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"])
+            paths = set(t.column("file_path").to_pylist())
+            if paths & rewritten.keys():
+                removed_deletes.append(d)
+                for p in paths - rewritten.keys():
+                    if p in live_by_path:
+                        delete_targets.append((live_by_path[p], old_deleted[p]))
+        granularity = state.iceberg.metadata.properties.get("write.delete.granularity", "file")
+        new_deletes = write_position_deletes(state.iceberg, delete_targets, granularity) if delete_targets else []
+        created.extend(d.file_path for d in new_deletes)
+
+        # 2. pinned files that left the snapshot: needed images into a fresh archive, purged rows nulled
+        oldest = window(state).oldest
+        # Every other snapshot is expired right after this commit, so only the
+        # current snapshot's files keep their contents; all other pinned files are re-homed.
+        in_snapshots = {local_path(f.path) for f in files}
+        needed: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+        for c in state.lineage.commits:
+            if c.version > oldest and c.index:
+                for e in read_index_segment(io, c.index):
+                    if e.file_path not in rewritten and local_path(e.file_path) not in in_snapshots:
+                        needed[e.file_path].append((e.positions, e.row_ids))
+        mapping: dict[str, tuple[str, dict[int, int] | None]] = {old: (new, None) for old, new in rewritten.items()}
+        archive_path = None
+        if needed:
+            chosen = []
+            for path, parts in needed.items():
+                pos = np.concatenate([p for p, _ in parts])
+                rid = np.concatenate([r for _, r in parts])
+                order = np.argsort(pos, kind="stable")
+                pos, rid = pos[order], rid[order]
+                first = np.concatenate(([True], pos[1:] != pos[:-1]))
+                chosen.append((path, pos[first], rid[first]))
+            pointers = pa.table(
+                {"file_path": pa.array([p for p, pos, _ in chosen for _ in range(len(pos))], pa.string()),
+                 "pos": np.concatenate([pos for _, pos, _ in chosen])}
+            )
+            values = fetch_values(pointers, schema.names).cast(schema)
+            mask = np.isin(np.concatenate([rid for _, _, rid in chosen]), purged_arr)
+            values = _null_rows(values, mask)
+            archive_path = f"{state.iceberg.metadata.location}/metadata/index/archive-{uuid.uuid4()}.parquet"
+            created.append(archive_path)
+            write_parquet(io, archive_path, values.replace_schema_metadata({"lineage.format": ARCHIVE_FORMAT, "lineage.format-version": "1"}))
+            offset = 0
+            for path, pos, _ in chosen:
+                mapping[path] = (archive_path, {int(p): offset + k for k, p in enumerate(pos)})
+                offset += len(pos)
+        tag = str(uuid.uuid4())
+        repoint_list, _ = repoint(state, mapping, oldest, tag, created)
+        purged_path = f"{state.iceberg.metadata.location}/metadata/index/{version:09d}-{tag}-purged.parquet"
+        created.append(purged_path)
+        write_purged(io, purged_path, purged)
+
+        def transform(lst: LineageList) -> LineageList:
+            return dataclasses.replace(repoint_list(lst), purged=purged_path)
+
+        stats.update(rows=len(new_ids), files=len(rewritten), pinned=len(needed))
+        return CommitRequest(
+            "purge",
+            Operation.OVERWRITE,
+            written=written,
+            delete_files=new_deletes,
+            removed_files=removed_files + removed_deletes,
+            removed_images=removed_images,
+            deleted=len(new_ids),
+            transform_list=transform,
+            strip_removed_stats=True,
+        )
+
+    before = referenced_files(table)
+    _, result = commit_with_retries(table, plan, "purge")
+    if result is None:
+        return MaintenanceResult("purge", None, detail="no live row matches")
+    # Only the new snapshot may survive: older ones reference the unpurged files.
+    current = table.iceberg.metadata.current_snapshot_id
+    older = [s.snapshot_id for s in table.iceberg.metadata.snapshots if s.snapshot_id != current]
+    if older:
+        table.iceberg.maintenance.expire_snapshots().by_ids(older).commit()
+        table.refresh()
+    after = referenced_files(table)
+    removed = 0
+    for path in before - after:
+        if os.path.exists(path) and not path.endswith(".metadata.json"):
+            os.remove(path)
+            removed += 1
+    return MaintenanceResult(
+        "purge", result.version, files_removed=removed,
+        detail=f"erased {stats['rows']} row(s); rewrote {stats['files']} live file(s) and re-homed images of {stats['pinned']} pinned file(s); "
+        f"expired {len(older)} snapshot(s)",
+    )
+
