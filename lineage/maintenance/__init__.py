@@ -5,5 +5,6 @@ from lineage.maintenance.compaction import compact, rewrite_deletes
 from lineage.maintenance.purge import purge
 from lineage.maintenance.rehome import rehome
 from lineage.maintenance.vacuum import expire_snapshots, referenced_files, vacuum
+from lineage.maintenance.verify import VerifyReport, verify
 
-__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "purge", "referenced_files", "rehome", "rewrite_deletes", "vacuum"]
+__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "purge", "referenced_files", "rehome", "rewrite_deletes", "vacuum", "verify", "VerifyReport"]

@@ -1,0 +1,134 @@
+"""Consistency check of a table's lineage, index and Iceberg snapshot."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from index.deleted_rows import read_index_segment
+from index.purged import read_purged
+from lineage.errors import LineageError
+from lineage.fileio import local_path
+from lineage.maintenance._common import snapshot_files
+from lineage.metadata import read_segment
+from lineage.rle import decode_sequence
+from lineage.state import TableState, state_at
+
+
+@dataclass
+class VerifyReport:
+    """Problems found (empty when the table is consistent) and what was checked."""
+
+    problems: list[str] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(local_path(path))
+
+
+def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[no-untyped-def]
+    """Check that lineage metadata, the deleted-rows index and the snapshot agree and every pointed file exists."""
+    from cdf.retention import window
+
+    report = VerifyReport()
+    p = report.problems
+    try:
+        table.refresh()
+        state: TableState = state_at(table.iceberg)
+    except LineageError as exc:
+        return VerifyReport([f"cannot read the current lineage state: {exc}"])
+    snap = state.snapshot
+    lst = state.lineage
+    if snap is None:
+        return report
+    if lst.version != snap.sequence_number:
+        p.append(f"lineage list is for version {lst.version} but the current snapshot is version {snap.sequence_number}")
+    versions = [c.version for c in lst.commits]
+    if versions != sorted(set(versions)):
+        p.append("commit log versions are not strictly increasing")
+    if versions and versions[-1] != snap.sequence_number:
+        p.append(f"commit log ends at version {versions[-1]}, snapshot is version {snap.sequence_number}")
+    stamps = [c.timestamp_ms for c in lst.commits]
+    if stamps != sorted(stamps):
+        p.append("commit log timestamps go backwards")
+
+    for seg in lst.segments:
+        if not _exists(seg):
+            p.append(f"lineage segment missing: {seg}")
+    try:
+        live = state.live_files()
+    except LineageError as exc:
+        p.append(str(exc))
+        return report
+    data_files, delete_files = snapshot_files(state)
+    report.checked.update(data_files=len(data_files), delete_files=len(delete_files), segments=len(lst.segments))
+    for f in data_files + delete_files:
+        if not _exists(f.file_path):
+            p.append(f"file referenced by the snapshot is missing: {f.file_path}")
+
+    max_row_id = -1
+    row_ids = []
+    for f in live:
+        ids = decode_sequence(f.lineage.row_ids)
+        if len(ids):
+            max_row_id = max(max_row_id, int(ids.max()))
+        if check_row_ids and _exists(f.path):
+            deleted = np.zeros(0, np.int64)
+            for d in f.deletes:
+                if _exists(d.file_path):
+                    t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"], filters=[("file_path", "=", f.path)])
+                    deleted = np.union1d(deleted, t.column("pos").to_numpy())
+            keep = np.ones(len(ids), bool)
+            keep[deleted[deleted < len(ids)]] = False
+            row_ids.append(ids[keep])
+    if max_row_id >= lst.next_row_id:
+        p.append(f"next row id {lst.next_row_id} is not above the largest row id in use ({max_row_id})")
+    if check_row_ids and row_ids:
+        all_ids = np.concatenate(row_ids)
+        uniq, counts = np.unique(all_ids, return_counts=True)
+        if (counts > 1).any():
+            p.append(f"{int((counts > 1).sum())} row id(s) belong to more than one live row, e.g. {uniq[counts > 1][:5].tolist()}")
+        report.checked["live_rows"] = int(len(all_ids))
+
+    oldest = window(state).oldest
+    pointed = set()
+    for c in lst.commits:
+        if c.version <= oldest or not c.index:
+            continue
+        if not _exists(c.index):
+            p.append(f"deleted-rows index segment of version {c.version} is missing: {c.index}")
+            continue
+        try:
+            entries = read_index_segment(table.iceberg.io, c.index)
+        except LineageError as exc:
+            p.append(str(exc))
+            continue
+        for e in entries:
+            pointed.add(e.file_path)
+            if e.valid_to != c.version:
+                p.append(f"index segment of version {c.version} records removals at version {e.valid_to}")
+            if not _exists(e.file_path):
+                p.append(f"file pinned by the index (version {c.version}) is missing: {e.file_path}")
+            elif len(e.positions) and int(e.positions.max()) >= pq.ParquetFile(local_path(e.file_path)).metadata.num_rows:
+                p.append(f"index of version {c.version} points past the end of {e.file_path}")
+    report.checked.update(pinned_files=len(pointed))
+    if lst.purged:
+        try:
+            report.checked["purged_rows"] = len(read_purged(table.iceberg.io, lst.purged))
+        except LineageError as exc:
+            p.append(str(exc))
+    for seg in lst.segments:
+        try:
+            read_segment(table.iceberg.io, seg)
+        except LineageError as exc:
+            p.append(str(exc))
+    return report
