@@ -20,6 +20,9 @@ from cdf.pointers import change_pointers, deletion_pointers, pointer_runs
 from lineage.fileio import local_path
 from lineage.state import TableState
 
+# Up to this many pointers are broadcast to every executor instead of shuffling the data rows.
+BROADCAST_POINTERS = 5_000_000
+
 # Spark reports local files as file:/path or file:///path; Iceberg may store either or a bare path.
 _NORMALIZE = r"^file:(//)?"
 
@@ -72,6 +75,8 @@ def images_df(spark: Any, pointers: pa.Table, data: pa.Schema) -> Any:
         )
     )
     rows = read_positions(spark, paths, data.names)
+    if pointers.num_rows <= BROADCAST_POINTERS:
+        expanded = F.broadcast(expanded)  # the pointers are small: no shuffle of the table's rows
     joined = rows.join(expanded, (rows["__path"] == expanded["__ppath"]) & (rows["__pos"] == expanded["__ppos"]))
     values = [
         (F.when(~F.col("_purged"), F.col(f"`{c}`")) if extra else F.col(f"`{c}`")).alias(c)  # erased images read as null
