@@ -27,7 +27,7 @@ from conftest import SCHEMA, assert_interop, rows
 from lineage.metadata import SUMMARY_LIST, SUMMARY_VERSION, read_list, read_segment
 from lineage.state import main_branch_snapshots
 
-table_module = importlib.import_module("lineage.table")
+commit_module = importlib.import_module("lineage.commit")  # where the Iceberg commit happens
 
 NAME = "shop.orders"
 WORKERS = 4
@@ -301,7 +301,7 @@ def _race(monkeypatch, warehouse: str, retries: int | None):
     loser = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=warehouse, properties=props)
     loser.append(SEED)
     winner = lineage.open_table(NAME, warehouse=warehouse)
-    real_commit = table_module.commit_files
+    real_commit = commit_module.commit_files
     seen: dict[str, object] = {"armed": True, "winner": None, "failures": 0}
 
     def racing_commit(*args, **kwargs):
@@ -315,7 +315,7 @@ def _race(monkeypatch, warehouse: str, retries: int | None):
             seen["failures"] += 1
             raise
 
-    monkeypatch.setattr(table_module, "commit_files", racing_commit)
+    monkeypatch.setattr(commit_module, "commit_files", racing_commit)
     return loser, seen
 
 
