@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test venv java bench clean
+.PHONY: demo test venv java bench bench-peers bench-scaling clean
 
 demo: $(STAMP) java
-	$(PY) -m lineage.demo
+	$(PY) -m lineage.cli demo
 
 test: $(STAMP) java
 	$(PY) -m pytest -q
@@ -29,6 +30,17 @@ java:
 
 bench: $(STAMP)
 	$(PY) benchmarks/write_cost.py
+
+# The peers of benchmarks/run.py (deltalake, pylance, the DuckLake extension) are the optional `bench` extras.
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench-peers: $(BENCH_STAMP)
+	$(PY) benchmarks/run.py $(if $(SCALE),--scale $(SCALE))
+
+bench-scaling: $(STAMP)
+	$(PY) benchmarks/scaling.py
 
 clean:
 	rm -rf $(VENV) demo-warehouse .pytest_cache .hypothesis

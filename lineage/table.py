@@ -41,6 +41,7 @@ from lineage.catalog import identifier, resolve_catalog
 from lineage.commit import CommitRequest, commit_change
 from lineage.errors import (
     BadPredicateError,
+    LineageMetadataError,
     SchemaMismatchError,
     CommitConflictError,
     InvalidArgumentError,
@@ -306,6 +307,8 @@ class Table:
             select = ", ".join(quote_ident(c) for c in wanted)
             try:
                 result = con.execute(f"SELECT {select} FROM live WHERE ({pred.sql})").to_arrow_table()
+            except duckdb.IOException as exc:
+                raise LineageMetadataError(f"a data or delete file of {self.name} could not be read (run verify): {exc}") from None
             except duckdb.Error as exc:
                 raise BadPredicateError(f"evaluating where {pred.sql!r} failed on the table's data: {exc}") from None
         finally:

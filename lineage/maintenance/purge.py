@@ -230,13 +230,14 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         table.iceberg.maintenance.expire_snapshots().by_ids(older).commit()
         table.refresh()
     after = referenced_files(table)
-    removed = 0
+    removed = removed_bytes = 0
     for path in before - after:
         if os.path.exists(path) and not path.endswith(".metadata.json"):
+            removed_bytes += os.path.getsize(path)
             os.remove(path)
             removed += 1
     return MaintenanceResult(
-        "purge", result.version, files_removed=removed,
+        "purge", result.version, files_removed=removed, bytes_removed=removed_bytes,
         detail=f"erased {stats['rows']} row(s); rewrote {stats['files']} live file(s) and re-homed images of {stats['pinned']} pinned file(s); "
         f"expired {len(older)} snapshot(s)",
     )
