@@ -98,6 +98,36 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
 
 
+def write_copy(iceberg: IcebergTable, data: pa.Table, template: DataFile) -> DataFile:
+    """Write ``data`` as one data file in ``template``'s partition, whatever its values say.
+
+    Used to rewrite a file in place (same rows, same positions) when some
+    values were erased and no longer determine the partition.
+    """
+    metadata = iceberg.metadata
+    task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=metadata.schema(), record_batches=data.to_batches(), partition_key=None)
+    (df,) = list(write_file(iceberg.io, metadata, iter([task])))
+    return DataFile.from_args(
+        content=df.content,
+        file_path=df.file_path,
+        file_format=df.file_format,
+        partition=template.partition,
+        record_count=df.record_count,
+        file_size_in_bytes=df.file_size_in_bytes,
+        column_sizes=df.column_sizes,
+        value_counts=df.value_counts,
+        null_value_counts=df.null_value_counts,
+        nan_value_counts=df.nan_value_counts,
+        lower_bounds=df.lower_bounds,
+        upper_bounds=df.upper_bounds,
+        split_offsets=df.split_offsets,
+        equality_ids=None,
+        sort_order_id=None,
+        spec_id=_spec_id(template, metadata.default_spec_id),
+        key_metadata=None,
+    )
+
+
 def _spec_id(data_file: DataFile, default: int) -> int:
     """A data file's partition spec id (files fresh from the writer do not carry one yet)."""
     try:

@@ -23,7 +23,8 @@ written without column bounds, so no statistics keep the erased values.
 from __future__ import annotations
 
 import dataclasses
-import os
+import datetime as _dt
+import time
 import uuid
 from collections import defaultdict
 
@@ -44,19 +45,22 @@ from lineage.commit import CommitRequest
 from lineage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
 from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
-from lineage.maintenance.vacuum import referenced_files
+from lineage.maintenance.vacuum import vacuum
 from lineage.metadata import LineageList
 from lineage.predicate import parse_predicate
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.state import TableState
-from lineage.writer import WrittenFile, write_data_files, write_position_deletes
+from lineage.writer import WrittenFile, write_copy, write_position_deletes
 
 
-def _erased(field: pa.Field, n: int) -> pa.Array:
-    """Values that reveal nothing: null, or for a required column a fixed neutral value."""
+def _erased(field: pa.Field, n: int, donor: object = None) -> pa.Array:
+    """Values that reveal nothing: null; for a required column another kept row's value
+    (it stays in the file's partition) or, when every row is erased, a neutral value."""
     if field.nullable:
         return pa.nulls(n, field.type)
+    if donor is not None:
+        return pa.array([donor] * n, field.type)
     t = field.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         value: object = ""
@@ -69,7 +73,31 @@ def _erased(field: pa.Field, n: int) -> pa.Array:
     return pa.array([value] * n, t)
 
 
-def _null_rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
+def _partition_donors(iceberg, template: DataFile) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """For a file whose rows are all erased: values of required partition source columns that stay in its partition."""
+    from pyiceberg.transforms import BucketTransform, IdentityTransform, TruncateTransform
+
+    spec = iceberg.metadata.specs()[template.spec_id]
+    schema = iceberg.schema()
+    out: dict[str, object] = {}
+    for i, pf in enumerate(spec.fields):
+        source = schema.find_field(pf.source_id)
+        if not source.required:
+            continue
+        value = template.partition[i]
+        if isinstance(pf.transform, (IdentityTransform, TruncateTransform)):
+            out[source.name] = value
+        elif isinstance(pf.transform, BucketTransform):
+            fn = pf.transform.transform(source.field_type)
+            for k in range(100_000):
+                candidate: object = k if "int" in str(source.field_type) or "long" in str(source.field_type) else str(k)
+                if fn(candidate) == value:
+                    out[source.name] = candidate
+                    break
+    return out
+
+
+def _null_rows(table: pa.Table, mask: np.ndarray, donors: dict[str, object] | None = None) -> pa.Table:
     """``table`` with the rows where ``mask`` is true erased (row count and order kept).
 
     Optional columns become null; required ones (keys) a neutral value. The
@@ -78,7 +106,11 @@ def _null_rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
     if not mask.any():
         return table
     keep = pa.array(~mask)
-    cols = [pc.if_else(keep, table.column(i), _erased(table.schema.field(i), table.num_rows)) for i in range(table.num_columns)]
+    first_kept = int(np.argmin(mask)) if not mask.all() else None
+    cols = []
+    for i in range(table.num_columns):
+        donor = table.column(i)[first_kept].as_py() if first_kept is not None else (donors or {}).get(table.schema.field(i).name)
+        cols.append(pc.if_else(keep, table.column(i), _erased(table.schema.field(i), table.num_rows, donor)))
     return pa.Table.from_arrays(cols, schema=table.schema)
 
 
@@ -131,13 +163,12 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
             if not mask.any():
                 continue
             data = pq.read_table(local_path(f.path), columns=schema.names)
-            copy = write_data_files(state.iceberg, _null_rows(data, mask).cast(schema))
-            if len(copy) != 1:
-                raise AssertionError("a purged copy must be one file")
-            w = copy[0]
-            created.append(w.data_file.file_path)
-            written.append(WrittenFile(w.data_file, f.lineage.row_ids, f.lineage.created, f.lineage.updated))
-            rewritten[f.path] = w.data_file.file_path
+            donors = _partition_donors(state.iceberg, f.data_file) if mask.all() else None
+            copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file)
+            created.append(copy.file_path)
+            w = WrittenFile(copy, f.lineage.row_ids, f.lineage.created, f.lineage.updated)
+            written.append(w)
+            rewritten[f.path] = copy.file_path
             removed_files.append(f.data_file)
             positions = np.union1d(old_deleted.get(f.path, np.zeros(0, np.int64)), hit_pos[i])
             if len(positions):
@@ -219,26 +250,27 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
             strip_removed_stats=True,
         )
 
-    before = referenced_files(table)
+    started = time.time()
     _, result = commit_with_retries(table, plan, "purge")
-    if result is None:
+    if result is None and not table.state().lineage.purged:
         return MaintenanceResult("purge", None, detail="no live row matches")
-    # Only the new snapshot may survive: older ones reference the unpurged files.
+    # Only the current snapshot may survive: older ones reference unpurged files. This
+    # cleanup also runs when nothing matched, so re-running a purge that crashed after
+    # its commit finishes the job.
     current = table.iceberg.metadata.current_snapshot_id
     older = [s.snapshot_id for s in table.iceberg.metadata.snapshots if s.snapshot_id != current]
     if older:
         table.iceberg.maintenance.expire_snapshots().by_ids(older).commit()
         table.refresh()
-    after = referenced_files(table)
-    removed = removed_bytes = 0
-    for path in before - after:
-        if os.path.exists(path) and not path.endswith(".metadata.json"):
-            removed_bytes += os.path.getsize(path)
-            os.remove(path)
-            removed += 1
-    return MaintenanceResult(
-        "purge", result.version, files_removed=removed, bytes_removed=removed_bytes,
-        detail=f"erased {stats['rows']} row(s); rewrote {stats['files']} live file(s) and re-homed images of {stats['pinned']} pinned file(s); "
-        f"expired {len(older)} snapshot(s)",
+    # Every unreferenced file written before the purge started may hold erased values.
+    cleaned = vacuum(table, older_than=_dt.timedelta(seconds=max(0.0, time.time() - started)))
+    version = result.version if result else None
+    what = (
+        f"erased {stats['rows']} row(s); rewrote {stats['files']} live file(s) and re-homed images of {stats['pinned']} pinned file(s)"
+        if result
+        else "no live row matches; finished the cleanup of earlier purges"
     )
-
+    return MaintenanceResult(
+        "purge", version, files_removed=cleaned.files_removed, bytes_removed=cleaned.bytes_removed,
+        detail=f"{what}; expired {len(older)} snapshot(s)",
+    )

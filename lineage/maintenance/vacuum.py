@@ -65,8 +65,10 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
     summary = snap.summary.additional_properties if snap.summary else {}
     if SUMMARY_LIST in summary:
         refs.add(local_path(summary[SUMMARY_LIST]))
-        for seg in read_list(io, summary[SUMMARY_LIST]).segments:
-            refs.add(local_path(seg))
+        lst = read_list(io, summary[SUMMARY_LIST])
+        refs.update(local_path(seg) for seg in lst.segments)
+        if lst.purged:
+            refs.add(local_path(lst.purged))
 
 
 def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
