@@ -42,11 +42,15 @@ table's properties, so the next refresh starts from the newer source version.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import datetime as _dt
+import decimal
 import inspect
 import json
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -59,7 +63,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 
-from cdf.mv_query import GROUP_KEY, GROUP_ROWS, HIDDEN_PREFIX, SRC_ROW_ID, ViewColumn, ViewQuery, ViewQueryError, parse
+from cdf.mv_query import GROUP_KEY, GROUP_ROWS, SRC_ROW_ID, ViewColumn, ViewQuery, ViewQueryError, parse
 from lineage import duck
 from lineage.catalog import identifier, resolve_catalog
 from lineage.duck import duckdb_types
@@ -71,6 +75,7 @@ from lineage.errors import (
     TableNotFoundError,
     UnknownVersionError,
 )
+from lineage.predicate import sql_literal
 from lineage.scan import register_live_view
 from lineage.table import Table, create_table, open_table
 
@@ -182,10 +187,11 @@ def _where(query: ViewQuery, dialect: str) -> str:
     return f"({text})" if text else "TRUE"
 
 
-def _raw_aggregate_sql(query: ViewQuery, dialect: str, src: str, keys_view: str | None = None) -> str:
+def _raw_aggregate_sql(query: ViewQuery, dialect: str, src: str, keys_view: str | None = None, prefilter: str | None = None) -> str:
     """Per-group raw state (keys, _mv_rows, sums, non-null counts, extremes) over ``src``.
 
-    With ``keys_view`` only the groups listed there (columns ``__rk<i>``) are computed.
+    With ``keys_view`` only the groups listed there (columns ``__rk<i>``) are computed;
+    ``prefilter`` (a superset condition on plain key columns) lets the scan skip other rows early.
     """
     q = lambda n: _q(n, dialect)  # noqa: E731
     keys = query.keys
@@ -208,6 +214,8 @@ def _raw_aggregate_sql(query: ViewQuery, dialect: str, src: str, keys_view: str 
         cond = " AND ".join(f"({_expr(k, dialect)}) IS NOT DISTINCT FROM rk.__rk{i}" for i, k in enumerate(keys))
         source = f"{src} {join} {keys_view} rk ON {cond}"
     sql = f"SELECT {', '.join(select)} FROM {source} WHERE {_where(query, dialect)}"
+    if prefilter:
+        sql += f" AND {prefilter}"
     if keys:
         sql += " GROUP BY " + ", ".join(_expr(k, dialect) for k in keys)
     return sql
@@ -220,15 +228,22 @@ def _projection_sql(query: ViewQuery, dialect: str, src: str) -> str:
     return f"SELECT {cols}, _row_id AS {q(SRC_ROW_ID)} FROM {src} WHERE {_where(query, dialect)}"
 
 
-def _projection_delta_sql(query: ViewQuery, dialect: str, feed: str) -> str:
-    """Upserts and deletes by source row id from a net feed (``__action`` says which)."""
+def _projection_delta_sql(query: ViewQuery, dialect: str, feed: str, purged: bool = False) -> str:
+    """Upserts and deletes by source row id from a net feed (``__action`` says which).
+
+    With ``purged`` the feed has a ``_purged`` flag: a purged row's images carry no values, so it is
+    deleted from the view by row id whatever the filter says of its nulls.
+    """
     q = lambda n: _q(n, dialect)  # noqa: E731
+    ok = f"COALESCE({_where(query, dialect)}, FALSE)"
+    if purged:
+        ok = f"CASE WHEN _purged THEN _change_type IN ('delete', 'update_preimage') ELSE {ok} END"
     exprs = "".join(f", {_expr(c, dialect)} AS __c{i}" for i, c in enumerate(query.columns))
     same = " AND ".join(f"p.__c{i} IS NOT DISTINCT FROM o.__c{i}" for i in range(len(query.columns))) or "TRUE"
     outs = ", ".join(f"p.__c{i} AS {q(c.name)}" for i, c in enumerate(query.columns))
     return (
         f"WITH f AS (SELECT _row_id, _change_type IN ('insert', 'update_postimage') AS __post, "
-        f"COALESCE({_where(query, dialect)}, FALSE) AS __ok{exprs} FROM {feed}) "
+        f"{ok} AS __ok{exprs} FROM {feed}) "
         f"SELECT COALESCE(p._row_id, o._row_id) AS {q(SRC_ROW_ID)}, "
         "CASE WHEN COALESCE(p.__ok, FALSE) THEN 'upsert' ELSE 'delete' END AS __action, "
         f"{outs} "
@@ -268,6 +283,7 @@ class _Engine:
     """Where the feed, the delta and source recomputations are evaluated."""
 
     dialect = "duckdb"
+    purged = False  # whether the feed has a _purged column (the source was ever purged)
 
     def __init__(self) -> None:
         self.con = _connect()
@@ -280,6 +296,7 @@ class _Engine:
 
         tbl = cdf.changes(source, a, b, net=True, columns=columns)
         self.con.register("feed", tbl)
+        self.purged = "_purged" in tbl.column_names
         return tbl.num_rows
 
     def source(self, source: Table, b: int) -> None:
@@ -303,6 +320,7 @@ class _SparkEngine(_Engine):
     dialect = "spark"
 
     def __init__(self, spark: Any) -> None:
+        self.con = None  # type: ignore[assignment]
         self.spark = spark
         self.tag = uuid.uuid4().hex[:10]
         self.views: list[str] = []
@@ -319,6 +337,7 @@ class _SparkEngine(_Engine):
 
         df = cdf.changes(source, a, b, net=True, columns=columns, engine="spark", spark=self.spark)
         self._view("feed", df)
+        self.purged = "_purged" in df.columns
         return -1  # not counted: counting would run the feed twice
 
     def source(self, source: Table, b: int) -> None:
@@ -341,6 +360,10 @@ class _SparkEngine(_Engine):
 def _connect() -> duckdb.DuckDBPyConnection:
     con = duck.connect()
     con.execute("SET TimeZone = 'UTC'")  # group keys of timestamptz columns render the same everywhere
+    # The live view's ASOF join (files with many lineage runs, e.g. updated images) otherwise runs as a
+    # nested loop join when DuckDB's estimate of its inputs is small: minutes instead of seconds on big tables.
+    with contextlib.suppress(duckdb.Error):
+        con.execute("SET asof_loop_join_threshold = 0")
     return con
 
 
@@ -510,7 +533,7 @@ class MaterializedView:
             return RefreshResult(self.name, "up-to-date", False, cp.version, b, expected, engine, seconds=time.perf_counter() - started)
 
         feed_rows = 0
-        columns = list(self._query.source_columns) or [source.arrow_schema.names[0]]
+        columns = list(self._query.source_columns)  # net pairs equal in these columns cannot change the view
         if reason is None:
             try:
                 feed_rows = eng.feed(source, cp.version, b, columns)  # type: ignore[arg-type]
@@ -518,16 +541,24 @@ class MaterializedView:
                 reason = f"the checkpoint (source version {cp.version}) is older than the source's change-feed retention window ({exc})"
             except UnknownVersionError as exc:
                 reason = f"the checkpoint (source version {cp.version}) is not a version of the source ({exc})"
+        if reason is None and eng.purged and self.shape == "aggregate":
+            hit = eng.query(f"SELECT COUNT(*) AS n FROM {eng.name('feed')} WHERE _purged").column(0)[0].as_py()
+            if hit:
+                reason = f"{hit} source row(s) in the range were purged (their values are gone, so their deltas are unknown)"
         _fault("feed")
         if reason is not None:
-            log.warning("view %s: full rebuild at source version %d: %s", self.name, b, reason)
+            level = logging.INFO if (full or cp.version is None) else logging.WARNING
+            log.log(level, "view %s: full rebuild at source version %d: %s", self.name, b, reason)
 
-        con = _connect()
+        # DuckDB engine: one connection for everything; Spark: a local one for applying the collected delta.
+        con = eng.con if eng.dialect == "duckdb" else _connect()
         try:
-            cur = table.scan(as_of=expected, with_lineage=False) if (reason is not None or self.shape == "aggregate") else None
-            if cur is not None:
-                con.register("cur", cur)
-            types = dict(duckdb_types(table.arrow_schema))
+            if reason is not None or self.shape == "aggregate":
+                # The view's rows at the version this refresh plans against (read in place, not materialised).
+                field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+                register_live_view(con, "cur_live", state.live_files(), table.arrow_schema, field_ids)
+                con.execute(f"CREATE OR REPLACE TEMP VIEW cur AS SELECT {_names(table.arrow_schema.names)} FROM cur_live")
+            types = self._types()
             if reason is not None:
                 upserts, deletes, recomputed = self._rebuild(eng, con, source, b, types)
             elif self.shape == "projection":
@@ -535,7 +566,8 @@ class MaterializedView:
             else:
                 upserts, deletes, recomputed = self._aggregate_delta(eng, con, source, b, types)
         finally:
-            con.close()
+            if con is not eng.con:
+                con.close()
         _fault("delta")
 
         status = "rebuilt" if reason is not None else "refreshed"
@@ -561,7 +593,7 @@ class MaterializedView:
 
     # ------------------------------------------------------------ deltas
     def _projection_delta(self, eng: _Engine, con: duckdb.DuckDBPyConnection, types: dict[str, str]) -> tuple[pa.Table, pa.Table, int]:
-        delta = eng.query(_projection_delta_sql(self._query, eng.dialect, eng.name("feed")))
+        delta = eng.query(_projection_delta_sql(self._query, eng.dialect, eng.name("feed"), eng.purged))
         con.register("pdelta", delta)
         upserts = con.execute(f"SELECT {_cast_list(self._view_columns(), types, 'p')} FROM pdelta p WHERE __action = 'upsert'").to_arrow_table()
         deletes = con.execute(f'SELECT CAST(p."{SRC_ROW_ID}" AS BIGINT) AS "{SRC_ROW_ID}" FROM pdelta p WHERE __action = \'delete\'').to_arrow_table()
@@ -579,11 +611,12 @@ class MaterializedView:
         typed_keys = [f'CAST(d."{_e(k.name)}" AS {types[k.name]})' for k in keys]
         key_cols = "".join(f'{t} AS "{_e(k.name)}", ' for t, k in zip(typed_keys, keys, strict=True))
         con.execute(f"CREATE TEMP TABLE d AS SELECT {key_cols}{_key_text(typed_keys, [types[k.name] for k in keys])} AS __key, d.* EXCLUDE ({_names(k.name for k in keys)}) FROM delta d"
-                    if keys else f"CREATE TEMP TABLE d AS SELECT '[]' AS __key, d.* FROM delta d")
+                    if keys else "CREATE TEMP TABLE d AS SELECT '[]' AS __key, d.* FROM delta d")
         # The next raw state of each affected group (min/max NULL where undecidable).
-        cols = [f'd."{_e(k.name)}"' for k in keys] + ["c.__key IS NOT NULL AS __exists", "d.__key AS __key",
+        cols = [f'd."{_e(k.name)}"' for k in keys] + [f"c.{GROUP_KEY} IS NOT NULL AS __exists", "d.__key AS __key",
                                                     f"COALESCE(c.{GROUP_ROWS}, 0) + d.__d_rows AS {GROUP_ROWS}"]
-        flags = [f"COALESCE(c.{GROUP_ROWS}, 0) + d.__d_rows < 0"]
+        rows = f"(COALESCE(c.{GROUP_ROWS}, 0) + d.__d_rows)"
+        flags = [f"{rows} < 0"]
         for i, c in enumerate(aggs):
             n = f'"{_e(c.name)}"'
             if c.kind == "sum":
@@ -604,7 +637,9 @@ class MaterializedView:
                 pick = "least" if c.kind == "min" else "greatest"
                 undecidable = (f"(d.__pre{i} IS NOT NULL AND (c.{n} IS NULL OR (d.__pre{i} {better}= c.{n} "
                                f"AND (d.__post{i} IS NULL OR d.__post{i} {worse} c.{n}))))")
-                cols.append(f"CASE WHEN {undecidable} THEN NULL ELSE {pick}(c.{n}, d.__post{i}) END AS {n}")
+                # A group left with no rows needs no extreme (it disappears, or a global aggregate shows NULL).
+                undecidable = f"({rows} > 0 AND {undecidable})"
+                cols.append(f"CASE WHEN {rows} = 0 OR {undecidable} THEN NULL ELSE {pick}(c.{n}, d.__post{i}) END AS {n}")
                 flags.append(undecidable)
         cols.append(f"({' OR '.join(flags)}) AS __recompute")
         con.execute(f"CREATE TEMP TABLE nxt AS SELECT {', '.join(cols)} FROM d LEFT JOIN cur c ON c.{GROUP_KEY} = d.__key")
@@ -617,12 +652,13 @@ class MaterializedView:
             if keys:
                 rk = recompute.rename_columns([f"__rk{i}" for i in range(len(keys))])
                 eng.register("rk", rk)
-                raw = eng.query(_raw_aggregate_sql(query, eng.dialect, eng.name("src"), eng.name("rk")))
+                prefilter = _key_prefilter(keys, recompute) if eng.dialect == "duckdb" else None
+                raw = eng.query(_raw_aggregate_sql(query, eng.dialect, eng.name("src"), eng.name("rk"), prefilter))
             else:
                 raw = eng.query(_raw_aggregate_sql(query, eng.dialect, eng.name("src")))
             con.register("rec_raw", raw)
             con.execute(f"CREATE TEMP TABLE rec AS {self._finalize_sql('rec_raw', types, with_flag=False)}")
-            parts.append(f"SELECT *, FALSE AS __recompute_src FROM rec")
+            parts.append("SELECT *, FALSE AS __recompute_src FROM rec")
         # Groups that stay: non-empty ones (a global aggregate's single row always stays).
         keep = f"{GROUP_ROWS} > 0" if keys else "TRUE"
         con.execute(f"CREATE TEMP TABLE new AS SELECT * EXCLUDE (__recompute_src) FROM ({' UNION ALL BY NAME '.join(parts)}) WHERE {keep}")
@@ -652,6 +688,13 @@ class MaterializedView:
         upserts = _changed_rows(con, "new", "cur", key, self._table.arrow_schema.names)
         deletes = con.execute(f'SELECT c."{key}" FROM cur c ANTI JOIN new n ON n."{key}" = c."{key}"').to_arrow_table()
         return upserts, deletes, 0
+
+    def _types(self) -> dict[str, str]:
+        """DuckDB types of the view table's columns (from the definition, else from the table)."""
+        names = self._view_columns()
+        if all(n in self._query.types for n in names):
+            return dict(self._query.types)
+        return dict(duckdb_types(self._table.arrow_schema))
 
     def _view_columns(self) -> list[str]:
         return self._table.arrow_schema.names
@@ -708,6 +751,34 @@ def _key_text(typed_keys: list[str], key_types: list[str]) -> str:
             expr = f"({expr} + 0)"  # -0.0 and 0.0 are one group
         parts.append(f"CAST({expr} AS VARCHAR)")
     return f"to_json([{', '.join(parts)}]::VARCHAR[])"
+
+
+_PREFILTER_MAX = 2000
+_PLAIN_COLUMN = re.compile(r'^"(?:[^"]|"")+"$')
+
+
+def _key_prefilter(keys: list[ViewColumn], groups: pa.Table) -> str | None:
+    """``col IN (...)`` conditions on the plain-column group keys of ``groups`` (a superset of their rows).
+
+    The semi join on the key values stays exact; this condition is pushed into the Parquet scan, so a
+    MIN/MAX recomputation of a few groups does not run the whole source through the live view's joins.
+    """
+    parts = []
+    for i, k in enumerate(keys):
+        if not _PLAIN_COLUMN.match(k.duck or ""):
+            continue
+        values = set(groups.column(i).to_pylist())
+        if len(values) > _PREFILTER_MAX:
+            return None
+        if not all(v is None or isinstance(v, (str, int, decimal.Decimal, _dt.date)) and not isinstance(v, (bool, _dt.datetime))
+                   for v in values):
+            continue  # floats (nan, -0.0), timestamps: only the exact semi join
+        lits = [sql_literal(v) for v in values if v is not None]
+        cond = [f"{k.duck} IN ({', '.join(lits)})"] if lits else []
+        if None in values:
+            cond.append(f"{k.duck} IS NULL")
+        parts.append("(" + " OR ".join(cond) + ")")
+    return " AND ".join(parts) or None
 
 
 def _changed_rows(con: duckdb.DuckDBPyConnection, new: str, cur: str, key: str, columns: list[str]) -> pa.Table:
@@ -953,6 +1024,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("pyiceberg", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     spark = None
     try:
         if args.engine == "spark":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -334,8 +333,8 @@ def parse(query: str, source_name: str, source_columns: list[str]) -> ViewQuery:
                     "distinct": "DISTINCT", "windows": "WINDOW clauses", "laterals": "LATERAL", "sample": "TABLESAMPLE",
                     "pivots": "PIVOT", "into": "SELECT INTO", "settings": "SETTINGS", "locks": "locking clauses"}.get(key, key.upper())
             raise _refuse(what, query)
-    _check_nodes(tree, query)
     qualifiers = _source_table(tree, source_name, query)
+    _check_nodes(tree, query)
     by_lower = {c.lower(): c for c in source_columns}
     used: set[str] = set()
 
@@ -478,8 +477,3 @@ def _check_group_by(
     missing = [columns[i][0] for i in keys if i not in matched]
     if missing:
         raise ViewQueryError(f"the select items {missing} are neither aggregates nor in the GROUP BY")
-
-
-def describe(query: ViewQuery) -> dict[str, Any]:
-    """A short description of a view's definition (for logs and the CLI)."""
-    return {"shape": query.shape, "columns": [(c.name, c.kind) for c in query.columns], "source_columns": list(query.source_columns)}
