@@ -128,7 +128,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, seed=st.integers(0, 2**16))
 def test_refreshed_views_equal_their_query_from_scratch(ops, seed):
     rnd = random.Random(seed)

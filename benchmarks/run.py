@@ -1,0 +1,1079 @@
+"""One workload, this product and its peers side by side, in one run (issue 6).
+
+Every system runs the same workload on the same generated data (numpy, fixed
+seed), each in its own child process, one after the other:
+
+1. create the table (key ``id``; columns id, customer_id, status, amount, ordered_at);
+2. append the base rows (``--scale`` rows, one write);
+3. 20 change commits, each updating 0.5% and deleting 0.1% of the base row
+   count, rows chosen at random among the live rows (an update sets ``status``
+   to 'updated' and ``amount`` to a new value; each commit is one transaction:
+   update and delete together);
+4. 5 upsert batches of 1% of the base row count, half matching live rows, half new;
+5. read the change feed for (a) every commit after the base load (the 25
+   change commits), (b) the last 5 commits (the upserts) and (c) net changes
+   over range (a).
+
+Systems and the calls they make:
+
+* ``lineage``: this product. ``Table.merge(upserts=updated rows, deletes=keys)``
+  (one merge-on-read commit), ``Table.upsert``, ``cdf.changes(t, a, b, net=...)``.
+* ``pyiceberg``: plain pyiceberg 0.12, no lineage, copy-on-write (the only mode it
+  writes): ``overwrite(rows, overwrite_filter=In(id, updated + deleted))`` and
+  ``upsert(batch, join_cols=["id"])``. It has no change feed.
+* ``delta``: delta-rs (``deltalake``) with ``delta.enableChangeDataFeed=true``:
+  ``merge`` (update + delete in one MERGE), ``merge`` for upserts, ``load_cdf``.
+  No net mode.
+* ``ducklake``: DuckLake through DuckDB's ``duckdb-extension-ducklake`` wheel,
+  catalog in a local DuckDB file, data in a local folder: ``UPDATE ... FROM``
+  and ``DELETE`` in one transaction, ``MERGE INTO`` for upserts,
+  ``table_changes``. No net mode.
+* ``lance``: Lance (``pylance``) with stable row ids: ``merge_insert`` (update
+  matched rows, delete the chosen rows with ``when_not_matched_by_source_delete``:
+  one version), ``merge_insert`` for upserts, ``delta()`` (inserted rows,
+  updated rows, deleted row ids: the rows as they are at the end of the range,
+  no pre-images, no per-version history).
+
+Per step: wall time, peak resident memory of the child process during the step
+(the kernel's high-water mark, reset before each step through
+``/proc/self/clear_refs``), bytes written (files that appeared under the
+system's folder plus growth of files modified in place, such as DuckLake's
+catalog database), and the system load. Per change feed: rows returned, counts
+and ``sum(id)`` per change type, compared with ours and with the counts the
+workload implies. After the feeds each system's final table is checked against
+the expected row count, ``sum(id)`` and ``sum(amount)``.
+
+    .venv/bin/python benchmarks/run.py                    # 1,000,000 rows, every system
+    .venv/bin/python benchmarks/run.py --scale 10000000
+    .venv/bin/python benchmarks/run.py --systems lineage,delta --scale 100000
+
+Writes ``benchmarks/results/run-<scale>.json`` and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+SEED = 42
+CHANGE_COMMITS = 20
+UPDATE_FRACTION = 0.005
+DELETE_FRACTION = 0.001
+UPSERT_BATCHES = 5
+UPSERT_FRACTION = 0.01
+SYSTEMS = ("lineage", "pyiceberg", "delta", "ducklake", "lance")
+CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
+STATUSES = np.array(["new", "paid", "shipped", "cancelled", "updated", "upserted"])
+UPDATED, UPSERTED = 4, 5
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("customer_id", pa.int64()),
+        pa.field("status", pa.string()),
+        pa.field("amount", pa.float64()),
+        pa.field("ordered_at", pa.timestamp("us")),
+    ]
+)
+EPOCH = np.datetime64("2026-01-01T00:00:00", "us")
+
+
+# --------------------------------------------------------------------------- the workload plan (parent)
+class Mirror:
+    """The table's state as numpy arrays indexed by id, to generate batches and expectations."""
+
+    def __init__(self, scale: int, capacity: int, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.n = scale
+        self.customer = np.zeros(capacity, np.int64)
+        self.status = np.zeros(capacity, np.int8)
+        self.amount = np.zeros(capacity, np.float64)
+        self.ordered = np.zeros(capacity, np.int64)  # seconds after EPOCH
+        self.alive = np.zeros(capacity, bool)
+        self._fill(np.arange(scale))
+
+    def _fill(self, ids: np.ndarray) -> None:
+        k = len(ids)
+        self.customer[ids] = self.rng.integers(0, 50_000, k)
+        self.status[ids] = self.rng.integers(0, 4, k)
+        self.amount[ids] = np.round(self.rng.uniform(1.0, 1000.0, k), 2)
+        self.ordered[ids] = self.rng.integers(0, 300 * 86400, k)
+        self.alive[ids] = True
+
+    def rows(self, ids: np.ndarray) -> pa.Table:
+        ids = np.sort(ids)
+        return pa.table(
+            {
+                "id": ids.astype(np.int64),
+                "customer_id": self.customer[ids],
+                "status": STATUSES[self.status[ids]],
+                "amount": self.amount[ids],
+                "ordered_at": EPOCH + self.ordered[ids].astype("timedelta64[s]"),
+            },
+            schema=SCHEMA,
+        )
+
+    def pick_live(self, k: int) -> np.ndarray:
+        live = np.flatnonzero(self.alive)
+        return live[self.rng.choice(len(live), k, replace=False)]
+
+    def new_amounts(self, k: int) -> np.ndarray:
+        return np.round(self.rng.uniform(1.0, 1000.0, k), 2)
+
+
+def _type_counts(counts: dict[str, int]) -> dict[str, int]:
+    return {t: int(counts.get(t, 0)) for t in CHANGE_TYPES}
+
+
+def make_plan(scale: int, plan_dir: str) -> dict[str, Any]:
+    """Write every batch of the workload to ``plan_dir`` and return the expectations."""
+    os.makedirs(plan_dir, exist_ok=True)
+    n_upd = max(1, round(scale * UPDATE_FRACTION))
+    n_del = max(1, round(scale * DELETE_FRACTION))
+    n_ups = max(2, round(scale * UPSERT_FRACTION))
+    n_match, n_new = n_ups // 2, n_ups - n_ups // 2
+    rng = np.random.default_rng(SEED)
+    m = Mirror(scale, scale + UPSERT_BATCHES * n_new, rng)
+    pq.write_table(m.rows(np.arange(scale)), os.path.join(plan_dir, "base.parquet"))
+    base_amount, base_status = m.amount[:scale].copy(), m.status[:scale].copy()
+    changed = np.zeros(len(m.alive), bool)
+    sums = {t: 0 for t in CHANGE_TYPES}  # per-version sum(id) per change type over range (a)
+    last5 = {t: 0 for t in CHANGE_TYPES}
+    for i in range(1, CHANGE_COMMITS + 1):
+        chosen = m.pick_live(n_upd + n_del)
+        upd, dele = np.sort(chosen[:n_upd]), np.sort(chosen[n_upd:])
+        m.amount[upd] = m.new_amounts(n_upd)
+        m.status[upd] = UPDATED
+        changed[upd] = True
+        m.alive[dele] = False
+        pq.write_table(m.rows(upd), os.path.join(plan_dir, f"change_{i:02d}_update.parquet"))
+        pq.write_table(pa.table({"id": pa.array(dele, pa.int64())}), os.path.join(plan_dir, f"change_{i:02d}_delete.parquet"))
+        sums["update_preimage"] += int(upd.sum())
+        sums["update_postimage"] += int(upd.sum())
+        sums["delete"] += int(dele.sum())
+    for k in range(1, UPSERT_BATCHES + 1):
+        matched = np.sort(m.pick_live(n_match))
+        new = np.arange(m.n, m.n + n_new)
+        m.n += n_new
+        m._fill(new)
+        m.amount[matched] = m.new_amounts(n_match)
+        m.status[matched] = UPSERTED
+        changed[matched] = True
+        pq.write_table(m.rows(np.concatenate([matched, new])), os.path.join(plan_dir, f"upsert_{k}.parquet"))
+        for s in (sums, last5):
+            s["update_preimage"] += int(matched.sum())
+            s["update_postimage"] += int(matched.sum())
+            s["insert"] += int(new.sum())
+    ids = np.arange(m.n)
+    base = ids < scale
+    alive = m.alive[: m.n]
+    differs = np.zeros(m.n, bool)
+    differs[:scale] = (m.amount[:scale] != base_amount) | (m.status[:scale] != base_status)
+    net_pair = base & alive & changed[: m.n] & differs
+    net_delete = base & ~alive
+    net_insert = ~base & alive
+    n_changes = CHANGE_COMMITS
+    expected = {
+        "scale": scale,
+        "rows_per_change_commit": {"updated": n_upd, "deleted": n_del},
+        "rows_per_upsert": {"matched": n_match, "new": n_new},
+        "feeds": {
+            "all": {
+                "counts": _type_counts(
+                    {"update_preimage": n_changes * n_upd + UPSERT_BATCHES * n_match, "update_postimage": n_changes * n_upd + UPSERT_BATCHES * n_match,
+                     "delete": n_changes * n_del, "insert": UPSERT_BATCHES * n_new}
+                ),
+                "id_sums": sums,
+            },
+            "last5": {
+                "counts": _type_counts({"update_preimage": UPSERT_BATCHES * n_match, "update_postimage": UPSERT_BATCHES * n_match, "insert": UPSERT_BATCHES * n_new}),
+                "id_sums": last5,
+            },
+            "net": {
+                "counts": _type_counts(
+                    {"update_preimage": int(net_pair.sum()), "update_postimage": int(net_pair.sum()), "delete": int(net_delete.sum()), "insert": int(net_insert.sum())}
+                ),
+                "id_sums": {"insert": int(ids[net_insert].sum()), "update_preimage": int(ids[net_pair].sum()),
+                            "update_postimage": int(ids[net_pair].sum()), "delete": int(ids[net_delete].sum())},
+            },
+        },
+        "final": {"rows": int(alive.sum()), "id_sum": int(ids[alive].sum()), "amount_sum": float(m.amount[: m.n][alive].sum())},
+    }
+    with open(os.path.join(plan_dir, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=2)
+    return expected
+
+
+# --------------------------------------------------------------------------- measurement helpers (child)
+def files_under(root: str) -> dict[str, int]:
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            try:
+                out[p] = os.path.getsize(p)
+            except FileNotFoundError:  # removed while walking (temp files)
+                pass
+    return out
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+class PeakRss:
+    """Peak RSS of this process during a step: the kernel's high-water mark, reset per step.
+
+    Falls back to sampling every 5 ms where ``/proc/self/clear_refs`` is not writable.
+    """
+
+    def __init__(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.method = "VmHWM reset per step"
+        except OSError:
+            self.method = "VmRSS sampled every 5 ms"
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        rss = _status_kb("VmRSS")
+        if self.method.startswith("VmHWM"):
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        else:
+            self._peak = rss
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return rss
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self._peak = max(self._peak, _status_kb("VmRSS"))
+
+    def stop(self) -> int:
+        if self.method.startswith("VmHWM"):
+            return _status_kb("VmHWM")
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        return max(self._peak, _status_kb("VmRSS"))
+
+
+def feed_summary(change_type: pa.ChunkedArray | pa.Array, ids: pa.ChunkedArray | pa.Array | None, rename: dict[str, str] | None = None) -> dict:
+    """Counts and sum(id) per change type (peer names mapped to ours with ``rename``)."""
+    t = pa.table({"t": change_type.cast(pa.string()), "id": ids if ids is not None else pa.nulls(len(change_type), pa.int64())})
+    g = t.group_by("t").aggregate([("t", "count"), ("id", "sum")]).to_pylist()
+    counts: dict[str, int] = {}
+    sums: dict[str, int | None] = {}
+    for row in g:
+        name = (rename or {}).get(row["t"], row["t"])
+        counts[name] = counts.get(name, 0) + row["t_count"]
+        sums[name] = None if ids is None else (sums.get(name) or 0) + (row["id_sum"] or 0)
+    return {"rows": len(change_type), "counts": _type_counts(counts), "id_sums": {k: sums.get(k, 0 if ids is not None else None) for k in CHANGE_TYPES}}
+
+
+# --------------------------------------------------------------------------- the systems (child)
+class System:
+    name = ""
+    feeds_supported = {"all": True, "last5": True, "net": True}
+    notes: list[str] = []
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def create(self) -> None: ...
+    def append(self, data: pa.Table) -> None: ...
+    def change(self, updated: pa.Table, deleted: pa.Table) -> None: ...
+    def upsert(self, batch: pa.Table) -> None: ...
+    def version(self) -> int: ...
+    def feed(self, a: int, b: int, net: bool) -> Any: ...
+    def summarize(self, result: Any) -> dict: ...
+    def final(self) -> pa.Table: ...
+    def close(self) -> None: ...
+    def versions(self) -> dict[str, str]:
+        return {}
+
+
+class Lineage(System):
+    name = "lineage"
+    notes = ["merge-on-read (the default); each change commit is one Table.merge(upserts=..., deletes=...)"]
+
+    def create(self) -> None:
+        import lineage
+
+        self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root)
+
+    def append(self, data: pa.Table) -> None:
+        self.t.append(data)
+
+    def change(self, updated: pa.Table, deleted: pa.Table) -> None:
+        self.t.merge(upserts=updated, deletes=deleted)
+
+    def upsert(self, batch: pa.Table) -> None:
+        self.t.upsert(batch)
+
+    def version(self) -> int:
+        return self.t.version
+
+    def feed(self, a: int, b: int, net: bool) -> Any:
+        import cdf
+
+        return cdf.changes(self.t, a, b, net=net)
+
+    def summarize(self, result: Any) -> dict:
+        return feed_summary(result.column("_change_type"), result.column("id"))
+
+    def final(self) -> pa.Table:
+        return self.t.scan(columns=["id", "amount"])
+
+    def versions(self) -> dict[str, str]:
+        import duckdb
+        import pyiceberg
+
+        return {"pyiceberg": pyiceberg.__version__, "duckdb": duckdb.__version__}
+
+
+class PyIceberg(System):
+    name = "pyiceberg"
+    feeds_supported = {k: "pyiceberg 0.12 has no change feed (no changelog or incremental scan)" for k in ("all", "last5", "net")}
+    notes = ["copy-on-write (pyiceberg 0.12 writes no delete files); no lineage columns"]
+
+    def create(self) -> None:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        os.makedirs(self.root, exist_ok=True)
+        self.catalog = SqlCatalog("plain", uri=f"sqlite:///{os.path.join(self.root, 'catalog.db')}", warehouse=self.root)
+        self.catalog.create_namespace_if_not_exists("bench")
+        self.t = self.catalog.create_table(("bench", "orders"), schema=SCHEMA, properties={"format-version": "2"})
+
+    def append(self, data: pa.Table) -> None:
+        self.t.append(data)
+
+    def change(self, updated: pa.Table, deleted: pa.Table) -> None:
+        from pyiceberg.expressions import In
+
+        ids = pc.unique(pa.concat_arrays([updated.column("id").combine_chunks(), deleted.column("id").combine_chunks()])).to_pylist()
+        self.t.overwrite(updated, overwrite_filter=In("id", ids))
+
+    def upsert(self, batch: pa.Table) -> None:
+        self.t.upsert(batch, join_cols=["id"])
+
+    def version(self) -> int:
+        return self.t.metadata.last_sequence_number
+
+    def final(self) -> pa.Table:
+        return self.t.refresh().scan(selected_fields=("id", "amount")).to_arrow()
+
+    def versions(self) -> dict[str, str]:
+        import pyiceberg
+
+        return {"pyiceberg": pyiceberg.__version__}
+
+
+class Delta(System):
+    name = "delta"
+    feeds_supported = {"all": True, "last5": True, "net": "delta-rs load_cdf has no net mode (per-version changes only)"}
+    notes = ["delta.enableChangeDataFeed=true; delta-rs writes copy-on-write (no deletion vectors); each change commit is one MERGE"]
+
+    def create(self) -> None:
+        from deltalake import DeltaTable
+
+        self.path = os.path.join(self.root, "orders")
+        self.t = DeltaTable.create(self.path, SCHEMA, configuration={"delta.enableChangeDataFeed": "true"})
+
+    def append(self, data: pa.Table) -> None:
+        from deltalake import write_deltalake
+
+        write_deltalake(self.t, data, mode="append")
+        self.t.update_incremental()
+
+    def change(self, updated: pa.Table, deleted: pa.Table) -> None:
+        src = pa.concat_tables(
+            [
+                updated.append_column("op", pa.array(["U"] * updated.num_rows)),
+                pa.table({c.name: (deleted.column("id") if c.name == "id" else pa.nulls(deleted.num_rows, c.type)) for c in SCHEMA}, schema=SCHEMA).append_column(
+                    "op", pa.array(["D"] * deleted.num_rows)
+                ),
+            ]
+        )
+        sets = {c: f"s.{c}" for c in SCHEMA.names if c != "id"}
+        (
+            self.t.merge(src, predicate="t.id = s.id", source_alias="s", target_alias="t")
+            .when_matched_update(updates=sets, predicate="s.op = 'U'")
+            .when_matched_delete(predicate="s.op = 'D'")
+            .execute()
+        )
+
+    def upsert(self, batch: pa.Table) -> None:
+        (
+            self.t.merge(batch, predicate="t.id = s.id", source_alias="s", target_alias="t")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    def version(self) -> int:
+        return self.t.version()
+
+    def feed(self, a: int, b: int, net: bool) -> Any:
+        return pa.table(self.t.load_cdf(starting_version=a + 1, ending_version=b).read_all())
+
+    def summarize(self, result: Any) -> dict:
+        return feed_summary(result.column("_change_type"), result.column("id"))
+
+    def final(self) -> pa.Table:
+        from deltalake import DeltaTable
+
+        return pa.table(DeltaTable(self.path).to_pyarrow_table(columns=["id", "amount"]))
+
+    def versions(self) -> dict[str, str]:
+        import deltalake
+
+        return {"deltalake": deltalake.__version__}
+
+
+class DuckLake(System):
+    name = "ducklake"
+    feeds_supported = {"all": True, "last5": True, "net": "DuckLake table_changes has no net mode (per-snapshot changes only)"}
+    notes = ["catalog: a local DuckDB file; data: a local folder; defaults otherwise (merge-on-read position deletes); "
+             "each change commit is one transaction (UPDATE ... FROM, DELETE)",
+             "feeds are timed with the body of the table_changes macro run in two stages (insertions and deletions "
+             "materialised, then the macro's joins); table_changes itself is probed separately in a child process "
+             "with a time limit (table_changes_probe)"]
+
+    def create(self) -> None:
+        from lineage import duck
+
+        os.makedirs(self.root, exist_ok=True)
+        self.con = duck.connect("ducklake")
+        self.con.execute(f"ATTACH 'ducklake:{os.path.join(self.root, 'catalog.ducklake')}' AS lake (DATA_PATH '{os.path.join(self.root, 'data')}/')")
+        self.con.execute("CREATE TABLE lake.orders (id BIGINT NOT NULL, customer_id BIGINT, status VARCHAR, amount DOUBLE, ordered_at TIMESTAMP)")
+
+    def append(self, data: pa.Table) -> None:
+        self.con.register("batch", data)
+        self.con.execute("INSERT INTO lake.orders SELECT * FROM batch")
+        self.con.unregister("batch")
+
+    def change(self, updated: pa.Table, deleted: pa.Table) -> None:
+        self.con.register("upd", updated)
+        self.con.register("dels", deleted)
+        sets = ", ".join(f"{c} = s.{c}" for c in SCHEMA.names if c != "id")
+        self.con.execute("BEGIN TRANSACTION")
+        self.con.execute(f"UPDATE lake.orders AS t SET {sets} FROM upd AS s WHERE t.id = s.id")
+        self.con.execute("DELETE FROM lake.orders WHERE id IN (SELECT id FROM dels)")
+        self.con.execute("COMMIT")
+        self.con.unregister("upd")
+        self.con.unregister("dels")
+
+    def upsert(self, batch: pa.Table) -> None:
+        self.con.register("batch", batch)
+        sets = ", ".join(f"{c} = s.{c}" for c in SCHEMA.names if c != "id")
+        cols = ", ".join(f"s.{c}" for c in SCHEMA.names)
+        self.con.execute(
+            f"MERGE INTO lake.orders AS t USING batch AS s ON t.id = s.id "
+            f"WHEN MATCHED THEN UPDATE SET {sets} WHEN NOT MATCHED THEN INSERT VALUES ({cols})"
+        )
+        self.con.unregister("batch")
+
+    def version(self) -> int:
+        return int(self.con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0])
+
+    def feed(self, a: int, b: int, net: bool) -> Any:
+        # The body of DuckLake's table_changes macro (ducklake_table_changes, as listed by duckdb_functions()),
+        # with its two table functions materialised first: the macro itself never returns on this workload at
+        # 1M rows (see probe_table_changes and benchmarks/README.md).
+        c = self.con
+        fn = f"('lake', 'main', 'orders', {a + 1}, {b})"
+        c.execute(f"CREATE OR REPLACE TEMP TABLE __ins AS SELECT snapshot_id, rowid, * FROM ducklake_table_insertions{fn}")
+        c.execute(f"CREATE OR REPLACE TEMP TABLE __del AS SELECT snapshot_id, rowid, * FROM ducklake_table_deletions{fn}")
+        out = c.execute(
+            "(SELECT i.snapshot_id, i.rowid, CASE WHEN d.rowid IS NOT NULL THEN 'update_postimage' ELSE 'insert' END AS change_type, "
+            "i.* EXCLUDE (snapshot_id, rowid) FROM __ins i LEFT JOIN __del d ON i.snapshot_id = d.snapshot_id AND i.rowid = d.rowid) "
+            "UNION ALL (SELECT d.snapshot_id, d.rowid, CASE WHEN i.rowid IS NOT NULL THEN 'update_preimage' ELSE 'delete' END AS change_type, "
+            "d.* EXCLUDE (snapshot_id, rowid) FROM __del d LEFT JOIN __ins i ON d.snapshot_id = i.snapshot_id AND d.rowid = i.rowid)"
+        ).to_arrow_table()
+        c.execute("DROP TABLE __ins")
+        c.execute("DROP TABLE __del")
+        return out
+
+    def close(self) -> None:
+        self.con.close()
+
+    def summarize(self, result: Any) -> dict:
+        return feed_summary(result.column("change_type"), result.column("id"))
+
+    def final(self) -> pa.Table:
+        return self.con.execute("SELECT id, amount FROM lake.orders").to_arrow_table()
+
+    def versions(self) -> dict[str, str]:
+        import duckdb
+
+        from lineage import duck
+
+        ext = duck.extension_path("ducklake")
+        return {"duckdb": duckdb.__version__, "ducklake_extension": ext.split(os.sep)[-2] if ext else "?",
+                "duckdb-extension-ducklake": _dist_version("duckdb-extension-ducklake")}
+
+
+class Lance(System):
+    name = "lance"
+    feeds_supported = {"all": True, "last5": True, "net": True}
+    notes = ["enable_stable_row_ids=True; each change commit is one merge_insert (when_matched_update_all + "
+             "when_not_matched_by_source_delete for the deleted ids); delta() answers with the rows as they are at the "
+             "end of the range (inserted, updated) and deleted row ids: no pre-images, no per-version history, so "
+             "(a) and (b) are its only answer and (c) is the same call"]
+
+    def create(self) -> None:
+        import lance
+
+        self.path = os.path.join(self.root, "orders.lance")
+        self.ds = lance.write_dataset(SCHEMA.empty_table(), self.path, enable_stable_row_ids=True)
+
+    def append(self, data: pa.Table) -> None:
+        import lance
+
+        self.ds = lance.write_dataset(data, self.path, mode="append")
+
+    def change(self, updated: pa.Table, deleted: pa.Table) -> None:
+        import lance
+
+        ids = ", ".join(str(i) for i in deleted.column("id").to_pylist())
+        self.ds.merge_insert("id").when_matched_update_all().when_not_matched_by_source_delete(f"id IN ({ids})").execute(updated)
+        self.ds = lance.dataset(self.path)
+
+    def upsert(self, batch: pa.Table) -> None:
+        import lance
+
+        self.ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(batch)
+        self.ds = lance.dataset(self.path)
+
+    def version(self) -> int:
+        return self.ds.version
+
+    def feed(self, a: int, b: int, net: bool) -> Any:
+        d = self.ds.delta(begin_version=a, end_version=b)
+        return {"inserted": d.get_inserted_rows().read_all(), "updated": d.get_updated_rows().read_all(), "deleted": d.get_deleted_row_ids().read_all()}
+
+    def summarize(self, result: Any) -> dict:
+        ins, upd, dele = result["inserted"], result["updated"], result["deleted"]
+        out = {
+            "rows": ins.num_rows + upd.num_rows + dele.num_rows,
+            "counts": _type_counts({"insert": ins.num_rows, "update_postimage": upd.num_rows, "delete": dele.num_rows}),
+            "id_sums": {
+                "insert": int(pc.sum(ins.column("id")).as_py() or 0),
+                "update_preimage": 0,
+                "update_postimage": int(pc.sum(upd.column("id")).as_py() or 0),
+                "delete": None,  # delta() gives only _rowid for deleted rows, not the key
+            },
+        }
+        return out
+
+    def final(self) -> pa.Table:
+        return self.ds.to_table(columns=["id", "amount"])
+
+    def versions(self) -> dict[str, str]:
+        import lance
+
+        return {"pylance": lance.__version__}
+
+
+IMPLS: dict[str, type[System]] = {c.name: c for c in (Lineage, PyIceberg, Delta, DuckLake, Lance)}
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+PROBE_TIMEOUT = 60.0  # seconds; the two-stage form answers the same range in about 1.5 s at 1M rows
+
+
+def probe_table_changes(root: str, start: int, end: int, timeout: float) -> dict[str, Any]:
+    """Run DuckLake's own ``table_changes`` over snapshots ``[start, end]`` in a child process with a time limit."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--ducklake-probe", root, str(start), str(end)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cpu = _process_cpu_seconds(proc.pid)
+        os.killpg(proc.pid, 9)  # its own process group (start_new_session)
+        proc.communicate()
+        return {"ok": False, "query": f"SELECT * FROM lake.table_changes('orders', {start}, {end})",
+                "error": f"no answer after {timeout:.0f} s (process CPU time {cpu} s): stopped"}
+    if proc.returncode != 0:
+        return {"ok": False, "error": f"probe exited with code {proc.returncode}"}
+    return {"ok": True, **json.loads(out.strip().splitlines()[-1])}
+
+
+def _process_cpu_seconds(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def ducklake_probe(root: str, start: int, end: int) -> None:
+    from lineage import duck
+
+    con = duck.connect("ducklake")
+    con.execute(f"ATTACH 'ducklake:{os.path.join(root, 'catalog.ducklake')}' AS lake (DATA_PATH '{os.path.join(root, 'data')}/')")
+    t0 = time.perf_counter()
+    result = con.execute(f"SELECT * FROM lake.table_changes('orders', {start}, {end})").to_arrow_table()
+    seconds = time.perf_counter() - t0
+    counts = feed_summary(result.column("change_type"), result.column("id"))
+    print(json.dumps({"seconds": round(seconds, 4), "rows": result.num_rows, "counts": counts["counts"]}))
+
+
+def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
+    """Run the workload on one system, writing results to ``out`` after every step."""
+    expected = json.load(open(os.path.join(plan_dir, "expected.json")))
+    impl = IMPLS[system](root)
+    os.makedirs(root, exist_ok=True)
+    rss = PeakRss()
+    result: dict[str, Any] = {"system": system, "steps": [], "feeds": {}, "notes": impl.notes, "memory_method": rss.method, "error": None}
+
+    def save() -> None:
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(tmp, out)
+
+    def step(name: str, fn: Callable[[], Any], kind: str) -> Any:
+        before = files_under(root)
+        load = os.getloadavg()[0]
+        rss_before = rss.start()
+        start = time.perf_counter()
+        value = fn()
+        wall = time.perf_counter() - start
+        peak = rss.stop()
+        after = files_under(root)
+        new = [s for p, s in after.items() if p not in before]
+        grown = sum(max(0, s - before[p]) for p, s in after.items() if p in before)
+        rec = {
+            "step": name, "kind": kind, "wall_s": round(wall, 4), "peak_rss_mb": round(peak / 1024, 1),
+            "rss_before_mb": round(rss_before / 1024, 1), "bytes_written": sum(new) + grown, "files_written": len(new),
+            "bytes_grown_in_place": grown, "load1": round(load, 2),
+        }
+        if kind != "feed":
+            rec["version"] = impl.version()
+        result["steps"].append(rec)
+        save()
+        print(f"  {system:9s} {name:12s} {wall:8.3f}s  peak {peak / 1024:7.0f} MB  wrote {rec['bytes_written']:>13,} B  load {load:.1f}", flush=True)
+        return value
+
+    try:
+        result["versions"] = impl.versions()
+        step("create", impl.create, "write")
+        base = pq.read_table(os.path.join(plan_dir, "base.parquet"))
+        step("append", lambda: impl.append(base), "write")
+        del base
+        v_base = impl.version()
+        for i in range(1, CHANGE_COMMITS + 1):
+            upd = pq.read_table(os.path.join(plan_dir, f"change_{i:02d}_update.parquet"))
+            dele = pq.read_table(os.path.join(plan_dir, f"change_{i:02d}_delete.parquet"))
+            step(f"change_{i:02d}", lambda: impl.change(upd, dele), "write")
+        v_changes = impl.version()
+        for k in range(1, UPSERT_BATCHES + 1):
+            batch = pq.read_table(os.path.join(plan_dir, f"upsert_{k}.parquet"))
+            step(f"upsert_{k}", lambda: impl.upsert(batch), "write")
+        v_end = impl.version()
+        result["ranges"] = {"all": [v_base, v_end], "last5": [v_changes, v_end], "net": [v_base, v_end]}
+        for feed, (a, b), net in (("all", (v_base, v_end), False), ("last5", (v_changes, v_end), False), ("net", (v_base, v_end), True)):
+            supported = impl.feeds_supported[feed]
+            if supported is not True:
+                result["feeds"][feed] = {"na": supported}
+                continue
+            value = step(f"cdf_{feed}", lambda: impl.feed(a, b, net), "feed")
+            result["feeds"][feed] = impl.summarize(value)
+            del value
+            save()
+        if system == "lineage":  # untimed: our net answer over (b), to compare with Lance's net-like delta() there
+            result["feeds_untimed"] = {"net_last5": impl.summarize(impl.feed(v_changes, v_end, True))}
+            save()
+        final = impl.final()
+        got = {"rows": final.num_rows, "id_sum": int(pc.sum(final.column("id")).as_py() or 0), "amount_sum": float(pc.sum(final.column("amount")).as_py() or 0.0)}
+        want = expected["final"]
+        got["matches_expected"] = got["rows"] == want["rows"] and got["id_sum"] == want["id_sum"] and abs(got["amount_sum"] - want["amount_sum"]) <= 1e-6 * max(1.0, abs(want["amount_sum"]))
+        result["final"] = got
+        result["table_bytes"] = sum(files_under(root).values())
+        result["table_files"] = len(files_under(root))
+        if system == "ducklake":
+            impl.close()  # the probe opens the catalog file itself
+            result["table_changes_probe"] = {
+                feed: probe_table_changes(root, a + 1, b, PROBE_TIMEOUT) for feed, (a, b) in (("all", (v_base, v_end)), ("last5", (v_changes, v_end)))
+            }
+            save()
+    except Exception as exc:  # record and stop this system; the others still run
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
+        print(f"  {system}: FAILED: {result['error']}", flush=True)
+    save()
+
+
+# --------------------------------------------------------------------------- the parent: run, compare, report
+def run_system(system: str, plan_dir: str, root: str, out: str, timeout: float) -> dict:
+    """Run one system in a child process; its own peak RSS comes from wait4."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--plan", plan_dir, "--root", root, "--child-out", out]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    status, usage, timed_out = 0, None, False
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - start > timeout:
+            os.killpg(proc.pid, 9)  # the child's own process group (start_new_session)
+            _, status, usage = os.wait4(proc.pid, 0)
+            timed_out = True
+            break
+        time.sleep(0.2)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    try:
+        result = json.load(open(out))
+    except (OSError, ValueError):
+        result = {"system": system, "steps": [], "feeds": {}, "error": "the child wrote no result"}
+    result["process_wall_s"] = round(time.perf_counter() - start, 2)
+    result["process_max_rss_mb"] = round(usage.ru_maxrss / 1024, 1) if usage else None
+    result["exit_code"] = proc.returncode
+    if timed_out:
+        result["error"] = f"timed out after {timeout:.0f} s (--timeout); steps after the last recorded one did not run"
+    elif proc.returncode != 0 and not result.get("error"):
+        result["error"] = f"child exited with code {proc.returncode}"
+    return result
+
+
+def _sum_steps(res: dict, prefix: str, field: str = "wall_s") -> float | None:
+    vals = [s[field] for s in res.get("steps", []) if s["step"].startswith(prefix)]
+    expected = {"change_": CHANGE_COMMITS, "upsert_": UPSERT_BATCHES}.get(prefix, 1)
+    if len(vals) < expected:
+        return None
+    return sum(vals)
+
+
+def _max_steps(res: dict, prefix: str, field: str) -> float | None:
+    vals = [s[field] for s in res.get("steps", []) if s["step"].startswith(prefix)]
+    return max(vals) if vals else None
+
+
+GROUPS = [
+    ("create", "create"),
+    ("append base", "append"),
+    ("20 change commits", "change_"),
+    ("5 upserts", "upsert_"),
+    ("all writes", None),
+    ("cdf (a) all", "cdf_all"),
+    ("cdf (b) last 5", "cdf_last5"),
+    ("cdf (c) net", "cdf_net"),
+]
+
+
+def group_value(res: dict, prefix: str | None, field: str) -> float | None:
+    if prefix is None:  # every write step
+        parts = [group_value(res, p, field) for p in ("create", "append", "change_", "upsert_")]
+        if any(p is None for p in parts):
+            return None
+        return max(parts) if field == "peak_rss_mb" else sum(parts)  # type: ignore[type-var,arg-type]
+    if field == "peak_rss_mb":
+        return _max_steps(res, prefix, field)
+    return _sum_steps(res, prefix, field)
+
+
+def na_reason(res: dict, prefix: str | None) -> str:
+    if prefix and prefix.startswith("cdf_"):
+        feed = res.get("feeds", {}).get(prefix[4:], {})
+        if "na" in feed:
+            return "n/a"
+    return "failed" if res.get("error") else "n/a"
+
+
+def compare_feeds(results: dict[str, dict], expected: dict) -> dict:
+    """For each feed and system: counts by change type, agreement with ours and with the plan."""
+    out: dict[str, dict] = {}
+    ours = results.get("lineage", {}).get("feeds", {})
+    for feed in ("all", "last5", "net"):
+        out[feed] = {}
+        exp = expected["feeds"][feed]
+        for system, res in results.items():
+            f = res.get("feeds", {}).get(feed)
+            if f is None:
+                out[feed][system] = {"na": "did not run" + (f" ({res['error']})" if res.get("error") else "")}
+                continue
+            if "na" in f:
+                out[feed][system] = {"na": f["na"]}
+                continue
+            entry = dict(f)
+            entry["matches_expected"] = f["counts"] == exp["counts"] and all(f["id_sums"][t] in (None, exp["id_sums"][t]) for t in CHANGE_TYPES)
+            if system == "lance":
+                # delta() is net-like: compare with our net answer over the same range too
+                our_net = ours.get("net") if feed in ("all", "net") else results.get("lineage", {}).get("feeds_untimed", {}).get("net_last5")
+                entry["matches_ours_net"] = _same(f, our_net)
+                entry["matches_ours_net_except_preimages"] = _same(f, our_net, ignore=("update_preimage",))
+            if system != "lineage":
+                entry["matches_ours"] = _same(f, ours.get(feed))
+            entry["differences_from_ours"] = _diff(f, ours.get(feed))
+            out[feed][system] = entry
+    return out
+
+
+def _same(f: dict, ours: dict | None, ignore: tuple[str, ...] = ()) -> bool | None:
+    if not ours or "counts" not in ours:
+        return None
+    types = [t for t in CHANGE_TYPES if t not in ignore]
+    return all(f["counts"][t] == ours["counts"][t] and (f["id_sums"][t] is None or f["id_sums"][t] == ours["id_sums"][t]) for t in types)
+
+
+def _diff(f: dict, ours: dict | None) -> dict:
+    if not ours or "counts" not in ours:
+        return {}
+    return {t: f["counts"][t] - ours["counts"][t] for t in CHANGE_TYPES if f["counts"][t] != ours["counts"][t]}
+
+
+def fmt_s(v: float | None) -> str:
+    return "—" if v is None else (f"{v:.2f}" if v >= 0.1 else f"{v:.3f}")
+
+
+def fmt_ratio(peer: float | None, ours: float | None) -> str:
+    if peer is None or ours is None or ours == 0:
+        return "—"
+    return f"{peer / ours:.2f}x"
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|")
+    for r in rows:
+        print("| " + " | ".join(c.rjust(w) if i and _numeric(c) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |")
+
+
+def _numeric(cell: str) -> bool:
+    return bool(cell) and (cell[0].isdigit() or cell in ("—", "n/a")) and not cell.startswith("(")
+
+
+def report(results: dict[str, dict], expected: dict, feeds: dict) -> dict:
+    systems = list(results)
+    peers = [s for s in systems if s != "lineage"]
+    ours = results.get("lineage", {})
+    summary: dict[str, Any] = {"time_s": {}, "ratio_peer_over_ours": {}, "bytes_written": {}, "peak_rss_mb": {}}
+    for label, prefix in GROUPS:
+        summary["time_s"][label] = {s: group_value(results[s], prefix, "wall_s") for s in systems}
+        summary["bytes_written"][label] = {s: group_value(results[s], prefix, "bytes_written") for s in systems}
+        summary["peak_rss_mb"][label] = {s: group_value(results[s], prefix, "peak_rss_mb") for s in systems}
+        o = summary["time_s"][label].get("lineage")
+        summary["ratio_peer_over_ours"][label] = {
+            p: (round(summary["time_s"][label][p] / o, 3) if summary["time_s"][label][p] is not None and o else None) for p in peers
+        }
+
+    print("\nWall time, seconds (ratio = peer time / our time; >1x means the peer is slower)")
+    headers = ["step"] + [f"{s} s" for s in systems] + [f"{p}/ours" for p in peers]
+    rows = []
+    for label, prefix in GROUPS:
+        t = summary["time_s"][label]
+        row = [label] + [fmt_s(t[s]) if t[s] is not None else na_reason(results[s], prefix) for s in systems]
+        row += [fmt_ratio(t[p], t.get("lineage")) for p in peers]
+        rows.append(row)
+    print_table(headers, rows)
+
+    print("\nBytes written (MB) and peak RSS of the process during the step (MB, max over the group)")
+    headers = ["step"] + [f"{s} MB written" for s in systems] + [f"{s} peak RSS" for s in systems]
+    rows = []
+    for label, prefix in GROUPS:
+        b, m = summary["bytes_written"][label], summary["peak_rss_mb"][label]
+        rows.append([label] + [("—" if b[s] is None else f"{b[s] / 1e6:.2f}") for s in systems] + [("—" if m[s] is None else f"{m[s]:.0f}") for s in systems])
+    rows.append(["table on disk at the end"] + [("—" if results[s].get("table_bytes") is None else f"{results[s]['table_bytes'] / 1e6:.2f}") for s in systems] + [""] * len(systems))
+    rows.append(["process max RSS (wait4)"] + [""] * len(systems) + [("—" if results[s].get("process_max_rss_mb") is None else f"{results[s]['process_max_rss_mb']:.0f}") for s in systems])
+    print_table(headers, rows)
+
+    print("\nChange feeds: rows, counts by change type (insert / update_preimage / update_postimage / delete), agreement")
+    headers = ["feed", "system", "rows", "ins", "pre", "post", "del", "= ours", "= workload", "note"]
+    rows = []
+    for feed in ("all", "last5", "net"):
+        exp = expected["feeds"][feed]["counts"]
+        rows.append([feed, "(workload implies)", f"{sum(exp.values()):,}", *(f"{exp[t]:,}" for t in CHANGE_TYPES), "", "", ""])
+        for s in systems:
+            f = feeds[feed][s]
+            if "na" in f:
+                rows.append([feed, s, "n/a", "", "", "", "", "", "", f["na"][:90]])
+                continue
+            c = f["counts"]
+            same = "—" if s == "lineage" else ("yes" if f.get("matches_ours") else "NO")
+            note = ""
+            if s == "lance":
+                note = ("no pre-images; ins/post/del " + ("equal" if f.get("matches_ours_net_except_preimages") else "differ from")
+                        + " our net feed over the same range")
+            elif f.get("differences_from_ours") and s != "lineage":
+                note = "differs: " + ", ".join(f"{k} {v:+,}" for k, v in f["differences_from_ours"].items())
+            rows.append([feed, s, f"{f['rows']:,}", *(f"{c[t]:,}" for t in CHANGE_TYPES), same, "yes" if f["matches_expected"] else "NO", note])
+    print_table(headers, rows)
+
+    probe = results.get("ducklake", {}).get("table_changes_probe")
+    if probe:
+        print("\nDuckLake's own table_changes (run in a separate process with a time limit; the timings above use its macro body in two stages):")
+        for feed, p in probe.items():
+            if p.get("ok"):
+                print(f"  {feed:6s} answered in {p['seconds']:.3f}s, {p['rows']:,} rows, counts {p['counts']}")
+            else:
+                print(f"  {feed:6s} {p.get('error')}")
+
+    print("\nFinal table check (rows, sum(id), sum(amount) against the workload):")
+    for s in systems:
+        fin = results[s].get("final")
+        print(f"  {s:9s} " + (f"{fin['rows']:,} rows, {'OK' if fin['matches_expected'] else 'MISMATCH'}" if fin else f"not checked ({results[s].get('error')})"))
+    for s in systems:
+        if results[s].get("error"):
+            print(f"  {s}: error: {results[s]['error']}")
+    return summary
+
+
+def machine_info() -> dict:
+    import duckdb
+    import pyiceberg
+
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(), "cpu": cpu, "memory_gib": mem, "platform": platform.platform(), "python": platform.python_version(),
+        "packages": {n: _dist_version(n) for n in ("iceberg-row-lineage", "pyiceberg", "pyiceberg-core", "duckdb", "duckdb-extension-ducklake",
+                                                   "deltalake", "pylance", "pyarrow", "numpy", "pyroaring")},
+        "pyiceberg": pyiceberg.__version__, "duckdb": duckdb.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=int, default=1_000_000, help="rows in the base table (default 1,000,000)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)} (default all)")
+    parser.add_argument("--out", default=None, help="JSON output (default benchmarks/results/run-<scale>.json)")
+    parser.add_argument("--workdir", default=None, help="where tables are written (default: a temp dir, removed afterwards)")
+    parser.add_argument("--keep", action="store_true", help="keep the tables after the run")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per system before it is stopped (default 1800 + 0.003 s per row)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    parser.add_argument("--ducklake-probe", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--report", metavar="JSON", help="print the tables of an earlier run's JSON file instead of running")
+    args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            doc = json.load(f)
+        print(f"{doc['command']} on {doc['date']}: scale {doc['scale']:,}, load {doc['load']['step_load1_min']} to {doc['load']['step_load1_max']}")
+        report(doc["systems"], doc["expected"], doc["feeds"])
+        return 0
+    if args.ducklake_probe:
+        root, start, end = args.ducklake_probe
+        ducklake_probe(root, int(start), int(end))
+        return 0
+    if args.child:
+        run_child(args.child, args.plan, args.root, args.child_out)
+        return 0
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        parser.error(f"unknown system(s) {bad}; choose from {SYSTEMS}")
+    if "lineage" in systems:
+        systems.remove("lineage")
+    systems.insert(0, "lineage")  # ours first: the peers are compared with it
+    if args.scale < 1000:
+        parser.error("--scale must be at least 1000")
+    timeout = args.timeout or 1800 + 0.003 * args.scale
+    out = args.out or os.path.join(HERE, "results", f"run-{args.scale}.json")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bench-run-")
+    os.makedirs(workdir, exist_ok=True)
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    print(f"benchmarks/run.py: scale {args.scale:,} rows, systems {', '.join(systems)}; work dir {workdir}")
+    print(f"load average at start: {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} on {os.cpu_count()} cores", flush=True)
+    t0 = time.perf_counter()
+    plan_dir = os.path.join(workdir, "plan")
+    expected = make_plan(args.scale, plan_dir)
+    plan_s = time.perf_counter() - t0
+    print(f"generated the workload in {plan_s:.1f}s: {expected['rows_per_change_commit']} per change commit, {expected['rows_per_upsert']} per upsert", flush=True)
+    results: dict[str, dict] = {}
+    try:
+        for s in systems:
+            print(f"\n== {s}", flush=True)
+            results[s] = run_system(s, plan_dir, os.path.join(workdir, s), os.path.join(workdir, f"{s}.json"), timeout)
+            print(f"  {s}: process {results[s]['process_wall_s']:.1f}s, max RSS {results[s]['process_max_rss_mb']} MB", flush=True)
+            if not args.keep:
+                shutil.rmtree(os.path.join(workdir, s), ignore_errors=True)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    feeds = compare_feeds(results, expected)
+    summary = report(results, expected, feeds)
+    loads = [st["load1"] for r in results.values() for st in r.get("steps", [])]
+    load_end = os.getloadavg()
+    doc = {
+        "benchmark": "run",
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
+        "scale": args.scale,
+        "workload": {
+            "change_commits": CHANGE_COMMITS, "update_fraction": UPDATE_FRACTION, "delete_fraction": DELETE_FRACTION,
+            "upsert_batches": UPSERT_BATCHES, "upsert_fraction": UPSERT_FRACTION, "seed": SEED,
+            "rows_per_change_commit": expected["rows_per_change_commit"], "rows_per_upsert": expected["rows_per_upsert"],
+            "feeds": {"all": "every commit after the base load (25 commits)", "last5": "the last 5 commits (the upserts)", "net": "net changes over 'all'"},
+        },
+        "machine": machine_info(),
+        "load": {"start": load_start, "end": load_end, "step_load1_min": min(loads, default=None), "step_load1_max": max(loads, default=None)},
+        "summary": summary,
+        "feeds": feeds,
+        "expected": expected,
+        "systems": results,
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=2, default=str)
+    print(f"\nload average (1 min) during the steps: {doc['load']['step_load1_min']} to {doc['load']['step_load1_max']} on {os.cpu_count()} cores")
+    print(f"total {doc['total_seconds']:.0f}s; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
