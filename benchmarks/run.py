@@ -465,9 +465,9 @@ class DuckLake(System):
     feeds_supported = {"all": True, "last5": True, "net": "DuckLake table_changes has no net mode (per-snapshot changes only)"}
     notes = ["catalog: a local DuckDB file; data: a local folder; defaults otherwise (merge-on-read position deletes); "
              "each change commit is one transaction (UPDATE ... FROM, DELETE)",
-             "feeds are timed with the body of the table_changes macro run in two stages (insertions and deletions "
-             "materialised, then the macro's joins); table_changes itself is probed separately in a child process "
-             "with a time limit (table_changes_probe)"]
+             "feeds: CREATE TEMP TABLE AS SELECT * FROM table_changes(...), then read that table; a direct "
+             "SELECT * FROM table_changes(...) to Arrow is probed separately in a child process with a time "
+             "limit (table_changes_probe): it hangs on this workload from 1M rows on"]
 
     def create(self) -> None:
         from lineage import duck
@@ -507,21 +507,13 @@ class DuckLake(System):
         return int(self.con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0])
 
     def feed(self, a: int, b: int, net: bool) -> Any:
-        # The body of DuckLake's table_changes macro (ducklake_table_changes, as listed by duckdb_functions()),
-        # with its two table functions materialised first: the macro itself never returns on this workload at
-        # 1M rows (see probe_table_changes and benchmarks/README.md).
+        # table_changes materialised into a temp table, then read: fetching its result directly (Arrow or
+        # fetchall) never returns on this workload from 1M rows on, a DuckDB 1.5.5 hang with UNION ALL of two
+        # LEFT JOINs, which is what the table_changes macro is (see probe_table_changes and benchmarks/README.md).
         c = self.con
-        fn = f"('lake', 'main', 'orders', {a + 1}, {b})"
-        c.execute(f"CREATE OR REPLACE TEMP TABLE __ins AS SELECT snapshot_id, rowid, * FROM ducklake_table_insertions{fn}")
-        c.execute(f"CREATE OR REPLACE TEMP TABLE __del AS SELECT snapshot_id, rowid, * FROM ducklake_table_deletions{fn}")
-        out = c.execute(
-            "(SELECT i.snapshot_id, i.rowid, CASE WHEN d.rowid IS NOT NULL THEN 'update_postimage' ELSE 'insert' END AS change_type, "
-            "i.* EXCLUDE (snapshot_id, rowid) FROM __ins i LEFT JOIN __del d ON i.snapshot_id = d.snapshot_id AND i.rowid = d.rowid) "
-            "UNION ALL (SELECT d.snapshot_id, d.rowid, CASE WHEN i.rowid IS NOT NULL THEN 'update_preimage' ELSE 'delete' END AS change_type, "
-            "d.* EXCLUDE (snapshot_id, rowid) FROM __del d LEFT JOIN __ins i ON d.snapshot_id = i.snapshot_id AND d.rowid = i.rowid)"
-        ).to_arrow_table()
-        c.execute("DROP TABLE __ins")
-        c.execute("DROP TABLE __del")
+        c.execute(f"CREATE OR REPLACE TEMP TABLE __changes AS SELECT * FROM lake.table_changes('orders', {a + 1}, {b})")
+        out = c.execute("SELECT * FROM __changes").to_arrow_table()
+        c.execute("DROP TABLE __changes")
         return out
 
     def close(self) -> None:
@@ -617,7 +609,7 @@ def _dist_version(name: str) -> str:
         return "not installed"
 
 
-PROBE_TIMEOUT = 60.0  # seconds; the two-stage form answers the same range in about 1.5 s at 1M rows
+PROBE_TIMEOUT = 60.0  # seconds; through a temp table the same range answers in about 1.5 s at 1M rows
 
 
 def probe_table_changes(root: str, start: int, end: int, timeout: float) -> dict[str, Any]:
@@ -767,7 +759,11 @@ def run_system(system: str, plan_dir: str, root: str, out: str, timeout: float) 
     except (OSError, ValueError):
         result = {"system": system, "steps": [], "feeds": {}, "error": "the child wrote no result"}
     result["process_wall_s"] = round(time.perf_counter() - start, 2)
-    result["process_max_rss_mb"] = round(usage.ru_maxrss / 1024, 1) if usage else None
+    # wait4's ru_maxrss also counts the pages the child shared with this parent between fork and exec (the
+    # parent holds the generated workload), so the child's own figure is the maximum of its per-step peaks.
+    result["wait4_max_rss_mb_includes_fork"] = round(usage.ru_maxrss / 1024, 1) if usage else None
+    peaks = [st["peak_rss_mb"] for st in result.get("steps", [])]
+    result["process_max_rss_mb"] = max(peaks) if peaks else None
     result["exit_code"] = proc.returncode
     if timed_out:
         result["error"] = f"timed out after {timeout:.0f} s (--timeout); steps after the last recorded one did not run"
@@ -906,6 +902,9 @@ def report(results: dict[str, dict], expected: dict, feeds: dict) -> dict:
         row = [label] + [fmt_s(t[s]) if t[s] is not None else na_reason(results[s], prefix) for s in systems]
         row += [fmt_ratio(t[p], t.get("lineage")) for p in peers]
         rows.append(row)
+    loads = {s: [st["load1"] for st in results[s].get("steps", [])] for s in systems}
+    rows.append(["load during its slot"] + [f"{min(v):.0f}-{max(v):.0f}" if v else "—" for v in loads.values()] + [""] * len(peers))
+    summary["load1_per_system"] = {s: [min(v), max(v)] if v else None for s, v in loads.items()}
     print_table(headers, rows)
 
     print("\nBytes written (MB) and peak RSS of the process during the step (MB, max over the group)")
@@ -915,7 +914,7 @@ def report(results: dict[str, dict], expected: dict, feeds: dict) -> dict:
         b, m = summary["bytes_written"][label], summary["peak_rss_mb"][label]
         rows.append([label] + [("—" if b[s] is None else f"{b[s] / 1e6:.2f}") for s in systems] + [("—" if m[s] is None else f"{m[s]:.0f}") for s in systems])
     rows.append(["table on disk at the end"] + [("—" if results[s].get("table_bytes") is None else f"{results[s]['table_bytes'] / 1e6:.2f}") for s in systems] + [""] * len(systems))
-    rows.append(["process max RSS (wait4)"] + [""] * len(systems) + [("—" if results[s].get("process_max_rss_mb") is None else f"{results[s]['process_max_rss_mb']:.0f}") for s in systems])
+    rows.append(["process peak RSS (all steps)"] + [""] * len(systems) + [("—" if results[s].get("process_max_rss_mb") is None else f"{results[s]['process_max_rss_mb']:.0f}") for s in systems])
     print_table(headers, rows)
 
     print("\nChange feeds: rows, counts by change type (insert / update_preimage / update_postimage / delete), agreement")
@@ -942,7 +941,7 @@ def report(results: dict[str, dict], expected: dict, feeds: dict) -> dict:
 
     probe = results.get("ducklake", {}).get("table_changes_probe")
     if probe:
-        print("\nDuckLake's own table_changes (run in a separate process with a time limit; the timings above use its macro body in two stages):")
+        print("\nSELECT * FROM table_changes(...) fetched directly (separate process, time limit; the timings above go through a temp table):")
         for feed, p in probe.items():
             if p.get("ok"):
                 print(f"  {feed:6s} answered in {p['seconds']:.3f}s, {p['rows']:,} rows, counts {p['counts']}")
@@ -997,6 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--ducklake-probe", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--report", metavar="JSON", help="print the tables of an earlier run's JSON file instead of running")
+    parser.add_argument("--replace-from", metavar="JSON", help="rerun only --systems and keep the other systems' results from this earlier run (same --scale)")
     args = parser.parse_args(argv)
     if args.report:
         with open(args.report) as f:
@@ -1015,9 +1015,16 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
         parser.error(f"unknown system(s) {bad}; choose from {SYSTEMS}")
-    if "lineage" in systems:
-        systems.remove("lineage")
-    systems.insert(0, "lineage")  # ours first: the peers are compared with it
+    previous = None
+    if args.replace_from:
+        with open(args.replace_from) as f:
+            previous = json.load(f)
+        if previous["scale"] != args.scale:
+            parser.error(f"--replace-from holds a run at scale {previous['scale']:,}, not {args.scale:,}")
+    else:
+        if "lineage" in systems:
+            systems.remove("lineage")
+        systems.insert(0, "lineage")  # ours first: the peers are compared with it
     if args.scale < 1000:
         parser.error("--scale must be at least 1000")
     timeout = args.timeout or 1800 + 0.003 * args.scale
@@ -1044,6 +1051,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+    if previous is not None:
+        rerun = {s: {"date": dt.date.today().isoformat(), "load_at_start": list(load_start)} for s in results}
+        merged = {s: (results[s] if s in results else previous["systems"][s]) for s in dict.fromkeys([*previous["systems"], *results])}
+        results = {s: merged[s] for s in (["lineage"] if "lineage" in merged else []) + [s for s in merged if s != "lineage"]}
     feeds = compare_feeds(results, expected)
     summary = report(results, expected, feeds)
     loads = [st["load1"] for r in results.values() for st in r.get("steps", [])]
@@ -1067,6 +1078,14 @@ def main(argv: list[str] | None = None) -> int:
         "systems": results,
         "total_seconds": round(time.perf_counter() - started, 1),
     }
+    if previous is not None:
+        doc["rerun_systems"] = rerun
+        doc["command"] = previous["command"] + " ; then " + doc["command"]
+        doc["date"] = previous["date"]
+        pl = previous["load"]
+        doc["load"]["step_load1_min"] = min(x for x in (pl["step_load1_min"], doc["load"]["step_load1_min"]) if x is not None)
+        doc["load"]["step_load1_max"] = max(x for x in (pl["step_load1_max"], doc["load"]["step_load1_max"]) if x is not None)
+        doc["total_seconds"] = round(previous["total_seconds"] + doc["total_seconds"], 1)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(doc, f, indent=2, default=str)
