@@ -19,7 +19,6 @@ import logging
 import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation
 
-from index.deleted_rows import RemovedImages, write_index_segment
+from index.deleted_rows import RemovedImages
 from lineage import duck
 from lineage.duck import duckdb_types
 from lineage.catalog import identifier, resolve_catalog
@@ -50,21 +49,7 @@ from lineage.errors import (
     TableNotFoundError,
     UnknownColumnError,
 )
-from lineage.metadata import (
-    FORMAT_VERSION,
-    SUMMARY_FORMAT_VERSION,
-    SUMMARY_LIST,
-    SUMMARY_NEXT_ROW_ID,
-    SUMMARY_OPERATION,
-    SUMMARY_VERSION,
-    CommitEntry,
-    FileLineage,
-    read_segment,
-    write_list,
-    write_segment,
-)
 from lineage.predicate import parse_predicate, quote_ident
-from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.spark import is_spark_dataframe
 from lineage.schema import (
@@ -766,13 +751,6 @@ class _Committed(Exception):
 
 
 _REMOVED_COLS = "__file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
-
-
-def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Runs:
-    """Encoded versions of a new file's rows; None means every row gets the commit's version."""
-    if values is None:
-        return value_run(version, n)
-    return values if isinstance(values, Runs) else encode_values(values)
 
 
 def _with_hidden(schema: pa.Schema, hidden: Sequence[str]) -> pa.Schema:
