@@ -40,8 +40,15 @@ def write_parquet(fileio: FileIO, path: str, table: pa.Table) -> int:
 
 
 def read_parquet(fileio: FileIO, path: str) -> pa.Table:
-    """Read a Parquet file written by :func:`write_parquet`."""
-    return pq.read_table(pa.BufferReader(read_bytes(fileio, path)))
+    """Read a Parquet file written by :func:`write_parquet`.
+
+    Read synchronously on this thread: ``pq.read_table`` over an in-memory
+    buffer hands the buffer to Arrow's async scanner, whose worker thread may
+    drop the last reference (and need the GIL) while the interpreter shuts
+    down, which aborts the process ("terminate called without an active
+    exception").
+    """
+    return pq.ParquetFile(pa.BufferReader(read_bytes(fileio, path))).read(use_threads=False)
 
 
 def write_json(fileio: FileIO, path: str, obj: Any) -> int:
