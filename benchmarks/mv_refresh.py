@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cdf.mv  # noqa: E402
 import lineage  # noqa: E402
 from lineage.scan import register_live_view  # noqa: E402
+from lineage.schema import projection_field_ids  # noqa: E402
 
 VIEWS = {
     "agg": "SELECT region, COUNT(*) AS n, SUM(amount) AS total, AVG(qty) AS avg_qty, MIN(amount) AS lo, MAX(amount) AS hi "
@@ -69,7 +70,7 @@ def query_from_scratch(source: lineage.Table, query: str) -> tuple[float, int]:
     con = cdf.mv._connect()  # the same DuckDB settings as the refresh
     try:
         state = source.state()
-        register_live_view(con, "orders", state.live_files(), source.arrow_schema, {f.name: f.field_id for f in source.iceberg.schema().fields})
+        register_live_view(con, "orders", state.live_files(), source.arrow_schema, projection_field_ids(source.iceberg.metadata))
         n = con.execute(query).to_arrow_table().num_rows
     finally:
         con.close()

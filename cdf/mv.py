@@ -77,6 +77,7 @@ from lineage.errors import (
 )
 from lineage.predicate import sql_literal
 from lineage.scan import register_live_view
+from lineage.schema import projection_field_ids
 from lineage.table import Table, create_table, open_table
 
 log = logging.getLogger("cdf.mv")
@@ -301,7 +302,7 @@ class _Engine:
 
     def source(self, source: Table, b: int) -> None:
         state = source.state(b)
-        field_ids = {f.name: f.field_id for f in source.iceberg.schema().fields}
+        field_ids = projection_field_ids(source.iceberg.metadata)
         register_live_view(self.con, "src", state.live_files(), source.arrow_schema, field_ids)
 
     def register(self, name: str, data: pa.Table) -> None:
@@ -555,7 +556,7 @@ class MaterializedView:
         try:
             if reason is not None or self.shape == "aggregate":
                 # The view's rows at the version this refresh plans against (read in place, not materialised).
-                field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+                field_ids = projection_field_ids(table.iceberg.metadata)
                 register_live_view(con, "cur_live", state.live_files(), table.arrow_schema, field_ids)
                 con.execute(f"CREATE OR REPLACE TEMP VIEW cur AS SELECT {_names(table.arrow_schema.names)} FROM cur_live")
             types = self._types()

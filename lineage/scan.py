@@ -30,7 +30,13 @@ LINEAGE_SCHEMA = [
 
 
 def register_live_view(
-    con: duckdb.DuckDBPyConnection, name: str, files: Sequence[LiveFile], schema: pa.Schema, field_ids: dict[str, int] | None = None
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    files: Sequence[LiveFile],
+    schema: pa.Schema,
+    field_ids: dict[str, int] | None = None,
+    *,
+    keys: tuple[str, Sequence[str]] | None = None,
 ) -> None:
     """Create the temp view ``name`` of the live images of ``files``.
 
@@ -76,7 +82,7 @@ def register_live_view(
     if delete_paths:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {quote_ident(name + '__dels')} AS "
-            f"SELECT f.file_id, x.pos FROM read_parquet({_list(delete_paths)}) x "
+            f"SELECT f.file_id, x.pos FROM read_parquet({_list(delete_paths)}, hive_partitioning = false) x "
             f"JOIN {quote_ident(name + '__files')} f ON f.path = x.file_path"
         )
 
@@ -88,17 +94,24 @@ def register_live_view(
         by_id = f", schema = MAP {{{entries}}}"
 
     def source(group: list[tuple[np.ndarray, ...]]) -> str:
-        # file_index (position in the list read) maps back to our file ids without a string join.
+        # file_index (position in the list read) maps to our file id by a constant
+        # lookup: no join, so filters and semi joins reach the Parquet scan.
+        # Iceberg partition folders look like Hive's (name=x/): never read values from paths.
         ids = sorted({int(p[0][0]) for p in group})
-        con.register(f"{name}__ids_{len(group)}_{ids[0]}", pa.table({"idx": pa.array(range(len(ids)), pa.int64()), "file_id": pa.array(ids, pa.int32())}))
-        anti = (
-            f"ANTI JOIN {quote_ident(name + '__dels')} x ON x.file_id = m.file_id AND x.pos = d.file_row_number"
-            if delete_paths
-            else ""
+        lookup = f"CAST(([{', '.join(map(str, ids))}])[CAST(r.file_index AS BIGINT) + 1] AS INTEGER)"
+        semi = ""
+        if keys is not None:
+            on = " AND ".join(f"k.{quote_ident(c)} = r.{quote_ident(c)}" for c in keys[1])
+            semi = f" SEMI JOIN {quote_ident(keys[0])} k ON {on}"
+        rows = (
+            f"(SELECT r.*, {lookup} AS file_id "
+            f"FROM read_parquet({_list([locals_[i] for i in ids])}, file_row_number = true, hive_partitioning = false{by_id}) r{semi})"
         )
+        if not delete_paths:
+            return rows
         return (
-            f"(SELECT d.*, m.file_id FROM read_parquet({_list([locals_[i] for i in ids])}, file_row_number = true{by_id}) d "
-            f"JOIN {quote_ident(f'{name}__ids_{len(group)}_{ids[0]}')} m ON m.idx = d.file_index {anti})"
+            f"(SELECT d.* FROM {rows} d "
+            f"ANTI JOIN {quote_ident(name + '__dels')} x ON x.file_id = d.file_id AND x.pos = d.file_row_number)"
         )
 
     branches = []

@@ -16,6 +16,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -215,4 +216,22 @@ def null_or_duplicate_keys(data: pa.Table, key: Sequence[str]) -> str | None:
     if dups.num_rows:
         sample = dups.slice(0, 3).drop_columns(["count_all"]).to_pylist()
         return f"{dups.num_rows} key value(s) occur more than once in the batch, e.g. {sample}"
+    return None
+
+
+def projection_field_ids(metadata: TableMetadata) -> dict[str, int] | None:
+    """Column name -> Iceberg field id when data files must be read by field id, else ``None``.
+
+    Reading by field id is what Iceberg requires once columns were renamed,
+    added or promoted, but DuckDB's field-id projection makes a Parquet scan
+    several times slower. Every data file was written under one of the
+    table's schemas; while each of them names and types the current columns
+    exactly as the current schema does, reading by name gives the same rows.
+    """
+    current = metadata.schema()
+    fields = {f.field_id: (f.name, f.field_type) for f in current.fields}
+    for past in metadata.schemas:
+        seen = {f.field_id: (f.name, f.field_type) for f in past.fields}
+        if any(seen.get(fid) != spec for fid, spec in fields.items()):
+            return {f.name: f.field_id for f in current.fields}
     return None

@@ -59,6 +59,7 @@ from lineage.schema import (
     iceberg_schema,
     null_or_duplicate_keys,
     partition_spec,
+    projection_field_ids,
     to_arrow_table,
 )
 from lineage.state import LiveFile, TableState, state_at
@@ -325,10 +326,10 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             if check_keys:
-                register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids())
                 con.register("batch", batch.select(key))
-                on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
-                clash = con.execute(f"SELECT b.* FROM batch b SEMI JOIN live l ON {on} LIMIT 3").to_arrow_table()
+                register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids(), keys=("batch", key))
+                names = ", ".join(quote_ident(k) for k in key)
+                clash = con.execute(f"SELECT {names} FROM live LIMIT 3").to_arrow_table()
                 if clash.num_rows:
                     raise KeyViolationError(
                         f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; use upsert to update "
@@ -451,30 +452,37 @@ class Table:
         on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
         same = " AND ".join(f"b.{quote_ident(c)} IS NOT DISTINCT FROM l.{quote_ident(c)}" for c in schema.names)
         bcols = ", ".join(f"b.{quote_ident(c)}" for c in schema.names)
+        keys = ", ".join(quote_ident(k) for k in key)
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             files = state.live_files()
-            register_live_view(con, "live", files, schema, self._field_ids())
             con.register("batch", batch)
+            probe = f"SELECT {keys} FROM batch"
             if dkeys is not None:
                 con.register("dkeys", dkeys)
                 both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
                 if both.num_rows:
                     raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
+                probe += f" UNION ALL SELECT {keys} FROM dkeys"
+            # One scan of the key columns finds every live row the batch touches;
+            # everything below joins with that small set, never with the table again.
+            con.execute(f"CREATE TEMP TABLE probe AS {probe}")
+            register_live_view(con, "live", files, schema, self._field_ids(), keys=("probe", key))
+            con.execute("CREATE TEMP TABLE hits AS SELECT * FROM live")
             skip = f" AND NOT ({same})" if skip_unchanged else ""
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
                 "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version "
-                f"FROM batch b JOIN live l ON {on}{skip}"
+                f"FROM batch b JOIN hits l ON {on}{skip}"
             )
             removed = con.execute(f"SELECT {_REMOVED_COLS} FROM matched").to_arrow_table()
             images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
-            inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN live l ON {on}").to_arrow_table()
+            inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
             images = _conform_images(images, self._iceberg.schema(), key, "upsert")
             inserts = inserts.cast(schema)
             deleted = 0
             if dkeys is not None:
-                gone = con.execute(f"SELECT {_REMOVED_COLS} FROM live l SEMI JOIN dkeys b ON {on}").to_arrow_table()
+                gone = con.execute(f"SELECT {_REMOVED_COLS} FROM hits l SEMI JOIN dkeys b ON {on}").to_arrow_table()
                 deleted = gone.num_rows
                 removed = pa.concat_tables([removed, gone.cast(removed.schema)])
             return _Plan(
@@ -565,8 +573,8 @@ class Table:
     def _probe_schema(self) -> pa.Schema:
         return pa.schema(list(self.arrow_schema) + LINEAGE_SCHEMA)
 
-    def _field_ids(self) -> dict[str, int]:
-        return {f.name: f.field_id for f in self._iceberg.schema().fields}
+    def _field_ids(self) -> dict[str, int] | None:
+        return projection_field_ids(self._iceberg.metadata)
 
     def _enforce_key(self) -> bool:
         raw = self._iceberg.metadata.properties.get(PROP_KEY_ENFORCE, "true").lower()

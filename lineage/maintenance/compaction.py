@@ -31,6 +31,7 @@ from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, referenced_data_path, snapshot_files
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
+from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.writer import CREATED, ROW_ID, UPDATED, write_data_files, write_position_deletes
 
@@ -117,7 +118,7 @@ def compact(table, target_file_size_bytes: int | None = None, min_file_size_byte
     target = int(target_file_size_bytes or props.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
     small = int(min_file_size_bytes if min_file_size_bytes is not None else target * 3 // 4)
     schema = table.arrow_schema
-    field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+    field_ids = projection_field_ids(table.iceberg.metadata)
     stats: dict[str, int] = {}
 
     def plan(state: TableState, created: list[str]) -> CommitRequest | None:

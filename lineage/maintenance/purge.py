@@ -50,6 +50,7 @@ from lineage.metadata import LineageList
 from lineage.predicate import parse_predicate
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.writer import WrittenFile, write_copy, write_position_deletes
 
@@ -119,7 +120,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
     from cdf.retention import window
 
     schema = table.arrow_schema
-    field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+    field_ids = projection_field_ids(table.iceberg.metadata)
     pred = parse_predicate(where, pa.schema(list(schema) + LINEAGE_SCHEMA))
     stats: dict[str, object] = {}
 
