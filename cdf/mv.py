@@ -46,7 +46,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import decimal
-import inspect
 import json
 import logging
 import os
@@ -74,6 +73,7 @@ from lineage.errors import (
     RetentionError,
     TableNotFoundError,
     UnknownVersionError,
+    VersionMovedError,
 )
 from lineage.predicate import sql_literal
 from lineage.scan import register_live_view
@@ -368,39 +368,6 @@ def _connect() -> duckdb.DuckDBPyConnection:
     return con
 
 
-# ---------------------------------------------------------------- the guarded merge
-
-
-_WRITE_HOOK_OK = "plan_fn" in inspect.signature(Table._write).parameters if hasattr(Table, "_write") else False
-
-
-class _GuardedTable(Table):
-    """The view's table, whose merge plans only against the version the refresh read.
-
-    ``Table.merge`` re-plans against the newest snapshot after a lost commit
-    race. A refresh computed its rows from the view at one version (and from
-    the checkpoint stored there), so every planning attempt first checks that
-    the view is still at that version and aborts otherwise; the commit itself
-    requires the planned snapshot to still be current. (Uses the library's
-    write-planning hook; see the README's "Materialized views" section.)
-    """
-
-    def __init__(self, table: Table, expected_version: int) -> None:
-        super().__init__(table.iceberg, table.catalog)
-        self._expected_version = expected_version
-
-    def _write(self, plan_fn, **kwargs):  # type: ignore[no-untyped-def, override]
-        expected = self._expected_version
-
-        def guarded(state, con):  # type: ignore[no-untyped-def]
-            if state.version != expected:
-                raise _ViewMoved(state.version)
-            _fault("plan")
-            return plan_fn(state, con)
-
-        return super()._write(guarded, **kwargs)
-
-
 # ---------------------------------------------------------------- the view
 
 
@@ -488,8 +455,6 @@ class MaterializedView:
             spark = _spark_session(spark)
             if not self._query.spark_ok:
                 raise ViewQueryError(f"view {self.name} cannot be refreshed with Spark: {self._query.spark_problem}; use engine='duckdb'")
-        if not _WRITE_HOOK_OK:
-            raise LineageError("this lineage release lacks the write-planning hook that guarded view refreshes need")
         started = time.perf_counter()
         for attempt in range(1, MAX_ATTEMPTS + 1):
             eng: _Engine = _SparkEngine(spark) if engine == "spark" else _Engine()
@@ -579,13 +544,17 @@ class MaterializedView:
             return RefreshResult(status=status if reason is not None else "unchanged", committed=False, view_version=expected,
                                  seconds=time.perf_counter() - started, **base)
         properties = {CHECKPOINT: str(b), CHECKPOINT_UUID: src_uuid, REFRESH_KIND: "full" if reason is not None else "incremental"}
-        guarded = _GuardedTable(table, expected)
         _fault("commit")
         try:
-            info = guarded.merge(upserts if upserts.num_rows else None, deletes if deletes.num_rows else None, properties=properties)
-        except _ViewMoved as moved:
+            # Commits only while the view is still at the version this delta was computed against.
+            info = table.merge(
+                upserts if upserts.num_rows else None, deletes if deletes.num_rows else None,
+                properties=properties, expected_version=expected,
+            )
+        except VersionMovedError as exc:
+            moved = _ViewMoved(exc.actual)
             moved.checkpoint = cp  # type: ignore[attr-defined]
-            raise
+            raise moved from None
         _fault("committed")
         table.refresh()
         log.info("view %s: %s to source version %d (view version %d)", self.name, status, b, info.version)

@@ -12,6 +12,7 @@ Quick start::
 from lineage.errors import (
     BadPredicateError,
     CommitConflictError,
+    VersionMovedError,
     InvalidArgumentError,
     KeyViolationError,
     LineageError,
@@ -31,6 +32,7 @@ __all__ = [
     "BadPredicateError",
     "COPY_ON_WRITE",
     "CommitConflictError",
+    "VersionMovedError",
     "CommitInfo",
     "InvalidArgumentError",
     "KeyViolationError",

@@ -48,6 +48,18 @@ class CommitConflictError(LineageError):
     """Concurrent writers kept winning the commit race; nothing was committed."""
 
 
+class VersionMovedError(CommitConflictError):
+    """A write given ``expected_version`` found the table at another version; nothing was committed."""
+
+    def __init__(self, table: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"{table} is at version {actual}, not the expected version {expected}: another writer committed first; "
+            "nothing was committed. Re-read the table and retry"
+        )
+        self.expected = expected
+        self.actual = actual
+
+
 class LineageMetadataError(LineageError):
     """Lineage metadata is missing, unreadable or inconsistent with the Iceberg snapshot."""
 

@@ -43,6 +43,7 @@ from lineage.errors import (
     LineageMetadataError,
     SchemaMismatchError,
     CommitConflictError,
+    VersionMovedError,
     InvalidArgumentError,
     KeyViolationError,
     TableAlreadyExistsError,
@@ -418,6 +419,7 @@ class Table:
         skip_unchanged: bool = False,
         mode: str | None = None,
         properties: Mapping[str, str] | None = None,
+        expected_version: int | None = None,
         _operation: str = "merge",
     ) -> CommitInfo:
         """Upsert some rows and delete others by key, in one commit.
@@ -427,7 +429,11 @@ class Table:
         may not be in both. ``properties`` are added to the snapshot summary
         and the commit log entry (keys must start with ``lineage.user.`` or
         ``mv.``), so a consumer can commit its own checkpoint atomically with
-        the data it wrote.
+        the data it wrote. With ``expected_version`` the merge commits only
+        if the table is still at that version (a compare-and-set: a consumer
+        that computed the batch from that version gets
+        :class:`~lineage.errors.VersionMovedError` instead of a re-planned
+        commit on newer data).
         """
         key = self.key
         if not key:
@@ -490,7 +496,7 @@ class Table:
                 inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra,
             )
 
-        return self._write(plan, mode=mode)
+        return self._write(plan, mode=mode, expected_version=expected_version)
 
     # ------------------------------------------------------------------ maintenance
     def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> Any:
@@ -593,12 +599,23 @@ class Table:
         *,
         mode: str,
         reuse_inserts: list[WrittenFile] | None = None,
+        expected_version: int | None = None,
     ) -> CommitInfo:
-        """Plan, write and commit, re-planning after each lost commit race."""
+        """Plan, write and commit, re-planning after each lost commit race.
+
+        With ``expected_version`` every attempt first checks the table is
+        still at that version, so a lost race ends in VersionMovedError.
+        """
+        if expected_version is not None and (not isinstance(expected_version, int) or isinstance(expected_version, bool)):
+            raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
         retries = int(self._iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
         for attempt in range(1, retries + 2):
             self.refresh()
             state = state_at(self._iceberg)
+            if expected_version is not None and state.version != expected_version:
+                if reuse_inserts:
+                    _cleanup(self._iceberg, [w.data_file.file_path for w in reuse_inserts])
+                raise VersionMovedError(self.name, expected_version, state.version)
             con = duck.connect()
             created: list[str] = []
             try:

@@ -385,3 +385,25 @@ def test_lost_race_is_replanned_against_the_winner(monkeypatch, warehouse, op, m
         assert (by_id[1]["_row_id"], by_id[1]["_row_created_at_version"], by_id[1]["_row_last_updated_at_version"]) == (0, 1, 3)
     _check_metadata_readable(fresh)
     assert_interop(fresh)
+
+
+def test_merge_with_expected_version_is_a_compare_and_set(monkeypatch, warehouse):
+    loser, seen = _race(monkeypatch, warehouse, retries=None)
+    before = loser.version
+    with pytest.raises(lineage.VersionMovedError) as info:
+        # Planned at version 1; the winner commits version 2 before the first commit attempt.
+        loser.merge(_batch([1, 11], ["L", "L"], [0.0, 11.0]), expected_version=before)
+    assert (info.value.expected, info.value.actual) == (1, 2)
+    assert isinstance(info.value, lineage.CommitConflictError) and "version 2" in str(info.value)
+    fresh = lineage.open_table(NAME, warehouse=warehouse)
+    assert fresh.version == 2 and _state(fresh) == WINNER_STATE  # the loser wrote nothing
+    assert [(h.version, h.operation) for h in fresh.history()] == [(1, "append"), (2, "upsert")]
+
+    # Stale from the start: refused before planning; current: commits.
+    with pytest.raises(lineage.VersionMovedError):
+        fresh.merge(deletes=pa.table({"id": [2]}), expected_version=1)
+    with pytest.raises(lineage.InvalidArgumentError, match="expected_version"):
+        fresh.merge(deletes=pa.table({"id": [2]}), expected_version="2")
+    done = fresh.merge(deletes=pa.table({"id": [2]}), expected_version=2)
+    assert done.committed and done.version == 3 and done.deleted == 1
+    assert_interop(fresh)

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 
 import cdf.mv
 import lineage
+import lineage.commit as commit_module
 from cdf.mv import ViewQueryError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("qty", pa.int64()), ("amount", pa.float64())])
@@ -231,7 +232,7 @@ def _write_something(source: lineage.Table, rnd: random.Random, next_key: int) -
     return next_key + 2
 
 
-STAGES = ["feed", "delta", "commit", "plan", "iceberg-before", "iceberg-after", "committed"]
+STAGES = ["feed", "delta", "commit", "iceberg-before", "iceberg-after", "committed"]
 
 
 def test_killed_refreshes_are_applied_exactly_once(warehouse):
@@ -268,7 +269,7 @@ def test_killed_refreshes_are_applied_exactly_once(warehouse):
         assert checkpoints(view) == [before, target], stage  # one commit per range: never applied twice
 
 
-def _race(warehouse: str, stage: str, caplog: pytest.LogCaptureFixture) -> None:
+def _race(warehouse: str, stage: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     rnd = random.Random(7)
     source = make_source(warehouse)
     source.append(batch(list(range(1, 25)), rnd))
@@ -278,19 +279,30 @@ def _race(warehouse: str, stage: str, caplog: pytest.LogCaptureFixture) -> None:
     rival = cdf.mv.open_view("shop.bygrp", warehouse=warehouse)
     results = []
 
-    def hook(at: str) -> None:
-        if at == stage and not results:
-            results.append(None)
-            results.append(rival.refresh())  # the rival wins while this refresh is between reading and committing
+    def rival_wins() -> None:
+        results.append(None)
+        results.append(rival.refresh())  # the rival wins while this refresh is between reading and committing
 
-    cdf.mv._FAULT_HOOK = hook
+    if stage == "inside-merge":
+        # The rival commits after the merge planned against the old view version: the Iceberg
+        # commit fails, the merge re-plans, and expected_version stops it there.
+        real_commit = commit_module.commit_files
+
+        def racing_commit(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if not results:
+                rival_wins()
+            return real_commit(*args, **kwargs)
+
+        monkeypatch.setattr(commit_module, "commit_files", racing_commit)
+    else:
+        cdf.mv._FAULT_HOOK = lambda at: rival_wins() if at == stage and not results else None
     try:
         with caplog.at_level(logging.INFO, logger="lineage.table"):
             loser = view.refresh()
     finally:
         cdf.mv._FAULT_HOOK = None
     replanned = any("lost a race" in r.getMessage() for r in caplog.records)
-    assert replanned == (stage == "plan")
+    assert replanned == (stage == "inside-merge")
     winner = results[1]
     assert winner.status == "refreshed" and winner.committed
     assert loser.status == "concurrent" and not loser.committed, loser
@@ -300,14 +312,12 @@ def _race(warehouse: str, stage: str, caplog: pytest.LogCaptureFixture) -> None:
     assert view.refresh().status == "up-to-date"
 
 
-def test_racing_refresh_loses_before_its_merge(warehouse, caplog):
-    _race(warehouse, "commit", caplog)
+def test_racing_refresh_loses_before_its_merge(warehouse, caplog, monkeypatch):
+    _race(warehouse, "commit", caplog, monkeypatch)
 
 
-def test_racing_refresh_loses_inside_the_merge_replan(warehouse, caplog):
-    # The rival commits after the merge planned against the old view version: the commit fails,
-    # the merge re-plans against the rival's snapshot, and the guard stops it there.
-    _race(warehouse, "plan", caplog)
+def test_racing_refresh_loses_inside_the_merge_replan(warehouse, caplog, monkeypatch):
+    _race(warehouse, "inside-merge", caplog, monkeypatch)
 
 
 # ---------------------------------------------------------------- fallbacks and bookkeeping
