@@ -37,7 +37,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 
 import numpy as np
 import pyarrow as pa

@@ -883,7 +883,6 @@ def _numeric(cell: str) -> bool:
 def report(results: dict[str, dict], expected: dict, feeds: dict) -> dict:
     systems = list(results)
     peers = [s for s in systems if s != "lineage"]
-    ours = results.get("lineage", {})
     summary: dict[str, Any] = {"time_s": {}, "ratio_peer_over_ours": {}, "bytes_written": {}, "peak_rss_mb": {}}
     for label, prefix in GROUPS:
         summary["time_s"][label] = {s: group_value(results[s], prefix, "wall_s") for s in systems}

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from index.deleted_rows import RemovedImages, read_index_segment
 from index.purged import is_purged, read_purged
+from lineage.deletes import positions_for
 from lineage.fileio import local_path
 from lineage.rle import combined_breakpoints
 from lineage.state import LiveFile, TableState
@@ -63,15 +64,6 @@ def removed_images(state: TableState, after: int, upto: int | None = None) -> li
     return out
 
 
-def _deleted_positions(live: LiveFile) -> np.ndarray:
-    """Positions of ``live`` that the snapshot's position delete files remove."""
-    parts = []
-    for d in live.deletes:
-        t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"], filters=[("file_path", "=", live.path)])
-        parts.append(t.column("pos").to_numpy())
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-
-
 def _live_pointers(live: LiveFile, a: int, b: int) -> pa.Table | None:
     fl = live.lineage
     if fl.max_updated <= a or fl.min_updated > b:
@@ -88,7 +80,7 @@ def _live_pointers(live: LiveFile, a: int, b: int) -> pa.Table | None:
     cre = np.repeat(created[keep], lengths)
     upd = np.repeat(updated[keep], lengths)
     if live.deletes:
-        alive = ~np.isin(pos, _deleted_positions(live))
+        alive = ~np.isin(pos, positions_for(live.path, [d.file_path for d in live.deletes]))
         pos, rid, cre, upd = pos[alive], rid[alive], cre[alive], upd[alive]
     if len(pos) == 0:
         return None

@@ -20,8 +20,8 @@ from pyiceberg.io import FileIO
 from pyroaring import BitMap64
 
 from lineage.errors import LineageMetadataError
-from lineage.fileio import ImmutableFileCache, read_parquet, write_parquet
-from lineage.metadata import FORMAT_VERSION, check_format
+from lineage.fileio import ImmutableFileCache
+from lineage.metadata import read_tagged_parquet, write_tagged_parquet
 from lineage.rle import Runs, decode_values, encode_values
 
 INDEX_FORMAT = "deleted-rows-segment"
@@ -71,10 +71,7 @@ def write_index_segment(fileio: FileIO, path: str, removed: list[RemovedImages])
         cols["valid_from_values"].append(valid_from.values)
         cols["valid_from_lengths"].append(valid_from.lengths)
         cols["valid_to"].append(r.valid_to)
-    table = pa.table(cols, schema=_SCHEMA).replace_schema_metadata(
-        {"lineage.format": INDEX_FORMAT, "lineage.format-version": str(FORMAT_VERSION)}
-    )
-    return write_parquet(fileio, path, table)
+    return write_tagged_parquet(fileio, path, pa.table(cols, schema=_SCHEMA), INDEX_FORMAT)
 
 
 _CACHE: ImmutableFileCache[tuple[RemovedImages, ...]] = ImmutableFileCache(1024)
@@ -86,14 +83,7 @@ def read_index_segment(fileio: FileIO, path: str) -> tuple[RemovedImages, ...]:
 
 
 def _read(fileio: FileIO, path: str) -> tuple[RemovedImages, ...]:
-    try:
-        table = read_parquet(fileio, path)
-    except FileNotFoundError:
-        raise LineageMetadataError(f"deleted-rows index segment {path} is missing: the lineage metadata of this table is incomplete (was the file deleted by hand or by a foreign vacuum?)") from None
-    except Exception as exc:
-        raise LineageMetadataError(f"deleted-rows index segment {path} is unreadable: {exc}") from exc
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    check_format(INDEX_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
+    table = read_tagged_parquet(fileio, path, INDEX_FORMAT, "deleted-rows index segment")
     out = []
     try:
         for row in table.to_pylist():

@@ -14,8 +14,8 @@ from pyiceberg.io import FileIO
 from pyroaring import BitMap64
 
 from lineage.errors import LineageMetadataError
-from lineage.fileio import ImmutableFileCache, read_parquet, write_parquet
-from lineage.metadata import FORMAT_VERSION, check_format
+from lineage.fileio import ImmutableFileCache
+from lineage.metadata import read_tagged_parquet, write_tagged_parquet
 
 PURGED_FORMAT = "purged-rows"
 _CACHE: ImmutableFileCache[BitMap64] = ImmutableFileCache(64)
@@ -23,10 +23,7 @@ _CACHE: ImmutableFileCache[BitMap64] = ImmutableFileCache(64)
 
 def write_purged(fileio: FileIO, path: str, row_ids: BitMap64) -> int:
     """Write the purged row ids; return the file size."""
-    table = pa.table({"row_ids": pa.array([row_ids.serialize()], pa.binary())}).replace_schema_metadata(
-        {"lineage.format": PURGED_FORMAT, "lineage.format-version": str(FORMAT_VERSION)}
-    )
-    return write_parquet(fileio, path, table)
+    return write_tagged_parquet(fileio, path, pa.table({"row_ids": pa.array([row_ids.serialize()], pa.binary())}), PURGED_FORMAT)
 
 
 def read_purged(fileio: FileIO, path: str | None) -> BitMap64:
@@ -37,14 +34,7 @@ def read_purged(fileio: FileIO, path: str | None) -> BitMap64:
 
 
 def _read(fileio: FileIO, path: str) -> BitMap64:
-    try:
-        table = read_parquet(fileio, path)
-    except FileNotFoundError:
-        raise LineageMetadataError(f"purged-rows file {path} is missing") from None
-    except Exception as exc:
-        raise LineageMetadataError(f"purged-rows file {path} is unreadable: {exc}") from exc
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    check_format(PURGED_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
+    table = read_tagged_parquet(fileio, path, PURGED_FORMAT, "purged-rows file")
     try:
         return BitMap64.deserialize(table.column("row_ids")[0].as_py())
     except Exception as exc:

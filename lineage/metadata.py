@@ -67,6 +67,32 @@ def check_format(kind: str, found_kind: str | None, found_version: Any, path: st
         )
 
 
+def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table, kind: str) -> int:
+    """Write ``table`` as a Parquet file tagged with its format ``kind`` and version; return its size."""
+    tagged = table.replace_schema_metadata({"lineage.format": kind, "lineage.format-version": str(FORMAT_VERSION)})
+    return write_parquet(fileio, path, tagged)
+
+
+def read_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str) -> pa.Table:
+    """Read a file written by :func:`write_tagged_parquet`, checking its tag.
+
+    ``what`` names the file in errors ("lineage segment"). A missing,
+    unreadable or foreign file is a :class:`LineageMetadataError`.
+    """
+    try:
+        table = read_parquet(fileio, path)
+    except FileNotFoundError:
+        raise LineageMetadataError(
+            f"{what} {path} is missing: the lineage metadata of this table is incomplete "
+            "(was the file deleted by hand or by a foreign vacuum?)"
+        ) from None
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise LineageMetadataError(f"{what} {path} is unreadable: {exc}") from exc
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    check_format(kind, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
+    return table
+
+
 @dataclass(frozen=True)
 class FileLineage:
     """Lineage of every position of one data file."""
@@ -104,21 +130,11 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
         for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
             cols[f"{prefix}_{first}"].append(runs.values)
             cols[f"{prefix}_lengths"].append(runs.lengths)
-    table = pa.table(cols, schema=_SEGMENT_SCHEMA).replace_schema_metadata(
-        {"lineage.format": SEGMENT_FORMAT, "lineage.format-version": str(FORMAT_VERSION)}
-    )
-    return write_parquet(fileio, path, table)
+    return write_tagged_parquet(fileio, path, pa.table(cols, schema=_SEGMENT_SCHEMA), SEGMENT_FORMAT)
 
 
 def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
-    try:
-        table = read_parquet(fileio, path)
-    except FileNotFoundError:
-        raise LineageMetadataError(f"lineage segment {path} is missing: the lineage metadata of this table is incomplete (was the file deleted by hand or by a foreign vacuum?)") from None
-    except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise LineageMetadataError(f"lineage segment {path} is unreadable: {exc}") from exc
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    check_format(SEGMENT_FORMAT, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
+    table = read_tagged_parquet(fileio, path, SEGMENT_FORMAT, "lineage segment")
     out = []
     try:
         for row in table.to_pylist():

@@ -20,14 +20,13 @@ from collections import defaultdict
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import TableProperties
 from pyiceberg.table.snapshots import Operation
 
 from lineage import duck
 from lineage.commit import CommitRequest
-from lineage.fileio import local_path
+from lineage.deletes import read_position_deletes
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, referenced_data_path, snapshot_files
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
@@ -63,12 +62,9 @@ def rewrite_deletes(table, granularity: str | None = None) -> MaintenanceResult:
             positions: dict[str, list[np.ndarray]] = defaultdict(list)
             dangling = False
             for d in members:
-                t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"])
-                paths = t.column("file_path").to_numpy(zero_copy_only=False)
-                pos = t.column("pos").to_numpy()
-                for p in np.unique(paths):
+                for p, pos in read_position_deletes(d.file_path).items():
                     if p in live:
-                        positions[p].append(pos[paths == p])
+                        positions[p].append(pos)
                     else:
                         dangling = True
             wanted = len(positions) if granularity == "file" else min(1, len(positions))

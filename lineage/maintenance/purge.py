@@ -42,6 +42,7 @@ from index.deleted_rows import RemovedImages, read_index_segment
 from index.purged import read_purged, write_purged
 from lineage import duck
 from lineage.commit import CommitRequest
+from lineage.deletes import read_position_deletes
 from lineage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
 from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
@@ -154,10 +155,8 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         delete_targets: list[tuple[DataFile, np.ndarray]] = []
         old_deleted: dict[str, np.ndarray] = {}
         for d in all_deletes:
-            t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"])
-            paths = t.column("file_path").to_numpy(zero_copy_only=False)
-            for p in np.unique(paths):
-                old_deleted[p] = np.union1d(old_deleted.get(p, np.zeros(0, np.int64)), t.column("pos").to_numpy()[paths == p])
+            for p, pos in read_position_deletes(d.file_path).items():
+                old_deleted[p] = np.union1d(old_deleted.get(p, np.zeros(0, np.int64)), pos)
         for i, f in enumerate(files):
             row_ids = decode_sequence(f.lineage.row_ids)
             mask = np.isin(row_ids, purged_arr)
@@ -182,8 +181,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         removed_deletes = []
         live_by_path = {f.path: f.data_file for f in files}
         for d in all_deletes:
-            t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"])
-            paths = set(t.column("file_path").to_pylist())
+            paths = set(read_position_deletes(d.file_path))
             if paths & rewritten.keys():
                 removed_deletes.append(d)
                 for p in paths - rewritten.keys():

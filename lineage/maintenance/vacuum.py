@@ -21,7 +21,7 @@ from lineage.errors import InvalidArgumentError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
-from lineage.state import TableState, lineage_list_of, main_branch_snapshots, state_at
+from lineage.state import TableState, main_branch_snapshots, state_at
 
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
 

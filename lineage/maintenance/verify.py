@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from index.deleted_rows import read_index_segment
 from index.purged import read_purged
+from lineage.deletes import positions_for
 from lineage.errors import LineageError
 from lineage.fileio import local_path
 from lineage.maintenance._common import snapshot_files
@@ -82,11 +83,7 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
         if len(ids):
             max_row_id = max(max_row_id, int(ids.max()))
         if check_row_ids and _exists(f.path):
-            deleted = np.zeros(0, np.int64)
-            for d in f.deletes:
-                if _exists(d.file_path):
-                    t = pq.read_table(local_path(d.file_path), columns=["file_path", "pos"], filters=[("file_path", "=", f.path)])
-                    deleted = np.union1d(deleted, t.column("pos").to_numpy())
+            deleted = positions_for(f.path, [d.file_path for d in f.deletes if _exists(d.file_path)])
             keep = np.ones(len(ids), bool)
             keep[deleted[deleted < len(ids)]] = False
             row_ids.append(ids[keep])

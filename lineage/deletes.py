@@ -1,0 +1,46 @@
+"""Reading Iceberg position delete files: which positions of which data file they remove.
+
+Every reader of position deletes (the change feed's pointers, compaction,
+purge, verify) goes through :func:`read_position_deletes`, which parses a
+delete file once and caches the result by path (delete files are immutable
+and their names are unique).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from lineage.fileio import ImmutableFileCache, local_path
+
+_EMPTY = np.zeros(0, np.int64)
+_CACHE: ImmutableFileCache[dict[str, np.ndarray]] = ImmutableFileCache(128)
+
+
+def read_position_deletes(path: str) -> dict[str, np.ndarray]:
+    """Data file path -> sorted unique positions removed by the position delete file at ``path``."""
+    return _CACHE.get(path, lambda: _read(path))
+
+
+def _read(path: str) -> dict[str, np.ndarray]:
+    # Read synchronously (no dataset scanner): these files are small and many.
+    table = pq.ParquetFile(local_path(path)).read(columns=["file_path", "pos"], use_threads=False)
+    paths = table.column("file_path").to_numpy(zero_copy_only=False)
+    pos = table.column("pos").to_numpy()
+    if len(paths) == 0:
+        return {}
+    order = np.lexsort((pos, paths))
+    paths, pos = paths[order], pos[order]
+    bounds = np.flatnonzero(paths[1:] != paths[:-1]) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(paths)]))
+    return {str(paths[s]): np.unique(pos[s:e]) for s, e in zip(starts, ends, strict=True)}
+
+
+def positions_for(data_path: str, delete_paths: list[str]) -> np.ndarray:
+    """Sorted unique positions of ``data_path`` removed by any of ``delete_paths``."""
+    parts = [read_position_deletes(p).get(data_path, _EMPTY) for p in delete_paths]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return _EMPTY
+    return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
