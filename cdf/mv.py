@@ -656,7 +656,7 @@ class MaterializedView:
                 con.execute(f"DELETE FROM new WHERE {GROUP_ROWS} = 0")
             key = GROUP_KEY
         upserts = _changed_rows(con, "new", "cur", key, self._table.arrow_schema.names)
-        deletes = con.execute(f'SELECT c."{key}" FROM cur c ANTI JOIN new n ON n."{key}" = c."{key}"').to_arrow_table()
+        deletes = duck.fetch_arrow(con, f'SELECT c."{key}" FROM cur c ANTI JOIN new n ON n."{key}" = c."{key}"')
         return upserts, deletes, 0
 
     def _types(self) -> dict[str, str]:

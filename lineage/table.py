@@ -293,7 +293,7 @@ class Table:
             register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids())
             select = ", ".join(quote_ident(c) for c in wanted)
             try:
-                result = con.execute(f"SELECT {select} FROM live WHERE ({pred.sql})").to_arrow_table()
+                result = duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE ({pred.sql})")
             except duckdb.IOException as exc:
                 raise LineageMetadataError(f"a data or delete file of {self.name} could not be read (run verify): {exc}") from None
             except duckdb.Error as exc:
@@ -330,7 +330,7 @@ class Table:
                 con.register("batch", batch.select(key))
                 register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids(), keys=("batch", key))
                 names = ", ".join(quote_ident(k) for k in key)
-                clash = con.execute(f"SELECT {names} FROM live LIMIT 3").to_arrow_table()
+                clash = duck.fetch_arrow(con, f"SELECT {names} FROM live LIMIT 3")
                 if clash.num_rows:
                     raise KeyViolationError(
                         f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; use upsert to update "
@@ -350,7 +350,7 @@ class Table:
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> _Plan:
             files = state.live_files(pred.prune)
             register_live_view(con, "live", files, self.arrow_schema, self._field_ids())
-            removed = con.execute(f"SELECT {_REMOVED_COLS} FROM live WHERE ({pred.sql})").to_arrow_table()
+            removed = duck.fetch_arrow(con, f"SELECT {_REMOVED_COLS} FROM live WHERE ({pred.sql})")
             return _Plan("delete", files=files, removed=removed, deleted=removed.num_rows)
 
         return self._write(plan, mode=mode)
@@ -799,11 +799,12 @@ def _kept_rows(
     )
     con.register("removed_now", removed)
     names = ", ".join(quote_ident(c) for c in schema.names)
-    return con.execute(
+    return duck.fetch_arrow(
+        con,
         f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, _row_last_updated_at_version AS {UPDATED} "
         "FROM affected l ANTI JOIN removed_now r ON r.__file_id = l.__file_id AND r.__pos = l.__pos "
-        "ORDER BY l.__file_id, l.__pos"
-    ).to_arrow_table()
+        "ORDER BY l.__file_id, l.__pos",
+    )
 
 
 def _group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
@@ -830,10 +831,11 @@ def _conform_images(images: pa.Table, schema, key: Sequence[str], what: str) -> 
 def _check_updated_keys(con: duckdb.DuckDBPyConnection, key: Sequence[str]) -> None:
     """Refuse an update that would leave two live rows with the same key."""
     cols = ", ".join(quote_ident(k) for k in key)
-    clash = con.execute(
+    clash = duck.fetch_arrow(
+        con,
         f"SELECT {cols} FROM (SELECT {cols} FROM live l ANTI JOIN matched m ON m.__file_id = l.__file_id AND m.__pos = l.__pos "
-        f"UNION ALL SELECT {cols} FROM matched) GROUP BY ALL HAVING count(*) > 1 LIMIT 3"
-    ).to_arrow_table()
+        f"UNION ALL SELECT {cols} FROM matched) GROUP BY ALL HAVING count(*) > 1 LIMIT 3",
+    )
     if clash.num_rows:
         raise KeyViolationError(f"update rejected: it would give several rows the same key, e.g. {clash.to_pylist()}")
 

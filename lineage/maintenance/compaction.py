@@ -136,10 +136,11 @@ def compact(table, target_file_size_bytes: int | None = None, min_file_size_byte
             con = duck.connect()
             try:
                 register_live_view(con, "g", group, schema, field_ids)
-                rows = con.execute(
+                rows = duck.fetch_arrow(
+                    con,
                     f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                    f"_row_last_updated_at_version AS {UPDATED} FROM g ORDER BY __file_id, __pos"
-                ).to_arrow_table()
+                    f"_row_last_updated_at_version AS {UPDATED} FROM g ORDER BY __file_id, __pos",
+                )
             finally:
                 con.close()
             hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (ROW_ID, CREATED, UPDATED)])

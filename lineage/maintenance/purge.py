@@ -131,7 +131,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         con = duck.connect()
         try:
             register_live_view(con, "live", files, schema, field_ids)
-            hits = con.execute(f"SELECT __file_id, __pos, _row_id FROM live WHERE ({pred.sql})").to_arrow_table()
+            hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id FROM live WHERE ({pred.sql})")
         finally:
             con.close()
         if hits.num_rows == 0:
