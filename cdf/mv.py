@@ -42,7 +42,6 @@ table's properties, so the next refresh starts from the newer source version.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime as _dt
 import decimal
@@ -361,10 +360,6 @@ class _SparkEngine(_Engine):
 def _connect() -> duckdb.DuckDBPyConnection:
     con = duck.connect()
     con.execute("SET TimeZone = 'UTC'")  # group keys of timestamptz columns render the same everywhere
-    # The live view's ASOF join (files with many lineage runs, e.g. updated images) otherwise runs as a
-    # nested loop join when DuckDB's estimate of its inputs is small: minutes instead of seconds on big tables.
-    with contextlib.suppress(duckdb.Error):
-        con.execute("SET asof_loop_join_threshold = 0")
     return con
 
 

@@ -151,23 +151,34 @@ def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema) ->
     return Predicate(sql, prune)
 
 
-def _check_sql(sql: str, schema: pa.Schema) -> None:
+def expression_type(expr: str, schema: pa.Schema) -> str | None:
+    """DuckDB's type for the SQL expression ``expr`` over rows of ``schema``, without data.
+
+    ``None`` when ``expr`` is not a single expression (e.g. ``1); DROP ...``);
+    DuckDB's own errors (unknown column, syntax) propagate as ``duckdb.Error``.
+    """
     con = duckdb.connect()
     try:
         con.register("__probe", pa.Table.from_batches([], schema=schema))
-        statement = f"SELECT ({sql}) AS p FROM __probe"
-        try:
-            if len(con.extract_statements(statement)) != 1:
-                raise BadPredicateError(f"where {sql!r} must be a single expression")
-            kind = con.execute(f"DESCRIBE {statement}").fetchall()[0][1]
-            if kind not in ("BOOLEAN", '"NULL"', "NULL"):
-                raise BadPredicateError(f"where {sql!r} is of type {kind}, not a boolean condition (e.g. write `amount <> 0`)")
-        except duckdb.BinderException as exc:
-            message = str(exc)
-            if "not found" in message and ("column" in message.lower() or "Referenced" in message):
-                raise UnknownColumnError(f"where {sql!r} names a column the table does not have: {message}") from None
-            raise BadPredicateError(f"where {sql!r} is not a valid boolean expression: {message}") from None
-        except duckdb.Error as exc:
-            raise BadPredicateError(f"where {sql!r} is not a valid boolean expression: {exc}") from None
+        statement = f"SELECT ({expr}) AS p FROM __probe"
+        if len(con.extract_statements(statement)) != 1:
+            return None
+        return str(con.execute(f"DESCRIBE {statement}").fetchall()[0][1])
     finally:
         con.close()
+
+
+def _check_sql(sql: str, schema: pa.Schema) -> None:
+    try:
+        kind = expression_type(sql, schema)
+    except duckdb.BinderException as exc:
+        message = str(exc)
+        if "not found" in message and ("column" in message.lower() or "Referenced" in message):
+            raise UnknownColumnError(f"where {sql!r} names a column the table does not have: {message}") from None
+        raise BadPredicateError(f"where {sql!r} is not a valid boolean expression: {message}") from None
+    except duckdb.Error as exc:
+        raise BadPredicateError(f"where {sql!r} is not a valid boolean expression: {exc}") from None
+    if kind is None:
+        raise BadPredicateError(f"where {sql!r} must be a single expression")
+    if kind not in ("BOOLEAN", '"NULL"', "NULL"):
+        raise BadPredicateError(f"where {sql!r} is of type {kind}, not a boolean condition (e.g. write `amount <> 0`)")

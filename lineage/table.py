@@ -50,7 +50,7 @@ from lineage.errors import (
     TableNotFoundError,
     UnknownColumnError,
 )
-from lineage.predicate import parse_predicate, quote_ident
+from lineage.predicate import expression_type, parse_predicate, quote_ident
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.spark import is_spark_dataframe
 from lineage.schema import (
@@ -864,25 +864,19 @@ def _compatible(produced: str, expected: str) -> bool:
 
 
 def _check_expression(expr: str, schema: pa.Schema, column: str) -> None:
-    con = duckdb.connect()
     try:
-        con.register("__probe", pa.Table.from_batches([], schema=schema))
-        statement = f"SELECT ({expr}) FROM __probe"
-        try:
-            if len(con.extract_statements(statement)) != 1:
-                raise InvalidArgumentError(f"set[{column!r}] must be a single expression, got {expr!r}")
-            produced = con.execute(f"DESCRIBE {statement}").fetchall()[0][1]
-            expected = dict(duckdb_types(schema))[column]
-            if expr.strip().upper() != "NULL" and not _compatible(produced, expected):  # DuckDB types a bare NULL as INTEGER
-                raise SchemaMismatchError(f"set[{column!r}] = {expr!r} produces {produced}, but column {column!r} is {expected}")
-        except duckdb.BinderException as exc:
-            if "not found" in str(exc):
-                raise UnknownColumnError(f"set[{column!r}] = {expr!r} names a column the table does not have: {exc}") from None
-            raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid expression for this table: {exc}") from None
-        except duckdb.Error as exc:
-            raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid SQL expression: {exc}") from None
-    finally:
-        con.close()
+        produced = expression_type(expr, schema)
+    except duckdb.BinderException as exc:
+        if "not found" in str(exc):
+            raise UnknownColumnError(f"set[{column!r}] = {expr!r} names a column the table does not have: {exc}") from None
+        raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid expression for this table: {exc}") from None
+    except duckdb.Error as exc:
+        raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid SQL expression: {exc}") from None
+    if produced is None:
+        raise InvalidArgumentError(f"set[{column!r}] must be a single expression, got {expr!r}")
+    expected = dict(duckdb_types(schema))[column]
+    if expr.strip().upper() != "NULL" and not _compatible(produced, expected):  # DuckDB types a bare NULL as INTEGER
+        raise SchemaMismatchError(f"set[{column!r}] = {expr!r} produces {produced}, but column {column!r} is {expected}")
 
 
 def _cleanup(iceberg: IcebergTable, paths: Sequence[str]) -> None:
