@@ -308,7 +308,7 @@ class _Engine:
         self.con.register(name, data)
 
     def query(self, sql: str) -> pa.Table:
-        return self.con.execute(sql).to_arrow_table()
+        return duck.fetch_arrow(self.con, sql)  # queries may read the `src` live view
 
     def close(self) -> None:
         self.con.close()
@@ -749,9 +749,9 @@ def _key_prefilter(keys: list[ViewColumn], groups: pa.Table) -> str | None:
 def _changed_rows(con: duckdb.DuckDBPyConnection, new: str, cur: str, key: str, columns: list[str]) -> pa.Table:
     """Rows of ``new`` that are missing from ``cur`` or differ from it in some column."""
     same = " AND ".join(f'n."{_e(c)}" IS NOT DISTINCT FROM c."{_e(c)}"' for c in columns)
-    return con.execute(
-        f'SELECT n.* FROM {new} n LEFT JOIN {cur} c ON c."{_e(key)}" = n."{_e(key)}" WHERE c."{_e(key)}" IS NULL OR NOT ({same})'
-    ).to_arrow_table()
+    return duck.fetch_arrow(
+        con, f'SELECT n.* FROM {new} n LEFT JOIN {cur} c ON c."{_e(key)}" = n."{_e(key)}" WHERE c."{_e(key)}" IS NULL OR NOT ({same})'
+    )
 
 
 def _empty(schema: pa.Schema) -> pa.Table:
