@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from lineage.fileio import ImmutableFileCache, local_path
 
 _EMPTY = np.zeros(0, np.int64)
+_EMPTY.setflags(write=False)
 _CACHE: ImmutableFileCache[dict[str, np.ndarray]] = ImmutableFileCache(128)
 
 
@@ -34,7 +35,10 @@ def _read(path: str) -> dict[str, np.ndarray]:
     bounds = np.flatnonzero(paths[1:] != paths[:-1]) + 1
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(paths)]))
-    return {str(paths[s]): np.unique(pos[s:e]) for s, e in zip(starts, ends, strict=True)}
+    out = {str(paths[s]): np.unique(pos[s:e]) for s, e in zip(starts, ends, strict=True)}
+    for arr in out.values():
+        arr.setflags(write=False)  # shared by every caller through the cache
+    return out
 
 
 def positions_for(data_path: str, delete_paths: list[str]) -> np.ndarray:
