@@ -529,7 +529,7 @@ def test_demo_subcommand(tmp_path):
 def test_argument_parsers():
     import datetime as dt
 
-    from lineage.cli_parse import parse_duration, parse_schema, parse_size, parse_timestamp
+    from lineage.cli.parse import parse_duration, parse_schema, parse_size, parse_timestamp
 
     s = parse_schema("id:int64!, price:decimal(10,2), at:timestamp[us, tz=UTC], tags:list<string>, ok:bool, n:long")
     assert [(f.name, str(f.type), f.nullable) for f in s] == [
@@ -565,7 +565,7 @@ def test_argument_parsers():
 def test_plot_marks_the_retention_window_and_maintenance():
     import datetime as dt
 
-    from lineage.report import Commit, History, html_report, svg
+    from lineage.cli.report import Commit, History, html_report, svg
 
     ts = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     commits = [

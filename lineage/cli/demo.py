@@ -1,6 +1,6 @@
 """A guided tour of row lineage on a generated table of about a million rows.
 
-Run with ``make demo`` or ``python -m lineage.demo``. It (re)creates the local
+Run with ``make demo`` or ``python -m lineage.cli.demo``. It (re)creates the local
 warehouse ``demo-warehouse/`` in the current directory (embedded SQLite
 catalog), writes to a keyed table partitioned by ``bucket(8, customer_id)``,
 and prints every commit, the commit history, some rows with their lineage
@@ -137,7 +137,7 @@ def upsert_batch(table: lineage.Table, rng: np.random.Generator, next_id: int, n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lineage.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lineage.cli.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the generated dataset (default 1,000,000)")
     args = parser.parse_args(argv)
     if args.rows < 1000:
