@@ -177,7 +177,7 @@ def test_refreshed_views_equal_their_query_from_scratch(ops, seed):
 _CRASHER = r"""
 import json, os, signal, sys, time
 import cdf.mv as m
-import lineage.table as lt
+import lineage.writes.loop as write_loop  # where a write calls commit_change
 
 warehouse, jobs = sys.argv[1], json.loads(sys.argv[2])
 stage = None
@@ -185,7 +185,7 @@ stage = None
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
-real = lt.commit_change
+real = write_loop.commit_change
 
 def commit_change(*args, **kwargs):
     if stage == "iceberg-before":
@@ -195,7 +195,7 @@ def commit_change(*args, **kwargs):
         die()
     return out
 
-lt.commit_change = commit_change
+write_loop.commit_change = commit_change
 m._FAULT_HOOK = lambda at: die() if at == stage else None
 codes = {}
 for view, job_stage, delay in jobs:

@@ -1,0 +1,275 @@
+"""The plan/write/commit loop every write goes through, and what a write returns.
+
+Each attempt:
+
+1. **plan** against the current snapshot in DuckDB (the caller's ``plan_fn``):
+   which live images are removed, which new images replace them (same row id),
+   which rows are new;
+2. **write** Parquet files: new data files, and either position delete files
+   (merge-on-read) or rewritten data files (copy-on-write);
+3. **commit** (:func:`lineage.commit.commit_change`): the lineage segment, the
+   deleted-rows index segment and the lineage list, then one Iceberg snapshot
+   whose summary points at the list.
+
+A lost commit race removes the attempt's files and plans again. This module
+never imports :mod:`lineage.table`; the table is passed in.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Operation
+
+from index.deleted_rows import RemovedImages
+from lineage import duck
+from lineage.commit import CommitRequest, commit_change
+from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
+from lineage.schema import projection_field_ids
+from lineage.state import LiveFile, TableState, state_at
+from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
+from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES
+from lineage.writes.rows import group_removed, kept_rows, with_hidden
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lineage.table import Table
+
+# The name the write loop always logged under (operators and tests filter on it).
+log = logging.getLogger("lineage.table")
+
+_ICEBERG_OPERATION = {
+    "append": Operation.APPEND,
+    "delete": Operation.DELETE,
+    "update": Operation.OVERWRITE,
+    "upsert": Operation.OVERWRITE,
+    "merge": Operation.OVERWRITE,
+}
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What one write did. ``committed`` is False for a write that matched nothing."""
+
+    version: int
+    snapshot_id: int | None
+    timestamp: _dt.datetime
+    operation: str
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    data_files_added: int = 0
+    delete_files_added: int = 0
+    data_files_removed: int = 0
+    bytes_written: int = 0
+    attempts: int = 1
+    committed: bool = True
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """What a write does to the state it was planned against."""
+
+    operation: str
+    files: list[LiveFile] = field(default_factory=list)
+    removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
+    new_images: pa.Table | None = None  # data columns + ROW_ID, CREATED: updated images of existing rows
+    inserts: pa.Table | None = None  # data columns: rows with fresh ids
+    prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
+    reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
+    properties: dict[str, str] = field(default_factory=dict)  # extra snapshot summary / commit log properties
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prewritten and not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
+
+
+def ms_to_datetime(ms: int) -> _dt.datetime:
+    """A commit timestamp (epoch milliseconds) as an aware UTC datetime."""
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
+
+
+def run_write(
+    table: Table,
+    plan_fn: Callable[[TableState, duckdb.DuckDBPyConnection], Plan],
+    *,
+    mode: str,
+    reuse_inserts: list[WrittenFile] | None = None,
+    expected_version: int | None = None,
+) -> CommitInfo:
+    """Plan, write and commit, re-planning after each lost commit race.
+
+    With ``expected_version`` every attempt first checks the table is
+    still at that version, so a lost race ends in VersionMovedError.
+    """
+    if expected_version is not None and (not isinstance(expected_version, int) or isinstance(expected_version, bool)):
+        raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
+    retries = int(table.iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
+    for attempt in range(1, retries + 2):
+        table.refresh()
+        state = state_at(table.iceberg)
+        if expected_version is not None and state.version != expected_version:
+            if reuse_inserts:
+                _cleanup(table.iceberg, [w.data_file.file_path for w in reuse_inserts])
+            raise VersionMovedError(table.name, expected_version, state.version)
+        con = duck.connect()
+        created: list[str] = []
+        try:
+            try:
+                plan = plan_fn(state, con)
+            except duckdb.Error as exc:
+                # The user's predicate or expressions failed on the data (e.g. a cast); nothing was written.
+                raise InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}") from None
+            if plan.is_empty:
+                return _no_op(table, state, plan.operation, attempt)
+            try:
+                return _materialize_and_commit(table, state, plan, mode, con, created, attempt, reuse_inserts)
+            except CommitFailedException as exc:
+                log.info("commit of %s lost a race (attempt %d): %s", plan.operation, attempt, exc)
+                _cleanup(table.iceberg, created)
+        except _Committed as done:
+            raise done.error from None
+        except BaseException:
+            # Nothing was committed (see _Committed): the files are ours to remove.
+            _cleanup(table.iceberg, created + [w.data_file.file_path for w in reuse_inserts or []])
+            raise
+        finally:
+            con.close()
+        time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)) * random.uniform(0.5, 1.5))
+    if reuse_inserts:
+        _cleanup(table.iceberg, [w.data_file.file_path for w in reuse_inserts])
+    raise CommitConflictError(
+        f"gave up after {retries + 1} attempts: other writers kept committing to {table.name}; nothing was committed. "
+        f"Retry later or raise the table property {PROP_RETRIES}"
+    )
+
+
+def _no_op(table: Table, state: TableState, operation: str, attempt: int) -> CommitInfo:
+    snap = state.snapshot
+    ts = ms_to_datetime(snap.timestamp_ms) if snap else ms_to_datetime(table.iceberg.metadata.last_updated_ms)
+    return CommitInfo(
+        version=state.version, snapshot_id=snap.snapshot_id if snap else None, timestamp=ts, operation=operation, attempts=attempt, committed=False
+    )
+
+
+def _materialize_and_commit(
+    table: Table,
+    state: TableState,
+    plan: Plan,
+    mode: str,
+    con: duckdb.DuckDBPyConnection,
+    created: list[str],
+    attempt: int,
+    reuse_inserts: list[WrittenFile] | None,
+) -> CommitInfo:
+    ice = table.iceberg
+    version = ice.metadata.next_sequence_number()
+    written: list[WrittenFile] = []
+    delete_files: list[DataFile] = []
+    removed_files: list[DataFile] = []
+    removed_images: list[RemovedImages] = []
+
+    # 1. removed images: position deletes, or rewritten files
+    if plan.removed is not None and plan.removed.num_rows:
+        groups = group_removed(plan.removed)
+        for fid, cols in groups.items():
+            removed_images.append(
+                RemovedImages(plan.files[fid].path, cols["__pos"], cols["_row_id"], cols["_row_created_at_version"], cols["_row_last_updated_at_version"], version)
+            )
+        if mode == MERGE_ON_READ:
+            granularity = ice.metadata.properties.get(PROP_DELETE_GRANULARITY, "file")
+            if granularity not in ("file", "partition"):
+                raise InvalidArgumentError(f"table property {PROP_DELETE_GRANULARITY} must be 'file' or 'partition', got {granularity!r}")
+            delete_files = write_position_deletes(ice, [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()], granularity)
+            created.extend(f.file_path for f in delete_files)
+        else:
+            kept = kept_rows(con, [plan.files[fid] for fid in groups], groups, table.arrow_schema, projection_field_ids(table.iceberg.metadata))
+            rewritten = write_data_files(ice, kept.cast(with_hidden(table.arrow_schema, (ROW_ID, CREATED, UPDATED))))
+            created.extend(w.data_file.file_path for w in rewritten)
+            written.extend(rewritten)
+            removed_files = [plan.files[fid].data_file for fid in groups]
+
+    # 2. new images of updated rows, then fresh inserts
+    if plan.new_images is not None and plan.new_images.num_rows:
+        images = plan.new_images.sort_by(ROW_ID)
+        new = write_data_files(ice, images)
+        created.extend(w.data_file.file_path for w in new)
+        written.extend(new)
+    if plan.inserts is not None and plan.inserts.num_rows:
+        if reuse_inserts:
+            written.extend(reuse_inserts)  # appends do not depend on the base snapshot
+        else:
+            new = write_data_files(ice, plan.inserts)
+            if reuse_inserts is not None:
+                reuse_inserts.extend(new)
+            else:
+                created.extend(w.data_file.file_path for w in new)
+            written.extend(new)
+
+    if plan.prewritten:
+        if not plan.reusable:
+            created.extend(w.data_file.file_path for w in plan.prewritten)
+        written.extend(plan.prewritten)
+
+    request = CommitRequest(
+        operation=plan.operation,
+        iceberg_operation=_ICEBERG_OPERATION[plan.operation],
+        written=written,
+        delete_files=delete_files,
+        removed_files=removed_files,
+        removed_images=removed_images,
+        inserted=plan.inserted,
+        updated=plan.updated,
+        deleted=plan.deleted,
+        properties=plan.properties,
+    )
+    result = commit_change(ice, state, request, created)
+    try:
+        table.refresh()
+    except Exception as exc:  # the commit landed; never clean up its files
+        raise _Committed(exc) from exc
+    return CommitInfo(
+        version=result.version,
+        snapshot_id=result.snapshot_id,
+        timestamp=ms_to_datetime(result.timestamp_ms),
+        operation=plan.operation,
+        inserted=plan.inserted,
+        updated=plan.updated,
+        deleted=plan.deleted,
+        data_files_added=len(written),
+        delete_files_added=len(delete_files),
+        data_files_removed=len(removed_files),
+        bytes_written=result.bytes_written,
+        attempts=attempt,
+    )
+
+
+class _Committed(Exception):
+    """Wraps an error raised after the commit landed, so no written file is cleaned up."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _cleanup(iceberg: IcebergTable, paths: Sequence[str]) -> None:
+    """Best-effort removal of files written for a commit that did not land."""
+    for path in paths:
+        try:
+            iceberg.io.delete(path)
+        except Exception:
+            log.debug("could not remove %s (vacuum will)", path)

@@ -1,0 +1,83 @@
+"""Row-level helpers of the write paths: removed images by file, kept rows of copy-on-write, new images."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from lineage import duck
+from lineage.errors import KeyViolationError
+from lineage.predicate import quote_ident
+from lineage.scan import register_live_view
+from lineage.schema import conform
+from lineage.state import LiveFile
+from lineage.writer import CREATED, ROW_ID, UPDATED
+
+# The columns of a removed image: where it is (file id, position) and its lineage.
+REMOVED_COLS = "__file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
+
+
+def with_hidden(schema: pa.Schema, hidden: Sequence[str]) -> pa.Schema:
+    """``schema`` plus the hidden lineage columns ``hidden`` (required int64)."""
+    return pa.schema(list(schema) + [pa.field(h, pa.int64(), nullable=False) for h in hidden])
+
+
+def kept_rows(
+    con: duckdb.DuckDBPyConnection,
+    files: list[LiveFile],
+    groups: dict[int, dict[str, np.ndarray]],
+    schema: pa.Schema,
+    field_ids: dict[str, int],
+) -> pa.Table:
+    """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order."""
+    register_live_view(con, "affected", files, schema, field_ids)
+    removed = pa.table(
+        {
+            "__file_id": np.concatenate([np.full(len(g["__pos"]), i, np.int32) for i, g in enumerate(groups.values())]),
+            "__pos": np.concatenate([g["__pos"] for g in groups.values()]),
+        }
+    )
+    con.register("removed_now", removed)
+    names = ", ".join(quote_ident(c) for c in schema.names)
+    return duck.fetch_arrow(
+        con,
+        f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, _row_last_updated_at_version AS {UPDATED} "
+        "FROM affected l ANTI JOIN removed_now r ON r.__file_id = l.__file_id AND r.__pos = l.__pos "
+        "ORDER BY l.__file_id, l.__pos",
+    )
+
+
+def group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
+    """Split removed images by file id, each sorted by position."""
+    removed = removed.sort_by([("__file_id", "ascending"), ("__pos", "ascending")])
+    fid = removed.column("__file_id").to_numpy()
+    bounds = np.flatnonzero(np.diff(fid)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(fid)]))
+    cols = {c: removed.column(c).to_numpy().astype(np.int64) for c in removed.column_names if c != "__file_id"}
+    return {int(fid[s]): {c: v[s:e] for c, v in cols.items()} for s, e in zip(starts, ends, strict=True)}
+
+
+def conform_images(images: pa.Table, schema, key: Sequence[str], what: str) -> pa.Table:  # type: ignore[no-untyped-def]
+    """Cast new row images to the table schema (checking required columns), keeping hidden lineage columns."""
+    data = conform(images.drop_columns([ROW_ID, CREATED]), schema, key)
+    if what == "update" and key and any(images.column(k).null_count for k in key):
+        raise KeyViolationError("update would set a key column to null")
+    return data.append_column(pa.field(ROW_ID, pa.int64(), False), images.column(ROW_ID).cast(pa.int64())).append_column(
+        pa.field(CREATED, pa.int64(), False), images.column(CREATED).cast(pa.int64())
+    )
+
+
+def check_updated_keys(con: duckdb.DuckDBPyConnection, key: Sequence[str]) -> None:
+    """Refuse an update that would leave two live rows with the same key."""
+    cols = ", ".join(quote_ident(k) for k in key)
+    clash = duck.fetch_arrow(
+        con,
+        f"SELECT {cols} FROM (SELECT {cols} FROM live l ANTI JOIN matched m ON m.__file_id = l.__file_id AND m.__pos = l.__pos "
+        f"UNION ALL SELECT {cols} FROM matched) GROUP BY ALL HAVING count(*) > 1 LIMIT 3",
+    )
+    if clash.num_rows:
+        raise KeyViolationError(f"update rejected: it would give several rows the same key, e.g. {clash.to_pylist()}")

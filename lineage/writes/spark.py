@@ -1,0 +1,48 @@
+"""Writes of Spark DataFrames: executors write the data files, the driver plans and commits through the write loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from lineage import spark as spark_io
+from lineage.errors import InvalidArgumentError, KeyViolationError
+from lineage.state import TableState
+from lineage.writer import WrittenFile
+from lineage.writes.loop import CommitInfo, Plan, run_write
+from lineage.writes.properties import MERGE_ON_READ
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lineage.table import Table
+
+
+def append(table: Table, df: Any, check_keys: bool) -> CommitInfo:
+    """Append a Spark DataFrame; with ``check_keys`` its keys must be unique and not yet in the table."""
+    spark_io.reject_bad_batch(table, df, keyed=check_keys)
+    cache: list[WrittenFile] = []
+
+    def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        if check_keys:
+            clash = spark_io.existing_keys(df.sparkSession, state, df, table.key)
+            if clash:
+                raise KeyViolationError(f"append rejected: key value(s) already in the table, e.g. {clash}; use upsert")
+        if not cache:
+            cache.extend(spark_io.write_with_executors(table, df))
+        rows = sum(w.data_file.record_count for w in cache)
+        return Plan("append", prewritten=list(cache), reusable=True, inserted=rows)
+
+    return run_write(table, plan, mode=MERGE_ON_READ, reuse_inserts=cache)
+
+
+def upsert(table: Table, df: Any, mode: str) -> CommitInfo:
+    """Upsert a Spark DataFrame by the table key (``mode``, the resolved merge mode, must be merge-on-read)."""
+    if mode != MERGE_ON_READ:
+        raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
+    spark_io.reject_bad_batch(table, df, keyed=True)
+
+    def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        files, removed, written, updated, inserted = spark_io.plan_upsert(df.sparkSession, table, state, df)
+        return Plan("upsert", files=files, removed=removed, prewritten=written, updated=updated, inserted=inserted)
+
+    return run_write(table, plan, mode=MERGE_ON_READ)
