@@ -40,6 +40,7 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cdf.mv  # noqa: E402
+import cdf.mv.engines  # noqa: E402
 import lineage  # noqa: E402
 from lineage.scan import register_live_view  # noqa: E402
 from lineage.schema import projection_field_ids  # noqa: E402
@@ -67,7 +68,7 @@ def rows(rng: np.random.Generator, ids: np.ndarray) -> pa.Table:
 def query_from_scratch(source: lineage.Table, query: str) -> tuple[float, int]:
     """The view's query over the source's live rows in DuckDB, result materialised in Arrow."""
     start = time.perf_counter()
-    con = cdf.mv._connect()  # the same DuckDB settings as the refresh
+    con = cdf.mv.engines.duckdb_connection()  # the same DuckDB settings as the refresh
     try:
         state = source.state()
         register_live_view(con, "orders", state.live_files(), source.arrow_schema, projection_field_ids(source.iceberg.metadata))

@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import cdf.mv
+import cdf.mv.view as mv_view  # where the refresh's fault hook lives
 import lineage
 import lineage.commit as commit_module
 from cdf.mv import ViewQueryError
@@ -177,6 +178,7 @@ def test_refreshed_views_equal_their_query_from_scratch(ops, seed):
 _CRASHER = r"""
 import json, os, signal, sys, time
 import cdf.mv as m
+import cdf.mv.view as mv_view
 import lineage.writes.loop as write_loop  # where a write calls commit_change
 
 warehouse, jobs = sys.argv[1], json.loads(sys.argv[2])
@@ -196,7 +198,7 @@ def commit_change(*args, **kwargs):
     return out
 
 write_loop.commit_change = commit_change
-m._FAULT_HOOK = lambda at: die() if at == stage else None
+mv_view._FAULT_HOOK = lambda at: die() if at == stage else None
 codes = {}
 for view, job_stage, delay in jobs:
     pid = os.fork()
@@ -295,12 +297,12 @@ def _race(warehouse: str, stage: str, caplog: pytest.LogCaptureFixture, monkeypa
 
         monkeypatch.setattr(commit_module, "commit_files", racing_commit)
     else:
-        cdf.mv._FAULT_HOOK = lambda at: rival_wins() if at == stage and not results else None
+        mv_view._FAULT_HOOK = lambda at: rival_wins() if at == stage and not results else None
     try:
         with caplog.at_level(logging.INFO, logger="lineage.table"):
             loser = view.refresh()
     finally:
-        cdf.mv._FAULT_HOOK = None
+        mv_view._FAULT_HOOK = None
     replanned = any("lost a race" in r.getMessage() for r in caplog.records)
     assert replanned == (stage == "inside-merge")
     winner = results[1]
