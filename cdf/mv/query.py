@@ -17,7 +17,7 @@ functions, non-deterministic functions, lineage columns) is refused with a
 The parsed query becomes a :class:`ViewQuery`: its columns with their kinds and
 their argument expressions rendered for DuckDB and for Spark SQL (sqlglot
 transpiles; column references are replaced by quoted source column names).
-The refresh engine (:mod:`cdf.mv`) builds its SQL from these fragments.
+The refresh (:mod:`cdf.mv.sql`, :mod:`cdf.mv.view`) builds its SQL from these fragments.
 """
 
 from __future__ import annotations
