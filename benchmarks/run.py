@@ -47,21 +47,21 @@ the expected row count, ``sum(id)`` and ``sum(amount)``.
     .venv/bin/python benchmarks/run.py --scale 10000000
     .venv/bin/python benchmarks/run.py --systems lineage,delta --scale 100000
 
-Writes ``benchmarks/results/run-<scale>.json`` and prints the tables.
+Writes a record (``benchmarks/record.py``; ``--publish`` puts it in ``benchmarks/results/``, where
+``benchmarks/report.py`` renders the READMEs from it) and prints the tables. ``--replace-from RECORD``
+reruns only ``--systems`` and merges them with the other systems of an earlier record; the merged record
+keeps each part's date, load and commit in ``merged_from``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -74,6 +74,9 @@ import pyarrow.parquet as pq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import record  # noqa: E402
 
 SEED = 42
 CHANGE_COMMITS = 20
@@ -225,68 +228,6 @@ def make_plan(scale: int, plan_dir: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- measurement helpers (child)
-def files_under(root: str) -> dict[str, int]:
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            try:
-                out[p] = os.path.getsize(p)
-            except FileNotFoundError:  # removed while walking (temp files)
-                pass
-    return out
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-class PeakRss:
-    """Peak RSS of this process during a step: the kernel's high-water mark, reset per step.
-
-    Falls back to sampling every 5 ms where ``/proc/self/clear_refs`` is not writable.
-    """
-
-    def __init__(self) -> None:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.method = "VmHWM reset per step"
-        except OSError:
-            self.method = "VmRSS sampled every 5 ms"
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> int:
-        rss = _status_kb("VmRSS")
-        if self.method.startswith("VmHWM"):
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        else:
-            self._peak = rss
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return rss
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self._peak = max(self._peak, _status_kb("VmRSS"))
-
-    def stop(self) -> int:
-        if self.method.startswith("VmHWM"):
-            return _status_kb("VmHWM")
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join()
-        return max(self._peak, _status_kb("VmRSS"))
-
-
 def feed_summary(change_type: pa.ChunkedArray | pa.Array, ids: pa.ChunkedArray | pa.Array | None, rename: dict[str, str] | None = None) -> dict:
     """Counts and sum(id) per change type (peer names mapped to ours with ``rename``)."""
     t = pa.table({"t": change_type.cast(pa.string()), "id": ids if ids is not None else pa.nulls(len(change_type), pa.int64())})
@@ -532,7 +473,7 @@ class DuckLake(System):
 
         ext = duck.extension_path("ducklake")
         return {"duckdb": duckdb.__version__, "ducklake_extension": ext.split(os.sep)[-2] if ext else "?",
-                "duckdb-extension-ducklake": _dist_version("duckdb-extension-ducklake")}
+                "duckdb-extension-ducklake": record.packages(["duckdb-extension-ducklake"])["duckdb-extension-ducklake"]}
 
 
 class Lance(System):
@@ -597,16 +538,8 @@ class Lance(System):
         return {"pylance": lance.__version__}
 
 
+PEER_PACKAGES = ("deltalake", "pylance", "duckdb-extension-ducklake")
 IMPLS: dict[str, type[System]] = {c.name: c for c in (Lineage, PyIceberg, Delta, DuckLake, Lance)}
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 PROBE_TIMEOUT = 60.0  # seconds; through a temp table the same range answers in about 1.5 s at 1M rows
@@ -655,7 +588,7 @@ def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
     expected = json.load(open(os.path.join(plan_dir, "expected.json")))
     impl = IMPLS[system](root)
     os.makedirs(root, exist_ok=True)
-    rss = PeakRss()
+    rss = record.PeakRss()
     result: dict[str, Any] = {"system": system, "steps": [], "feeds": {}, "notes": impl.notes, "memory_method": rss.method, "error": None}
 
     def save() -> None:
@@ -665,21 +598,9 @@ def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
         os.replace(tmp, out)
 
     def step(name: str, fn: Callable[[], Any], kind: str) -> Any:
-        before = files_under(root)
-        load = os.getloadavg()[0]
-        rss_before = rss.start()
-        start = time.perf_counter()
-        value = fn()
-        wall = time.perf_counter() - start
-        peak = rss.stop()
-        after = files_under(root)
-        new = [s for p, s in after.items() if p not in before]
-        grown = sum(max(0, s - before[p]) for p, s in after.items() if p in before)
-        rec = {
-            "step": name, "kind": kind, "wall_s": round(wall, 4), "peak_rss_mb": round(peak / 1024, 1),
-            "rss_before_mb": round(rss_before / 1024, 1), "bytes_written": sum(new) + grown, "files_written": len(new),
-            "bytes_grown_in_place": grown, "load1": round(load, 2),
-        }
+        measured, value = record.measure(fn, rss, root)
+        wall, peak, load = measured["wall_s"], measured["peak_rss_mb"] * 1024, measured["load1"]
+        rec = {"step": name, "kind": kind, **measured}
         if kind != "feed":
             rec["version"] = impl.version()
         result["steps"].append(rec)
@@ -721,8 +642,8 @@ def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
         want = expected["final"]
         got["matches_expected"] = got["rows"] == want["rows"] and got["id_sum"] == want["id_sum"] and abs(got["amount_sum"] - want["amount_sum"]) <= 1e-6 * max(1.0, abs(want["amount_sum"]))
         result["final"] = got
-        result["table_bytes"] = sum(files_under(root).values())
-        result["table_files"] = len(files_under(root))
+        result["table_bytes"] = sum(record.files_under(root).values())
+        result["table_files"] = len(record.files_under(root))
         if system == "ducklake":
             impl.close()  # the probe opens the catalog file itself
             result["table_changes_probe"] = {
@@ -858,134 +779,31 @@ def _diff(f: dict, ours: dict | None) -> dict:
     return {t: f["counts"][t] - ours["counts"][t] for t in CHANGE_TYPES if f["counts"][t] != ours["counts"][t]}
 
 
-def fmt_s(v: float | None) -> str:
-    return "—" if v is None else (f"{v:.2f}" if v >= 0.1 else f"{v:.3f}")
-
-
-def fmt_ratio(peer: float | None, ours: float | None) -> str:
-    if peer is None or ours is None or ours == 0:
-        return "—"
-    return f"{peer / ours:.2f}x"
-
-
-def print_table(headers: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
-    print("|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|")
-    for r in rows:
-        print("| " + " | ".join(c.rjust(w) if i and _numeric(c) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |")
-
-
-def _numeric(cell: str) -> bool:
-    return bool(cell) and (cell[0].isdigit() or cell in ("—", "n/a")) and not cell.startswith("(")
-
-
-def report(results: dict[str, dict], expected: dict, feeds: dict) -> dict:
+def summarize(results: dict[str, dict]) -> dict:
+    """Per step group and system: wall time (sum), bytes written (sum), peak RSS (max), and each system's load range."""
     systems = list(results)
-    peers = [s for s in systems if s != "lineage"]
-    summary: dict[str, Any] = {"time_s": {}, "ratio_peer_over_ours": {}, "bytes_written": {}, "peak_rss_mb": {}}
+    summary: dict[str, Any] = {"groups": [label for label, _ in GROUPS], "time_s": {}, "bytes_written": {}, "peak_rss_mb": {}, "na": {}}
     for label, prefix in GROUPS:
         summary["time_s"][label] = {s: group_value(results[s], prefix, "wall_s") for s in systems}
         summary["bytes_written"][label] = {s: group_value(results[s], prefix, "bytes_written") for s in systems}
         summary["peak_rss_mb"][label] = {s: group_value(results[s], prefix, "peak_rss_mb") for s in systems}
-        o = summary["time_s"][label].get("lineage")
-        summary["ratio_peer_over_ours"][label] = {
-            p: (round(summary["time_s"][label][p] / o, 3) if summary["time_s"][label][p] is not None and o else None) for p in peers
-        }
-
-    print("\nWall time, seconds (ratio = peer time / our time; >1x means the peer is slower)")
-    headers = ["step"] + [f"{s} s" for s in systems] + [f"{p}/ours" for p in peers]
-    rows = []
-    for label, prefix in GROUPS:
-        t = summary["time_s"][label]
-        row = [label] + [fmt_s(t[s]) if t[s] is not None else na_reason(results[s], prefix) for s in systems]
-        row += [fmt_ratio(t[p], t.get("lineage")) for p in peers]
-        rows.append(row)
+        summary["na"][label] = {s: na_reason(results[s], prefix) for s in systems}
     loads = {s: [st["load1"] for st in results[s].get("steps", [])] for s in systems}
-    rows.append(["load during its slot"] + [f"{min(v):.0f}-{max(v):.0f}" if v else "—" for v in loads.values()] + [""] * len(peers))
     summary["load1_per_system"] = {s: [min(v), max(v)] if v else None for s, v in loads.items()}
-    print_table(headers, rows)
-
-    print("\nBytes written (MB) and peak RSS of the process during the step (MB, max over the group)")
-    headers = ["step"] + [f"{s} MB written" for s in systems] + [f"{s} peak RSS" for s in systems]
-    rows = []
-    for label, prefix in GROUPS:
-        b, m = summary["bytes_written"][label], summary["peak_rss_mb"][label]
-        rows.append([label] + [("—" if b[s] is None else f"{b[s] / 1e6:.2f}") for s in systems] + [("—" if m[s] is None else f"{m[s]:.0f}") for s in systems])
-    rows.append(["table on disk at the end"] + [("—" if results[s].get("table_bytes") is None else f"{results[s]['table_bytes'] / 1e6:.2f}") for s in systems] + [""] * len(systems))
-    rows.append(["process peak RSS (all steps)"] + [""] * len(systems) + [("—" if results[s].get("process_max_rss_mb") is None else f"{results[s]['process_max_rss_mb']:.0f}") for s in systems])
-    print_table(headers, rows)
-
-    print("\nChange feeds: rows, counts by change type (insert / update_preimage / update_postimage / delete), agreement")
-    headers = ["feed", "system", "rows", "ins", "pre", "post", "del", "= ours", "= workload", "note"]
-    rows = []
-    for feed in ("all", "last5", "net"):
-        exp = expected["feeds"][feed]["counts"]
-        rows.append([feed, "(workload implies)", f"{sum(exp.values()):,}", *(f"{exp[t]:,}" for t in CHANGE_TYPES), "", "", ""])
-        for s in systems:
-            f = feeds[feed][s]
-            if "na" in f:
-                rows.append([feed, s, "n/a", "", "", "", "", "", "", f["na"][:90]])
-                continue
-            c = f["counts"]
-            same = "—" if s == "lineage" else ("yes" if f.get("matches_ours") else "NO")
-            note = ""
-            if s == "lance":
-                note = ("no pre-images; ins/post/del " + ("equal" if f.get("matches_ours_net_except_preimages") else "differ from")
-                        + " our net feed over the same range")
-            elif f.get("differences_from_ours") and s != "lineage":
-                note = "differs: " + ", ".join(f"{k} {v:+,}" for k, v in f["differences_from_ours"].items())
-            rows.append([feed, s, f"{f['rows']:,}", *(f"{c[t]:,}" for t in CHANGE_TYPES), same, "yes" if f["matches_expected"] else "NO", note])
-    print_table(headers, rows)
-
-    probe = results.get("ducklake", {}).get("table_changes_probe")
-    if probe:
-        print("\nSELECT * FROM table_changes(...) fetched directly (separate process, time limit; the timings above go through a temp table):")
-        for feed, p in probe.items():
-            if p.get("ok"):
-                print(f"  {feed:6s} answered in {p['seconds']:.3f}s, {p['rows']:,} rows, counts {p['counts']}")
-            else:
-                print(f"  {feed:6s} {p.get('error')}")
-
-    print("\nFinal table check (rows, sum(id), sum(amount) against the workload):")
-    for s in systems:
-        fin = results[s].get("final")
-        print(f"  {s:9s} " + (f"{fin['rows']:,} rows, {'OK' if fin['matches_expected'] else 'MISMATCH'}" if fin else f"not checked ({results[s].get('error')})"))
-    for s in systems:
-        if results[s].get("error"):
-            print(f"  {s}: error: {results[s]['error']}")
+    summary["table_bytes"] = {s: results[s].get("table_bytes") for s in systems}
+    summary["process_peak_rss_mb"] = {s: results[s].get("process_max_rss_mb") for s in systems}
+    summary["final"] = {s: results[s].get("final") for s in systems}
+    summary["errors"] = {s: results[s].get("error") for s in systems if results[s].get("error")}
+    summary["table_changes_probe"] = results.get("ducklake", {}).get("table_changes_probe")
     return summary
-
-
-def machine_info() -> dict:
-    import duckdb
-    import pyiceberg
-
-    mem = None
-    try:
-        with open("/proc/meminfo") as f:
-            mem = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(), "cpu": cpu, "memory_gib": mem, "platform": platform.platform(), "python": platform.python_version(),
-        "packages": {n: _dist_version(n) for n in ("iceberg-row-lineage", "pyiceberg", "pyiceberg-core", "duckdb", "duckdb-extension-ducklake",
-                                                   "deltalake", "pylance", "pyarrow", "numpy", "pyroaring")},
-        "pyiceberg": pyiceberg.__version__, "duckdb": duckdb.__version__,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=int, default=1_000_000, help="rows in the base table (default 1,000,000)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)} (default all)")
-    parser.add_argument("--out", default=None, help="JSON output (default benchmarks/results/run-<scale>.json)")
+    parser.add_argument("--publish", action="store_true", help="write the record to benchmarks/results/ (tracked; default: results/scratch/)")
+    parser.add_argument("--out", default=None, help="write the record to this path instead")
     parser.add_argument("--workdir", default=None, help="where tables are written (default: a temp dir, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="keep the tables after the run")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per system before it is stopped (default 1800 + 0.003 s per row)")
@@ -998,10 +816,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replace-from", metavar="JSON", help="rerun only --systems and keep the other systems' results from this earlier run (same --scale)")
     args = parser.parse_args(argv)
     if args.report:
-        with open(args.report) as f:
-            doc = json.load(f)
-        print(f"{doc['command']} on {doc['date']}: scale {doc['scale']:,}, load {doc['load']['step_load1_min']} to {doc['load']['step_load1_max']}")
-        report(doc["systems"], doc["expected"], doc["feeds"])
+        import report as report_md
+
+        print(report_md.render_peers(record.read(args.report)))
         return 0
     if args.ducklake_probe:
         root, start, end = args.ducklake_probe
@@ -1016,8 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown system(s) {bad}; choose from {SYSTEMS}")
     previous = None
     if args.replace_from:
-        with open(args.replace_from) as f:
-            previous = json.load(f)
+        previous = record.read(args.replace_from)
         if previous["scale"] != args.scale:
             parser.error(f"--replace-from holds a run at scale {previous['scale']:,}, not {args.scale:,}")
     else:
@@ -1027,13 +843,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale < 1000:
         parser.error("--scale must be at least 1000")
     timeout = args.timeout or 1800 + 0.003 * args.scale
-    out = args.out or os.path.join(HERE, "results", f"run-{args.scale}.json")
+    rec = record.Recorder("run", scale=args.scale, argv=argv, script="run.py", peers=PEER_PACKAGES,
+                          settings={"systems": systems, "timeout": timeout})
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-run-")
     os.makedirs(workdir, exist_ok=True)
-    started = time.perf_counter()
-    load_start = os.getloadavg()
     print(f"benchmarks/run.py: scale {args.scale:,} rows, systems {', '.join(systems)}; work dir {workdir}")
-    print(f"load average at start: {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} on {os.cpu_count()} cores", flush=True)
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in rec.load_start)} on {os.cpu_count()} cores", flush=True)
     t0 = time.perf_counter()
     plan_dir = os.path.join(workdir, "plan")
     expected = make_plan(args.scale, plan_dir)
@@ -1050,46 +865,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+    workload = {
+        "change_commits": CHANGE_COMMITS, "update_fraction": UPDATE_FRACTION, "delete_fraction": DELETE_FRACTION,
+        "upsert_batches": UPSERT_BATCHES, "upsert_fraction": UPSERT_FRACTION, "seed": SEED,
+        "rows_per_change_commit": expected["rows_per_change_commit"], "rows_per_upsert": expected["rows_per_upsert"],
+        "feeds": {"all": "every commit after the base load (25 commits)", "last5": "the last 5 commits (the upserts)", "net": "net changes over 'all'"},
+    }
+    this = {**rec.envelope(), "steps": [], "results": {"workload": workload, "expected": expected, "systems": results, "plan_s": round(plan_s, 1)}}
     if previous is not None:
-        rerun = {s: {"date": dt.date.today().isoformat(), "load_at_start": list(load_start)} for s in results}
-        merged = {s: (results[s] if s in results else previous["systems"][s]) for s in dict.fromkeys([*previous["systems"], *results])}
+        kept = {s: r for s, r in previous["results"]["systems"].items() if s not in results}
+        merged = {**kept, **results}
         results = {s: merged[s] for s in (["lineage"] if "lineage" in merged else []) + [s for s in merged if s != "lineage"]}
     feeds = compare_feeds(results, expected)
-    summary = report(results, expected, feeds)
-    loads = [st["load1"] for r in results.values() for st in r.get("steps", [])]
-    load_end = os.getloadavg()
-    doc = {
-        "benchmark": "run",
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
-        "scale": args.scale,
-        "workload": {
-            "change_commits": CHANGE_COMMITS, "update_fraction": UPDATE_FRACTION, "delete_fraction": DELETE_FRACTION,
-            "upsert_batches": UPSERT_BATCHES, "upsert_fraction": UPSERT_FRACTION, "seed": SEED,
-            "rows_per_change_commit": expected["rows_per_change_commit"], "rows_per_upsert": expected["rows_per_upsert"],
-            "feeds": {"all": "every commit after the base load (25 commits)", "last5": "the last 5 commits (the upserts)", "net": "net changes over 'all'"},
-        },
-        "machine": machine_info(),
-        "load": {"start": load_start, "end": load_end, "step_load1_min": min(loads, default=None), "step_load1_max": max(loads, default=None)},
-        "summary": summary,
-        "feeds": feeds,
-        "expected": expected,
-        "systems": results,
-        "total_seconds": round(time.perf_counter() - started, 1),
-    }
+    body = {"workload": workload, "expected": expected, "systems": results, "feeds": feeds, "summary": summarize(results)}
     if previous is not None:
-        doc["rerun_systems"] = rerun
-        doc["command"] = previous["command"] + " ; then " + doc["command"]
-        doc["date"] = previous["date"]
-        pl = previous["load"]
-        doc["load"]["step_load1_min"] = min(x for x in (pl["step_load1_min"], doc["load"]["step_load1_min"]) if x is not None)
-        doc["load"]["step_load1_max"] = max(x for x in (pl["step_load1_max"], doc["load"]["step_load1_max"]) if x is not None)
-        doc["total_seconds"] = round(previous["total_seconds"] + doc["total_seconds"], 1)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=2, default=str)
-    print(f"\nload average (1 min) during the steps: {doc['load']['step_load1_min']} to {doc['load']['step_load1_max']} on {os.cpu_count()} cores")
-    print(f"total {doc['total_seconds']:.0f}s; wrote {out}")
+        doc = record.merge([(previous, sorted(kept)), (this, sorted(this["results"]["systems"]))], body)
+    else:
+        doc = {**this, "results": body}
+    path = record.write(doc, publish=args.publish, out=args.out)
+    import report as report_md
+
+    print(report_md.render_peers(doc))
+    during = doc["load"]["during"]
+    print(f"\nload average (1 min) during the run: {during['min']} to {during['max']} on {os.cpu_count()} cores")
+    print(f"total {doc['seconds']:.0f}s; wrote {os.path.relpath(path)}")
     return 0
 
 
