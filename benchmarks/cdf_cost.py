@@ -14,8 +14,8 @@ then ``--commits`` commits that each update ``--update-pct`` % and delete
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -26,29 +26,33 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import cdf  # noqa: E402
 import lineage  # noqa: E402
+import record  # noqa: E402
 
 
 def timed(fn, repeat: int = 3):
-    """Best-of-``repeat`` wall time and the last result."""
+    """Best-of-``repeat`` wall time, the median, every time, and the last result."""
     times, result = [], None
     for _ in range(repeat):
         start = time.perf_counter()
         result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), statistics.median(times), result
+        times.append(round(time.perf_counter() - start, 4))
+    return min(times), statistics.median(times), times, result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--files", type=int, default=5, help="number of initial appends (one data file each)")
     parser.add_argument("--commits", type=int, default=4)
     parser.add_argument("--update-pct", type=float, default=0.2)
     parser.add_argument("--delete-pct", type=float, default=0.05)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cdf_cost.json"))
-    args = parser.parse_args()
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
+    rec = record.Recorder("cdf_cost", scale=args.rows, argv=argv, settings=vars(args))
 
     rng = np.random.default_rng(42)
     wh = tempfile.mkdtemp(prefix="cdf-cost-")
@@ -77,9 +81,9 @@ def main() -> None:
                 removed += c.updated + c.deleted
     changed_rows = sum(h.updated + h.deleted for h in t.history() if h.version > base)
 
-    scan_best, scan_med, scanned = timed(lambda: t.scan())
-    cdf_best, cdf_med, feed = timed(lambda: cdf.changes(t, base))
-    net_best, net_med, net = timed(lambda: cdf.changes(t, base, net=True))
+    scan_best, scan_med, scan_all, scanned = timed(lambda: t.scan())
+    cdf_best, cdf_med, cdf_all, feed = timed(lambda: cdf.changes(t, base))
+    net_best, net_med, net_all, net = timed(lambda: cdf.changes(t, base, net=True))
     results = {
         "rows": args.rows,
         "range_versions": t.version - base,
@@ -95,6 +99,8 @@ def main() -> None:
         "scan_rows": scanned.num_rows,
         "index_bytes_per_removed_row": index_bytes / max(1, removed),
         "removed_rows_indexed": removed,
+        "index_bytes": index_bytes,
+        "times_s": {"scan": scan_all, "cdf": cdf_all, "cdf_net": net_all},
     }
     print(f"range: {results['range_versions']} versions, {changed_rows:,} changed rows "
           f"({100 * results['changed_fraction']:.2f}% of the table)")
@@ -102,10 +108,11 @@ def main() -> None:
     print(f"changes()       {cdf_best:7.3f}s (median {cdf_med:.3f}s) {feed.num_rows:,} rows  -> {results['cdf_over_scan']:.3f} of a scan")
     print(f"changes(net)    {net_best:7.3f}s (median {net_med:.3f}s) {net.num_rows:,} rows  -> {results['cdf_net_over_scan']:.3f} of a scan")
     print(f"index write cost: {results['index_bytes_per_removed_row']:.2f} bytes per removed row image ({removed:,} images)")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+    shutil.rmtree(wh, ignore_errors=True)
+    path = rec.finish(results, publish=args.publish, out=args.out)
+    print(f"record written to {os.path.relpath(path)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -42,8 +40,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import cdf
-import lineage
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cdf  # noqa: E402
+import lineage  # noqa: E402
+import record  # noqa: E402
 
 SEED = 42
 SCHEMA = pa.schema(
@@ -171,16 +172,18 @@ def fmt(inv: dict, kind: str) -> str:
     return f"{d['files']:>5} {d['bytes']:>12,}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--commits", type=int, default=200)
     ap.add_argument("--batch", type=int, default=200, help="rows per append; updates touch batch/2, deletes and upserts batch/4")
     ap.add_argument("--cow-every", type=int, default=50, help="every Nth commit's update is copy-on-write (0: never)")
     ap.add_argument("--retention", type=int, default=50, help="lineage.cdf.retention.versions")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "maintenance_report.json"))
+    ap.add_argument("--publish", action="store_true", help="write the record to benchmarks/results/ (tracked; default: results/scratch/)")
+    ap.add_argument("--out", default=None, help="write the record to this path instead")
     ap.add_argument("--workdir", default=None, help="keep the table here instead of a temporary folder")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    rec = record.Recorder("maintenance_report", scale=args.rows, argv=argv, settings=vars(args))
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="maintenance-report-")
     warehouse = os.path.join(workdir, "wh")
@@ -239,10 +242,7 @@ def main() -> None:
               f"took {before_all['feed_wall_s']} s before maintenance, {after_all['feed_wall_s']} s after")
 
         report = {
-            "args": vars(args),
-            "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                        "pyarrow": pa.__version__, "load_average": os.getloadavg()},
-            "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commits": args.commits,
             "build_s": round(build_s, 1),
             "initial": initial,
             "steps": results,
@@ -250,16 +250,16 @@ def main() -> None:
             "fingerprint_after": after_all,
             "unchanged": same,
         }
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(report, fh, indent=2)
-        print(f"wrote {args.out}")
+        path = rec.finish(report, publish=args.publish, out=args.out)
+        print(f"record written to {os.path.relpath(path)}")
         if not all(same.values()):
-            sys.exit("maintenance changed the table's rows or its change feed")
+            print("maintenance changed the table's rows or its change feed", file=sys.stderr)
+            return 1
+        return 0
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

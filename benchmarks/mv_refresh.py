@@ -27,7 +27,6 @@ Both views of a pair must hold the same rows afterwards (checked).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -39,9 +38,12 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import cdf.mv  # noqa: E402
 import cdf.mv.engines  # noqa: E402
 import lineage  # noqa: E402
+import record  # noqa: E402
 from lineage.scan import register_live_view  # noqa: E402
 from lineage.schema import projection_field_ids  # noqa: E402
 
@@ -94,19 +96,20 @@ def same(a: cdf.mv.MaterializedView, b: cdf.mv.MaterializedView) -> bool:
     return True
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--files", type=int, default=5, help="initial appends (one data file each)")
     parser.add_argument("--percent", type=float, default=1.0, help="share of the source rows changed per round")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mv_refresh.json"))
+    record.add_arguments(parser)
     parser.add_argument("--workdir", default=None, help="keep the warehouse there instead of a removed temp dir")
     parser.add_argument(
         "--asof-fix", action="store_true",
         help="also set asof_loop_join_threshold=0 on the library's own DuckDB connections (the proposed lineage fix)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    rec = record.Recorder("mv_refresh", scale=args.rows, variant="asof-fix" if args.asof_fix else None, argv=argv, settings=vars(args))
     if args.asof_fix:
         from lineage import duck
 
@@ -121,7 +124,7 @@ def main() -> None:
 
     rng = np.random.default_rng(42)
     wh = args.workdir or tempfile.mkdtemp(prefix="mv-refresh-")
-    report: dict = {"rows": args.rows, "percent": args.percent, "asof_fix": args.asof_fix, "load_average": os.getloadavg(), "rounds": []}
+    report: dict = {"rows": args.rows, "percent": args.percent, "asof_fix": args.asof_fix, "views": VIEWS, "rounds": []}
     try:
         schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("amount", pa.float64()), ("qty", pa.int64())])
         # Keys are unique by construction: skip the append-time key scan for the bulk load.
@@ -161,7 +164,8 @@ def main() -> None:
             changed = upd.updated + dele.deleted + ups.updated + ups.inserted
             print(f"round {rnd}: changed {changed:,} rows ({upd.updated:,} updated, {dele.deleted:,} deleted, {ups.updated:,} upserted "
                   f"existing, {ups.inserted:,} inserted) in 3 commits, {write_s:.1f} s")
-            entry: dict = {"round": rnd, "changed_rows": changed, "source_version": source.version, "source_writes_s": write_s}
+            entry: dict = {"round": rnd, "changed_rows": changed, "source_version": source.version, "source_writes_s": write_s,
+                           "load1": round(os.getloadavg()[0], 2)}
             for name, query in VIEWS.items():
                 inc, full = views[(name, "inc")], views[(name, "full")]
                 start = time.perf_counter()
@@ -187,15 +191,13 @@ def main() -> None:
                 if not ok:
                     raise SystemExit(f"view {name}: incremental and full refresh differ")
             report["rounds"].append(entry)
-        report["load_average_end"] = os.getloadavg()
     finally:
         if args.workdir is None:
             shutil.rmtree(wh, ignore_errors=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=2)
-    print(f"wrote {args.out}")
+    path = rec.finish(report, publish=args.publish, out=args.out)
+    print(f"record written to {os.path.relpath(path)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -249,6 +249,13 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"benchmarks/{script}", *shown])
 
 
+def add_arguments(parser: Any) -> None:
+    """The options every benchmark script shares: ``--publish`` and ``--out``."""
+    parser.add_argument("--publish", action="store_true",
+                        help="write the record to benchmarks/results/ (tracked; the READMEs are rendered from there); default: results/scratch/")
+    parser.add_argument("--out", default=None, help="write the record to this path instead")
+
+
 class Recorder:
     """Collects one benchmark run's envelope (machine, load, date, commit) and writes its record."""
 

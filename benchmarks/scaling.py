@@ -19,14 +19,12 @@ volume grows with a fixed table.
     .venv/bin/python benchmarks/scaling.py                          # both series
     .venv/bin/python benchmarks/scaling.py --sizes 1000000,2000000 --skip-volume
 
-Writes ``benchmarks/results/scaling.json`` and prints both series.
+Writes a record (``benchmarks/record.py``; ``--publish``: into ``benchmarks/results/``) and prints both series.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import shutil
 import sys
@@ -46,7 +44,9 @@ import lineage  # noqa: E402
 from cdf.engine_duckdb import images_table  # noqa: E402
 from cdf.pointers import change_pointers  # noqa: E402
 from lineage.fileio import local_path  # noqa: E402
-from run import SCHEMA, SEED, UPDATED, Mirror, files_under, machine_info  # noqa: E402
+import record  # noqa: E402
+from record import files_under  # noqa: E402
+from run import SCHEMA, SEED, UPDATED, Mirror  # noqa: E402
 
 
 def build(root: str, rows: int, append_rows: int, commits: int, updates: int, deletes: int) -> tuple[lineage.Table, dict[str, Any]]:
@@ -178,18 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="feed timings are the best of this many runs (default 3)")
     parser.add_argument("--skip-size", action="store_true", help="skip series 1")
     parser.add_argument("--skip-volume", action="store_true", help="skip series 2")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
+    record.add_arguments(parser)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-scaling-")
-    started = time.perf_counter()
-    doc: dict[str, Any] = {
-        "benchmark": "scaling", "date": dt.date.today().isoformat(),
-        "command": " ".join(["python benchmarks/scaling.py", *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")}, "machine": machine_info(),
-        "load_start": os.getloadavg(),
-    }
+    rec = record.Recorder("scaling", scale=max(args.sizes, default=args.fixed_rows), argv=argv, settings=vars(args))
+    doc: dict[str, Any] = {}
     try:
         if not args.skip_size:
             print(f"series 1: table size grows, {args.commits} commits of {args.updates:,} updates + {args.deletes:,} deletes", flush=True)
@@ -201,12 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     print_summary(doc)
-    doc["load_end"] = os.getloadavg()
-    doc["total_seconds"] = round(time.perf_counter() - started, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=2)
-    print(f"total {doc['total_seconds']:.0f}s; wrote {args.out}")
+    path = rec.finish(doc, publish=args.publish, out=args.out)
+    print(f"record written to {os.path.relpath(path)}")
     return 0
 
 

@@ -16,8 +16,8 @@ metadata files). Table size is every file under the table's folder before the
 write. Wall time is the write call alone (for the lineage updates it includes
 finding the rows and computing their new values; pyiceberg is handed the new
 rows). With ``--repeat N`` every scenario runs N times on fresh tables and the
-fastest time is reported. Prints a table and writes JSON (default
-``benchmarks/results/write_cost.json``).
+fastest time is reported. Prints a table and writes a record (``benchmarks/record.py``;
+``--publish`` puts it in ``benchmarks/results/`` for ``benchmarks/report.py``).
 
     .venv/bin/python benchmarks/write_cost.py                  # 1,000,000 rows, 1% scattered
     .venv/bin/python benchmarks/write_cost.py --repeat 3 --pattern clustered
@@ -26,10 +26,7 @@ fastest time is reported. Prints a table and writes JSON (default
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -40,8 +37,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import lineage
-from lineage.catalog import default_catalog
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import lineage  # noqa: E402
+import record  # noqa: E402
+from lineage.catalog import default_catalog  # noqa: E402
+from record import files_under  # noqa: E402
 
 SEED = 42
 APPENDS = 10
@@ -74,16 +75,6 @@ def generate(rows: int) -> pa.Table:
 def batches(data: pa.Table) -> list[pa.Table]:
     step = -(-data.num_rows // APPENDS)
     return [data.slice(i, step) for i in range(0, data.num_rows, step)]
-
-
-def files_under(root: str) -> dict[str, int]:
-    """Every file under ``root`` with its size."""
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            out[p] = os.path.getsize(p)
-    return out
 
 
 def kind(path: str) -> str:
@@ -142,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         default="scattered",
         help="scattered: every Nth order_id, so every data file is touched (default); clustered: one contiguous order_id range",
     )
-    parser.add_argument(
-        "--out", default=None, help="JSON output (default benchmarks/results/write_cost.json, write_cost_clustered.json for --pattern clustered)"
-    )
+    record.add_arguments(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each scenario, each on a fresh table; wall time is the fastest (default 1)")
     parser.add_argument("--workdir", default=None, help="where to build the tables (default: a temp dir, removed afterwards)")
     args = parser.parse_args(argv)
@@ -154,13 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be at least 1")
     if not 0 < args.percent <= 100:
         parser.error("--percent must be in (0, 100]")
-    if args.out is None:
-        name = "write_cost.json" if args.pattern == "scattered" else f"write_cost_{args.pattern}.json"
-        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+    rec = record.Recorder("write_cost", scale=args.rows, variant=args.pattern, argv=argv, settings=vars(args))
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="write-cost-")
     os.makedirs(workdir, exist_ok=True)
-    started = time.perf_counter()
     data = generate(args.rows)
     n_update = max(1, int(round(args.rows * args.percent / 100)))
     if args.pattern == "scattered":
@@ -250,34 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         r["wall_seconds"] = min(r["wall_seconds_all"])
         results.append(r)
 
-    import duckdb
-    import pyiceberg
-
     report = {
-        "benchmark": "write_cost",
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python benchmarks/write_cost.py", *(argv if argv is not None else sys.argv[1:])]),
-        "rows": args.rows,
-        "rows_updated": n_update,
-        "pattern": args.pattern,
-        "where": where,
-        "data_files_per_table": APPENDS,
-        "repeat": args.repeat,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "pyiceberg": pyiceberg.__version__,
-            "duckdb": duckdb.__version__,
-            "pyarrow": pa.__version__,
-            "numpy": np.__version__,
-        },
-        "results": results,
-        "total_seconds": round(time.perf_counter() - started, 1),
+        "rows_updated": n_update, "percent": args.percent, "pattern": args.pattern, "where": where,
+        "data_files_per_table": APPENDS, "repeat": args.repeat, "scenarios": results,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    path = rec.finish(report, publish=args.publish, out=args.out)
 
     print(f"write cost of updating {n_update:,} of {args.rows:,} rows ({args.pattern}: {where}); {APPENDS} data files per table")
     headers = ("scenario", "table size", "bytes written", "files", "data", "deletes", "lineage", "ice meta", "wall s" if args.repeat == 1 else f"wall s (min of {args.repeat})", "written/table")
@@ -304,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     print("(files = all new files; data/deletes/lineage/ice meta = new data files, position delete files, lineage+index files, Iceberg metadata files)")
-    print(f"JSON written to {args.out}; total {report['total_seconds']}s")
+    print(f"record written to {os.path.relpath(path)}")
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
