@@ -266,6 +266,7 @@ class Recorder:
         self.settings = {k: v for k, v in (settings or {}).items() if k not in ("out", "workdir", "publish", "warehouse")}
         self.peers = list(peers)
         self.started_at = utc_now()
+        self.git = git_state()  # before the run: the code that ran
         self.load_start = load_average()
         self._t0 = time.perf_counter()
         self._sampler = LoadSampler()
@@ -287,7 +288,7 @@ class Recorder:
             "command": self.command, "settings": self.settings,
             "date": self.started_at[:10], "started_at": self.started_at, "finished_at": utc_now(),
             "seconds": round(time.perf_counter() - self._t0, 1),
-            "git": git_state(), "machine": machine(), "packages": packages(self.peers),
+            "git": self.git, "machine": machine(), "packages": packages(self.peers),
             "load": {"start": self.load_start, "end": load_average(), "during": load},
         }
 

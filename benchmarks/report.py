@@ -89,6 +89,17 @@ def fmt_mb(b: float | None) -> str:
     return "—" if b is None else f"{b / 1e6:.2f}"
 
 
+def mb(b: float) -> str:
+    """Bytes as MB in words: no decimals from 10 MB on, one below."""
+    return f"{b / 1e6:,.0f} MB" if b >= 10e6 else f"{b / 1e6:.1f} MB"
+
+
+def _and(items: Any) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def fmt_int(v: int | None) -> str:
     return "—" if v is None else f"{v:,}"
 
@@ -115,7 +126,7 @@ def md_table(headers: list[str], rows: list[list[str]], right: set[int] | None =
 
 def versus(ours: float, peer: float, name: str, unit: str = "s") -> str:
     """``2.3x faster than DuckLake (1.20 s)`` from our and the peer's time; ``even`` within 10%."""
-    shown = fmt_s(peer) + " s" if unit == "s" else f"{peer / 1e6:,.1f} MB"
+    shown = fmt_s(peer) + " s" if unit == "s" else mb(peer)
     r = peer / ours
     if r >= EVEN:
         return f"{r:.1f}x {'faster' if unit == 's' else 'less'} than {name} ({shown})"
@@ -163,6 +174,7 @@ def missing(what: str, command: str) -> str:
 GROUP_LABELS = ("create", "append base", "20 change commits", "5 upserts", "all writes", "cdf (a) all", "cdf (b) last 5", "cdf (c) net")
 FEED_GROUPS = ("cdf (a) all", "cdf (b) last 5", "cdf (c) net")
 WRITE_GROUPS = ("20 change commits", "5 upserts", "all writes")
+FEED_SHORT = {"cdf (a) all": "(a) all changes", "cdf (b) last 5": "(b) the last 5 commits", "cdf (c) net": "(c) net changes"}
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 
 
@@ -272,14 +284,14 @@ def _peers_at(scale: int) -> Callable[[Records], str]:
         if doc is None:
             return missing(f"the peer run at {rows_label(scale)} rows", f"make bench-peers SCALE={scale}")
         slow = slower_than(doc, FEED_GROUPS)
-        feeds = "; ".join(f"{NAMES[p]} on {', '.join(g.split(' ', 1)[1] for g in groups)}" for p, groups in slow.items()) or "none"
+        feeds = "; ".join(f"{NAMES[p]} on {_and(FEED_SHORT[g] for g in groups)}" for p, groups in slow.items()) or "none"
         text = [provenance(doc), "", render_peers(doc), "", "**In words** (computed from the table above):", ""]
         text += [f"- {s}" for s in peer_sentences(doc, WRITE_GROUPS + FEED_GROUPS)]
         text.append(f"- Peers whose change feed is faster than ours by more than 10%: {feeds}.")
         b = doc["results"]["summary"]["bytes_written"]["all writes"]
         if b.get("lineage"):
             cmp = [versus(b["lineage"], v, NAMES[p], unit="bytes") for p, v in b.items() if p != "lineage" and v]
-            text.append(f"- Bytes written by all writes: ours {b['lineage'] / 1e6:,.1f} MB, " + ", ".join(cmp) + ".")
+            text.append(f"- Bytes written by all writes: ours {mb(b['lineage'])}, " + ", ".join(cmp) + ".")
         return "\n".join(text)
     return render
 
@@ -306,15 +318,218 @@ def _readme_performance(records: Records) -> str:
         t, b = d["results"]["summary"]["time_s"]["all writes"], d["results"]["summary"]["bytes_written"]["all writes"]
         scale = rows_label(d["scale"])
         writes = ", ".join(versus(t["lineage"], v, NAMES[p]) for p, v in t.items() if p != "lineage" and v is not None) if t.get("lineage") else "not measured"
-        wrote = ", ".join(f"{NAMES[p]} {v / 1e6:,.0f} MB" for p, v in b.items() if p != "lineage" and v)
+        wrote = ", ".join(f"{NAMES[p]} {mb(v)}" for p, v in b.items() if p != "lineage" and v)
         slow = slower_than(d, FEED_GROUPS)
-        feeds = ", ".join(f"{NAMES[p]}'s ({', '.join(g[5:8] for g in gs)})" for p, gs in slow.items())
+        feeds = "; ".join(f"{NAMES[p]}'s on {_and(FEED_SHORT[g] for g in gs)}" for p, gs in slow.items())
         out.append(f"At {scale} rows ({d['date']}, {load_words(d)}): all our writes took {fmt_s(t.get('lineage'))} s, {writes}; "
-                   f"they wrote {b['lineage'] / 1e6:,.0f} MB against {wrote}. "
+                   f"they wrote {mb(b['lineage'])} against {wrote}. "
                    + (f"Our change feeds were slower than {feeds}." if feeds else "No peer's change feed was faster than ours."))
     if not out:
         return missing("any benchmark", "make bench-report-all")
     return "\n\n".join(out)
+
+
+# --------------------------------------------------------------------------- write_cost.py
+WRITE_SCENARIOS = ("lineage update, merge-on-read", "lineage update, copy-on-write",
+                   "pyiceberg overwrite(filter), copy-on-write", "pyiceberg upsert(join_cols), copy-on-write")
+SHORT_SCENARIO = dict(zip(WRITE_SCENARIOS, ("our merge-on-read", "our copy-on-write", "pyiceberg's overwrite", "pyiceberg's upsert")))
+
+
+def _files(r: dict[str, Any]) -> str:
+    k = r["by_kind"]
+    parts = [k.get(x, {}).get("files", 0) for x in ("data", "delete", "lineage", "iceberg_metadata")]
+    return f"{r['files_written']} ({' / '.join(map(str, parts))})"
+
+
+def render_write_cost(doc: dict[str, Any]) -> str:
+    """One write_cost.py record: the four scenarios' bytes, files and time, then the comparisons."""
+    res = doc["results"]
+    sc = {r["scenario"]: r for r in res["scenarios"]}
+    timing = "wall s" if res["repeat"] == 1 else f"wall s (fastest of {res['repeat']})"
+    rows = [[name, fmt_int(r["table_bytes"]), fmt_int(r["bytes_written"]), _files(r), fmt_s(r["wall_seconds"]), f"{r['ratio_written_to_table']:.2%}"]
+            for name, r in sc.items()]
+    mor, cow, ice = (sc[n] for n in WRITE_SCENARIOS[:3])
+    touched = "every data file touched" if res["pattern"] == "scattered" else "one order_id range"
+    out = [provenance(doc), "",
+           f"{res['rows_updated']:,} of {doc['scale']:,} rows updated ({res['pattern']}: `{res['where']}`, {touched}):", "",
+           md_table(["scenario", "table size", "bytes written", "files written (data / delete / lineage+index / Iceberg meta)", timing, "written / table"], rows, right={1, 2, 4, 5}),
+           "", f"Merge-on-read wrote {mor['ratio_written_to_table']:.2%} of the table's bytes, copy-on-write {cow['ratio_written_to_table']:.2%}, "
+               f"pyiceberg's overwrite {ice['ratio_written_to_table']:.2%}. Wall time: merge-on-read {fmt_s(mor['wall_seconds'])} s, "
+               + ", ".join(versus(mor["wall_seconds"], sc[n]["wall_seconds"], SHORT_SCENARIO[n]) for n in WRITE_SCENARIOS[1:]) + "."]
+    return "\n".join(out)
+
+
+@section("write-cost")
+def _write_cost(records: Records) -> str:
+    out = []
+    for pattern in ("scattered", "clustered"):
+        doc = records.latest("write_cost", variant=pattern, scale=1_000_000)
+        out.append(render_write_cost(doc) if doc else missing(f"write_cost.py --pattern {pattern}",
+                                                              f"python benchmarks/write_cost.py --repeat 3 --pattern {pattern} --publish"))
+    return "\n\n".join(out)
+
+
+# --------------------------------------------------------------------------- spark_cdf.py and cdf_cost.py
+@section("spark-cdf")
+def _spark_cdf(records: Records) -> str:
+    doc = records.latest("spark_cdf")
+    if doc is None:
+        return missing("spark_cdf.py", "python benchmarks/spark_cdf.py --rows 1000000 --publish")
+    r = doc["results"]
+    rows = []
+    for key, label in (("per_version", "per-version"), ("net", "net")):
+        x = r[key]
+        same = "yes" if x["identical"] else f"NO ({x['only_duckdb']:,} rows only in DuckDB's, {x['only_spark']:,} only in Spark's)"
+        rows.append([label, fmt_int(x["rows"]), fmt_s(x["duckdb_s"]), fmt_s(x["spark_s"]), f"{x['spark_s'] / x['duckdb_s']:.1f}x", same])
+    pv = r["per_version"]
+    return "\n".join([
+        provenance(doc), "",
+        f"{doc['scale']:,}-row table, change feed of versions ({r['range'][0]}, {r['range'][1]}]:", "",
+        md_table(["feed", "rows", "DuckDB s", "Spark s", "Spark / DuckDB", "same rows, every column"], rows, right={1, 2, 3, 4}),
+        "", f"A full DuckDB scan of the table ({r['scan_rows']:,} rows) took {fmt_s(r['duckdb_full_scan_s'])} s, so the per-version feed "
+            f"cost {pv['duckdb_s'] / r['duckdb_full_scan_s']:.2f} of a scan in DuckDB and {pv['spark_s'] / r['duckdb_full_scan_s']:.1f} in Spark.",
+    ])
+
+
+@section("cdf-cost")
+def _cdf_cost(records: Records) -> str:
+    doc = records.latest("cdf_cost")
+    if doc is None:
+        return missing("cdf_cost.py", "python benchmarks/cdf_cost.py --rows 1000000 --publish")
+    r = doc["results"]
+    rows = [["full scan", fmt_int(r["scan_rows"]), fmt_s(r["scan_s"]), "1.00"],
+            ["change feed, per-version", fmt_int(r["feed_rows"]), fmt_s(r["cdf_s"]), f"{r['cdf_over_scan']:.2f}"],
+            ["change feed, net", fmt_int(r["net_rows"]), fmt_s(r["cdf_net_s"]), f"{r['cdf_net_over_scan']:.2f}"]]
+    return "\n".join([
+        provenance(doc), "",
+        f"{doc['scale']:,} rows; the range holds the last {r['range_versions']} commits, {r['changed_rows_in_range']:,} changed rows "
+        f"({r['changed_fraction']:.2%} of the table). Best of 3 runs:", "",
+        md_table(["read", "rows", "s", "of a scan"], rows),
+        "", f"The deleted-rows index took {r['index_bytes_per_removed_row']:.2f} bytes per removed row image "
+            f"({r['removed_rows_indexed']:,} images).",
+    ])
+
+
+# --------------------------------------------------------------------------- maintenance_report.py
+KIND_LABELS = (("data", "data"), ("deletes", "delete"), ("iceberg-meta", "Iceberg metadata"), ("lineage", "lineage"), ("index", "index"))
+
+
+@section("maintenance")
+def _maintenance(records: Records) -> str:
+    doc = records.latest("maintenance_report")
+    if doc is None:
+        return missing("maintenance_report.py", "python benchmarks/maintenance_report.py --publish")
+    r = doc["results"]
+
+    def cells(inv: dict[str, Any]) -> list[str]:
+        d = inv["disk"]
+        total_f, total_b = sum(v["files"] for v in d.values()), sum(v["bytes"] for v in d.values())
+        s = inv["snapshot"]
+        return [*(f"{d[k]['files']:,} / {d[k]['bytes']:,}" for k, _ in KIND_LABELS), f"{total_f:,} / {total_b:,}",
+                f"{s['data']['files']:,} / {s['deletes']['files']:,}", str(inv["snapshots"]), str(inv["version"])]
+
+    rows = [["(before maintenance)", "", *cells(r["initial"])]]
+    rows += [[f"`{st['step']}`", fmt_s(st["wall_s"]), *cells(st["after"])] for st in r["steps"]]
+    first, last = r["initial"]["disk"], r["steps"][-1]["after"]["disk"]
+    before_b, after_b = sum(v["bytes"] for v in first.values()), sum(v["bytes"] for v in last.values())
+    before_f, after_f = sum(v["files"] for v in first.values()), sum(v["files"] for v in last.values())
+    same = "identical" if all(r["unchanged"].values()) else "DIFFERENT: " + ", ".join(k for k, v in r["unchanged"].items() if not v)
+    fb, fa = r["fingerprint_before"], r["fingerprint_after"]
+    return "\n".join([
+        provenance(doc), "",
+        f"{doc['scale']:,} rows, then {r['commits']} small commits. Cells are files / bytes on disk after the step.", "",
+        md_table(["after step", "wall s", *(label for _, label in KIND_LABELS), "total", "snapshot: data / delete files", "snapshots", "version"], rows),
+        "", f"On disk: {before_b / 1e6:.1f} MB in {before_f:,} files before, {after_b / 1e6:.1f} MB in {after_f:,} files after. "
+            f"Scan and change feed before and after all the operations: {same}; the feed took {fb['feed_wall_s']} s before and "
+            f"{fa['feed_wall_s']} s after.",
+    ])
+
+
+# --------------------------------------------------------------------------- scaling.py
+@section("scaling")
+def _scaling(records: Records) -> str:
+    doc = records.latest("scaling")
+    if doc is None:
+        return missing("scaling.py", "python benchmarks/scaling.py --publish")
+    r = doc["results"]
+    out = [provenance(doc)]
+    size = r.get("by_table_size") or []
+    if size:
+        rows = [[fmt_int(x["rows"]), str(x["live_files"]), f"{x['feed_s']:.3f}", f"{x['net_s']:.3f}", f"{x['pointers_s']:.3f}", f"{x['values_s']:.3f}",
+                 str(x["files_read_for_values"]), fmt_int(x["index_bytes"]), f"{x['index_bytes'] / max(1, x['removed_images']):.1f}",
+                 f"{sum(x['change_commit_s']) / max(1, len(x['change_commit_s'])):.2f}", f"{x['load1']:g}"] for x in size]
+        a, z = size[0], size[-1]
+        out += ["", f"Series 1, the table grows ({fmt_int(a['feed_rows'])} feed rows at every size):", "",
+                md_table(["table rows", "data files", "feed s", "net s", "pointers s", "values s", "files read for values", "index bytes",
+                          "bytes per removed image", "change commit s (mean)", "load"], rows)]
+        if len(size) > 1:
+            out += ["", f"{z['rows'] / a['rows']:g} times the rows cost {z['feed_s'] / a['feed_s']:.2f} times the feed time "
+                        f"({a['feed_s']:.3f} s to {z['feed_s']:.3f} s; values {a['values_s']:.3f} s to {z['values_s']:.3f} s, "
+                        f"pointers {a['pointers_s']:.3f} s to {z['pointers_s']:.3f} s)."]
+    vol = r.get("by_change_volume") or []
+    if vol:
+        rows = [[str(x["commits_in_range"]), fmt_int(x["removed_images"]), fmt_int(x["feed_rows"]), f"{x['feed_s']:.3f}", f"{x['net_s']:.3f}",
+                 f"{x['pointers_s']:.3f}", f"{x['values_s']:.3f}", fmt_int(x["index_bytes"]), f"{x['index_bytes'] / max(1, x['removed_images']):.1f}",
+                 f"{x['load1']:g}"] for x in vol]
+        a, z = vol[0], vol[-1]
+        out += ["", f"Series 2, the change volume grows (table of {fmt_int(a['table_rows'])} rows):", "",
+                md_table(["commits in range", "removed images", "feed rows", "feed s", "net s", "pointers s", "values s", "index bytes",
+                          "bytes per removed image", "load"], rows)]
+        if len(vol) > 1:
+            out += ["", f"{z['feed_rows'] / a['feed_rows']:g} times the feed rows cost {z['feed_s'] / a['feed_s']:.2f} times the feed time "
+                        f"({a['feed_s']:.3f} s to {z['feed_s']:.3f} s)."]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- mv_refresh.py
+def _mv_doc(records: Records) -> dict[str, Any] | None:
+    return records.latest("mv_refresh", variant=None)
+
+
+@section("mv-refresh")
+def _mv_refresh(records: Records) -> str:
+    doc = _mv_doc(records)
+    if doc is None:
+        return missing("mv_refresh.py", "python benchmarks/mv_refresh.py --publish")
+    r = doc["results"]
+    rows, words = [], []
+    for rnd in r["rounds"]:
+        for view in r["views"]:
+            v = rnd[view]
+            inc = v["incremental"]
+            change = f"{inc['inserted']:,} / {inc['updated']:,} / {inc['deleted']:,}" + (f", {inc['groups_recomputed']} groups recomputed" if inc["groups_recomputed"] else "")
+            rows.append([str(rnd["round"]), f"`{view}`", fmt_s(v["incremental_s"]), fmt_s(v["full_refresh_s"]), fmt_s(v["query_only_s"]),
+                         fmt_int(v["view_rows"]), change, "yes" if v["identical"] else "NO"])
+            words.append(f"round {rnd['round']} `{view}`: incremental {fmt_s(v['incremental_s'])} s, "
+                         + versus(v["incremental_s"], v["full_refresh_s"], "the full refresh"))
+    builds = {k[len("initial_build_"):-2]: v for k, v in r.items() if k.startswith("initial_build_")}
+    return "\n".join([
+        provenance(doc), "",
+        f"{doc['scale']:,}-row source, {r['percent']:g}% of it changed per round in 3 commits. Initial builds: "
+        + ", ".join(f"`{k}` {fmt_s(v)} s" for k, v in builds.items()) + ".", "",
+        md_table(["round", "view", "incremental s", "full refresh s", "query alone s", "view rows", "incremental: ins / upd / del", "views identical"], rows,
+                 right={2, 3, 4, 5}),
+        "", "In words: " + "; ".join(words) + ".",
+    ])
+
+
+@section("readme-mv-refresh")
+def _readme_mv(records: Records) -> str:
+    doc = _mv_doc(records)
+    if doc is None:
+        return missing("mv_refresh.py", "python benchmarks/mv_refresh.py --publish")
+    r = doc["results"]
+
+    def span(view: str, key: str) -> str:
+        vals = [rnd[view][key] for rnd in r["rounds"]]
+        return fmt_s(min(vals)) + ("" if len(vals) == 1 else f" to {fmt_s(max(vals))}") + " s"
+
+    proj_rows = r["rounds"][-1]["proj"]["view_rows"]
+    return (f"Measured ({doc['date']}, {load_words(doc)}): with {r['percent']:g}% of a {rows_label(doc['scale'])}-row source changed (scattered), "
+            f"a {proj_rows:,}-row projection view refreshed incrementally in {span('proj', 'incremental_s')} against "
+            f"{span('proj', 'full_refresh_s')} for a full refresh; a 1,000-group aggregate view with MIN/MAX took {span('agg', 'incremental_s')} "
+            f"against {span('agg', 'full_refresh_s')}, and without MIN/MAX {span('sums', 'incremental_s')} against {span('sums', 'full_refresh_s')} "
+            f"(`benchmarks/results/{doc['_file']}`).")
 
 
 # --------------------------------------------------------------------------- the documents

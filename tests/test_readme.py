@@ -1,27 +1,317 @@
-"""The README's Python examples run as written and print what their comments say."""
+"""The README's examples run as written and print exactly what the README says they print.
+
+Convention for README examples (README.md, "Testing the README"):
+
+* Every ```` ```python ```` block runs, in document order, in **one** namespace and one fresh temporary
+  working directory: the README reads as one session, so a block may use names an earlier block defined.
+  A block fenced ```` ```py ```` is shown but not run (it needs a cluster, a server or paths of your own).
+* Every ``print(...)`` in a run block states its output in a comment, in one of two forms:
+
+  - same line: ``print(x)  # OUTPUT``. OUTPUT ends at the first run of two or more spaces; what follows is
+    commentary (``print(t.count())  # 3  (deleted rows are gone)``);
+  - following lines: ``print(x)`` with no comment, then one or more lines starting with ``#``; each loses
+    its ``#`` and one space, and together they are OUTPUT (no commentary there).
+
+  A print that runs several times (in a loop) claims its outputs joined by newlines.
+* OUTPUT is compared with what the print actually printed: when both parse as Python literals
+  (``ast.literal_eval``) they must be equal value for value, type for type (``1`` is not ``1.0``, dict
+  key order aside); otherwise the texts must be equal after stripping. A print without a claim, a claim
+  without a print, and a print that never ran all fail the test.
+* The ```` ```console ```` transcript runs in order as one bash script in a fresh temporary directory
+  (shown in the README as ``/home/user/demo``), ``lineage`` on ``PATH``, stderr merged into stdout. Each
+  ``$ command``'s output must equal the lines under it, except for what varies between runs and is
+  replaced on both sides before comparing: timestamps (``2026-11-22 01:48:26.841Z``,
+  ``2026-11-22T01:48:40.880000Z``) and sizes with a unit (``7.1 KiB``, ``0 B``: file sizes depend on the
+  path lengths written into Iceberg manifests). Counts, versions, values, messages and layout must match.
+* ``test_claims_are_sensitive`` changes one digit (or letter) of every claim and checks that the
+  comparison then fails, so no claim is checked too loosely.
+"""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import os
 import re
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+CONSOLE_CWD = "/home/user/demo"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?")
+SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)\b")
+MARKER = "@@readme-console-step@@"
 
 
-def test_readme_examples_run_and_print_what_they_claim(tmp_path, monkeypatch):
-    text = open(README, encoding="utf-8").read()
-    code = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
-    monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    printed = out.getvalue()
-    # Single-line claims of the form `print(...)  # value` must match the printed line.
-    for line in code.splitlines():
-        m = re.match(r"\s*print\(.*\)\s+#\s*(.+?)(?:\s{2,}.*)?$", line)
-        if m and not m.group(1).startswith("["):
-            claim = m.group(1).split(":")[0].strip()
-            assert claim in printed, f"README claims {claim!r}, output was:\n{printed}"
-    assert "'_change_type': 'update_preimage'" in printed
+# --------------------------------------------------------------------------- parsing the README
+@dataclass
+class Block:
+    lang: str
+    line: int  # README line of the block's first code line
+    code: str
+
+
+@dataclass
+class Claim:
+    line: int  # README line of the print statement's last line
+    text: str
+    printed: list[str] = field(default_factory=list)
+
+
+def blocks(text: str, lang: str) -> list[Block]:
+    out = []
+    for m in FENCE.finditer(text):
+        if m.group(1) == lang:
+            out.append(Block(lang, text.count("\n", 0, m.start(2)) + 1, m.group(2)))
+    return out
+
+
+def print_statements(code: str) -> list[ast.Call]:
+    """Every ``print(...)`` call in ``code``."""
+    return [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"]
+
+
+def claims(block: Block) -> dict[int, Claim]:
+    """The claimed output of each print of ``block``, keyed by the print's last line in the block (1-based)."""
+    lines = block.code.splitlines()
+    out: dict[int, Claim] = {}
+    for call in print_statements(block.code):
+        end = call.end_lineno or call.lineno
+        tail = lines[end - 1][call.end_col_offset:]
+        readme_line = block.line + end - 1
+        comment = tail.split("#", 1)[1] if "#" in tail else None
+        if comment is not None and comment.strip():
+            text = re.split(r"\s{2,}", comment.strip(), maxsplit=1)[0]
+        else:
+            following = []
+            for nxt in lines[end:]:
+                if not nxt.lstrip().startswith("#"):
+                    break
+                body = nxt.lstrip()[1:]
+                following.append(body[1:] if body.startswith(" ") else body)
+            if not following:
+                raise AssertionError(f"README.md:{readme_line}: print(...) without a claimed output (see tests/test_readme.py)")
+            text = "\n".join(following)
+        out[end] = Claim(readme_line, text)
+    return out
+
+
+class _Printer(ast.NodeTransformer):
+    """Rewrites ``print(...)`` into ``__readme_print__(<last line>, ...)``."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "print":
+            node.func = ast.copy_location(ast.Name("__readme_print__", ast.Load()), node.func)
+            node.args.insert(0, ast.copy_location(ast.Constant(node.end_lineno or node.lineno), node))
+        return node
+
+
+# --------------------------------------------------------------------------- comparing
+def _literal(text: str) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False, None
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal value for value and type for type (``1`` is not ``1.0`` or ``True``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, (set, frozenset)):
+        return a == b
+    return a == b or (a != a and b != b)  # NaN claims NaN
+
+
+def matches(claimed: str, printed: str) -> bool:
+    """The README's claim against the actual output: structurally for literals, else as text."""
+    ok_c, vc = _literal(claimed)
+    ok_p, vp = _literal(printed)
+    if ok_c and ok_p:
+        return same_value(vc, vp)
+    return claimed.strip() == printed.strip()
+
+
+def normalize_console(text: str, cwd: str) -> list[str]:
+    text = text.replace(cwd, CONSOLE_CWD)
+    text = TIMESTAMP.sub("<timestamp>", text)
+    text = SIZE.sub("<size>", text)
+    return [line.rstrip() for line in text.strip("\n").splitlines()]
+
+
+def mutate(text: str) -> str | None:
+    """``text`` with one character changed where a reader would notice: the last digit, else the last letter."""
+    for pattern in (r"\d", r"[A-Za-z]"):
+        spots = [m.start() for m in re.finditer(pattern, text)]
+        if spots:
+            i = spots[-1]
+            c = text[i]
+            repl = str((int(c) + 1) % 10) if c.isdigit() else ("x" if c != "x" else "y")
+            return text[:i] + repl + text[i + 1:]
+    return None
+
+
+# --------------------------------------------------------------------------- running
+@dataclass
+class PythonRun:
+    claims: list[Claim]
+    errors: list[str]
+
+
+@dataclass
+class ConsoleStep:
+    line: int
+    command: str
+    claimed: str
+    printed: str
+
+
+def run_python(text: str, workdir: str) -> PythonRun:
+    """Run every python block in order in one namespace inside ``workdir``, capturing each print's output."""
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    all_claims: list[Claim] = []
+    errors: list[str] = []
+    old = os.getcwd()
+    os.chdir(workdir)
+    try:
+        for block in blocks(text, "python"):
+            found = claims(block)
+            all_claims += found.values()
+
+            def readme_print(end: int, *args: Any, _found: dict[int, Claim] = found, **kwargs: Any) -> None:
+                buf = io.StringIO()
+                print(*args, **{**kwargs, "file": buf})
+                _found[end].printed.append(buf.getvalue().rstrip("\n"))
+
+            namespace["__readme_print__"] = readme_print
+            tree = ast.fix_missing_locations(_Printer().visit(ast.parse(block.code)))
+            ast.increment_lineno(tree, block.line - 1)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    exec(compile(tree, README, "exec"), namespace)
+            except Exception:  # report and go on: later blocks may still check their own claims
+                errors.append(f"README.md block at line {block.line} raised:\n{traceback.format_exc()}")
+    finally:
+        os.chdir(old)
+    return PythonRun(all_claims, errors)
+
+
+def console_steps(text: str) -> list[tuple[int, str, str]]:
+    """(README line, command, claimed output) of every ``$ `` line of the console blocks."""
+    out = []
+    for block in blocks(text, "console"):
+        current: list[Any] | None = None
+        for i, line in enumerate(block.code.splitlines()):
+            if line.startswith("$ "):
+                current = [block.line + i, line[2:], []]
+                out.append(current)
+            elif current is not None:
+                current[2].append(line)
+    return [(line, cmd, "\n".join(lines)) for line, cmd, lines in out]
+
+
+def run_console(text: str, workdir: str) -> list[ConsoleStep]:
+    steps = console_steps(text)
+    script = ["exec 2>&1", f"cd {workdir!s}"]
+    for i, (_, cmd, _) in enumerate(steps):
+        script += [f"echo '{MARKER} {i}'", cmd]
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+           "LINEAGE_PROGRESS": "never", "COLUMNS": "200"}
+    env.pop("LINEAGE_WAREHOUSE", None)
+    proc = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, text=True, env=env, timeout=900)
+    parts = re.split(rf"^{re.escape(MARKER)} (\d+)\n", proc.stdout, flags=re.M)
+    printed = {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+    return [ConsoleStep(line, cmd, claimed, printed.get(i, "<the transcript stopped before this command>"))
+            for i, (line, cmd, claimed) in enumerate(steps)]
+
+
+@pytest.fixture(scope="module")
+def readme() -> str:
+    with open(README, encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def python_run(readme: str, tmp_path_factory: pytest.TempPathFactory) -> PythonRun:
+    return run_python(readme, str(tmp_path_factory.mktemp("readme-python")))
+
+
+@pytest.fixture(scope="module")
+def console_run(readme: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[ConsoleStep], str]:
+    workdir = str(tmp_path_factory.mktemp("readme-console"))
+    return run_console(readme, workdir), workdir
+
+
+# --------------------------------------------------------------------------- the tests
+def test_python_examples_print_what_the_readme_claims(python_run: PythonRun) -> None:
+    assert python_run.claims, "the README has no python example with a claimed output"
+    problems = list(python_run.errors)
+    for c in python_run.claims:
+        if not c.printed:
+            problems.append(f"README.md:{c.line}: this print never ran")
+        elif not matches(c.text, "\n".join(c.printed)):
+            problems.append(f"README.md:{c.line}: the README claims\n{c.text}\nbut it printed\n" + "\n".join(c.printed))
+    assert not problems, "\n\n".join(problems)
+
+
+def test_console_transcript_prints_what_the_readme_shows(console_run: tuple[list[ConsoleStep], str]) -> None:
+    steps, workdir = console_run
+    assert steps, "the README has no console transcript"
+    problems = []
+    for s in steps:
+        want, got = normalize_console(s.claimed, workdir), normalize_console(s.printed, workdir)
+        if want != got:
+            problems.append(f"README.md:{s.line}: $ {s.command}\n--- README\n" + "\n".join(want) + "\n--- actual\n" + "\n".join(got))
+    assert not problems, "\n\n".join(problems)
+
+
+def test_claims_are_sensitive(python_run: PythonRun, console_run: tuple[list[ConsoleStep], str]) -> None:
+    """A changed digit (or letter) in any claimed output makes the comparison fail."""
+    loose = []
+    for c in python_run.claims:
+        changed = mutate(c.text)
+        if c.printed and changed is not None and matches(changed, "\n".join(c.printed)):
+            loose.append(f"README.md:{c.line}: {changed!r} still matches")
+    steps, workdir = console_run
+    for s in steps:
+        want, got = normalize_console(s.claimed, workdir), normalize_console(s.printed, workdir)
+        for i, line in enumerate(want):
+            changed = _mutate_outside_placeholders(line)
+            if changed is not None and want[:i] + [changed] + want[i + 1:] == got:
+                loose.append(f"README.md:{s.line}: changing {line!r} to {changed!r} still matches")
+    assert not loose, "\n".join(loose)
+
+
+def _mutate_outside_placeholders(line: str) -> str | None:
+    pieces = re.split(r"(<timestamp>|<size>)", line)
+    for k in range(len(pieces) - 1, -1, -1):
+        if pieces[k] not in ("<timestamp>", "<size>"):
+            changed = mutate(pieces[k])
+            if changed is not None:
+                return "".join(pieces[:k] + [changed] + pieces[k + 1:])
+    return None
+
+
+def test_claim_parsing_follows_the_convention() -> None:
+    code = "x = 41\nprint(x + 1)  # 42  (the answer)\nprint([x,\n       x])\n# [41,\n#  41]\nfor i in range(2):\n    print(i)  # 0\n"
+    found = claims(Block("python", 10, code))
+    assert {k: c.text for k, c in found.items()} == {2: "42", 4: "[41,\n 41]", 8: "0"}
+    assert found[4].line == 13
+    assert matches("[41,\n 41]", "[41, 41]") and not matches("[41, 42]", "[41, 41]")
+    assert not matches("1", "1.0") and not matches("{'a': 1}", "{'a': True}") and matches("{'a': 1, 'b': 2}", "{'b': 2, 'a': 1}")
+    assert matches("4 1 1", "4 1 1\n") and not matches("4 1 2", "4 1 1")
+    with pytest.raises(AssertionError, match="without a claimed output"):
+        claims(Block("python", 1, "print(1)\nx = 2\n"))
