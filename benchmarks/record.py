@@ -105,7 +105,7 @@ def packages(extra: Iterable[str] = ()) -> dict[str, str]:
 
 
 def git_state() -> dict[str, Any]:
-    """The commit the benchmark code ran from, and whether tracked files had uncommitted changes."""
+    """The commit the benchmark code ran from, and whether tracked code (not docs or records) had uncommitted changes."""
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", "-C", HERE, *args], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
@@ -113,7 +113,7 @@ def git_state() -> dict[str, Any]:
             return None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)*.md", ":(exclude,top)benchmarks/results")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
