@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test venv java bench bench-peers bench-scaling clean
+.PHONY: demo test venv java bench bench-peers bench-scaling bench-report bench-all clean
 
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
@@ -28,8 +28,11 @@ java:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null \
 		|| { echo "could not install Java; install a JDK 17+ and retry" >&2; exit 1; }; }
 
+# Benchmarks publish their records to benchmarks/results/ (commit them) and regenerate the READMEs' figures.
 bench: $(STAMP)
-	$(PY) benchmarks/write_cost.py
+	$(PY) benchmarks/write_cost.py --repeat 3 --publish
+	$(PY) benchmarks/write_cost.py --repeat 3 --pattern clustered --publish
+	$(PY) benchmarks/report.py
 
 # The peers of benchmarks/run.py (deltalake, pylance, the DuckLake extension) are the optional `bench` extras.
 $(BENCH_STAMP): $(STAMP) pyproject.toml
@@ -37,10 +40,29 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	touch $(BENCH_STAMP)
 
 bench-peers: $(BENCH_STAMP)
-	$(PY) benchmarks/run.py $(if $(SCALE),--scale $(SCALE))
+	$(PY) benchmarks/run.py --publish $(if $(SCALE),--scale $(SCALE))
+	$(PY) benchmarks/report.py
 
 bench-scaling: $(STAMP)
-	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/scaling.py --publish
+	$(PY) benchmarks/report.py
+
+# Regenerate every generated block of README.md and benchmarks/README.md from the committed records.
+bench-report: $(STAMP)
+	$(PY) benchmarks/report.py
+
+# Every published benchmark at its published settings (about an hour on a quiet 2-core machine), then the reports.
+bench-all: $(BENCH_STAMP) java
+	$(PY) benchmarks/write_cost.py --repeat 3 --publish
+	$(PY) benchmarks/write_cost.py --repeat 3 --pattern clustered --publish
+	$(PY) benchmarks/run.py --publish
+	$(PY) benchmarks/run.py --publish --scale 10000000
+	$(PY) benchmarks/scaling.py --publish
+	$(PY) benchmarks/cdf_cost.py --rows 5000000 --publish
+	$(PY) benchmarks/spark_cdf.py --rows 5000000 --publish
+	$(PY) benchmarks/mv_refresh.py --publish
+	$(PY) benchmarks/maintenance_report.py --publish
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) demo-warehouse .pytest_cache .hypothesis

@@ -325,7 +325,7 @@ def _readme_performance(records: Records) -> str:
                    f"they wrote {mb(b['lineage'])} against {wrote}. "
                    + (f"Our change feeds were slower than {feeds}." if feeds else "No peer's change feed was faster than ours."))
     if not out:
-        return missing("any benchmark", "make bench-report-all")
+        return missing("any benchmark", "make bench-all")
     return "\n\n".join(out)
 
 
