@@ -323,7 +323,8 @@ def _readme_performance(records: Records) -> str:
         feeds = "; ".join(f"{NAMES[p]}'s on {_and(FEED_SHORT[g] for g in gs)}" for p, gs in slow.items())
         out.append(f"At {scale} rows ({d['date']}, {load_words(d)}): all our writes took {fmt_s(t.get('lineage'))} s, {writes}; "
                    f"they wrote {mb(b['lineage'])} against {wrote}. "
-                   + (f"Our change feeds were slower than {feeds}." if feeds else "No peer's change feed was faster than ours."))
+                   + (f"Our change feeds were slower than {feeds}" if feeds else "No peer's change feed was faster than ours")
+                   + f" (`benchmarks/results/{d['_file']}`).")
     if not out:
         return missing("any benchmark", "make bench-all")
     return "\n\n".join(out)
