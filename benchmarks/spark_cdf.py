@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"rows": args.rows, "range": [a, t.version]}
     for net in (False, True):
         key = "net" if net else "per_version"
-        ours = rec.step(f"{key}_duckdb", lambda: cdf.changes(t, a, net=net))
-        rec.step(f"{key}_spark_warmup", lambda: cdf.changes(t, a, net=net, engine="spark", spark=spark).count())  # JIT, caches
-        theirs = rec.step(f"{key}_spark", lambda: cdf.changes(t, a, net=net, engine="spark", spark=spark).toArrow())
+        ours = rec.step(f"{key}_duckdb", lambda net=net: cdf.changes(t, a, net=net))
+        rec.step(f"{key}_spark_warmup", lambda net=net: cdf.changes(t, a, net=net, engine="spark", spark=spark).count())  # JIT, caches
+        theirs = rec.step(f"{key}_spark", lambda net=net: cdf.changes(t, a, net=net, engine="spark", spark=spark).toArrow())
         diff = multiset_difference(ours, theirs)
         results[key] = {"duckdb_s": rec.steps[-3]["wall_s"], "spark_s": rec.steps[-1]["wall_s"], "rows": ours.num_rows,
                         "spark_rows": theirs.num_rows, "columns": ours.column_names, **diff}

@@ -12,8 +12,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import record  # noqa: E402
-import report  # noqa: E402
+import record
+import report
 
 
 def test_generated_sections_match_the_committed_records() -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import math
 import os
 import re
 import subprocess
@@ -45,7 +46,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 CONSOLE_CWD = "/home/user/demo"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?")
 SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)\b")
 MARKER = "@@readme-console-step@@"
@@ -96,7 +97,7 @@ def claims(block: Block) -> dict[int, Claim]:
                 if not nxt.lstrip().startswith("#"):
                     break
                 body = nxt.lstrip()[1:]
-                following.append(body[1:] if body.startswith(" ") else body)
+                following.append(body.removeprefix(" "))
             if not following:
                 raise AssertionError(f"README.md:{readme_line}: print(...) without a claimed output (see tests/test_readme.py)")
             text = "\n".join(following)
@@ -133,7 +134,7 @@ def same_value(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, (set, frozenset)):
         return a == b
-    return a == b or (a != a and b != b)  # NaN claims NaN
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))  # NaN claims NaN
 
 
 def matches(claimed: str, printed: str) -> bool:
@@ -201,8 +202,8 @@ def run_python(text: str, workdir: str) -> PythonRun:
             ast.increment_lineno(tree, block.line - 1)
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
-                    exec(compile(tree, README, "exec"), namespace)
-            except Exception:  # report and go on: later blocks may still check their own claims
+                    exec(compile(tree, README, "exec"), namespace)  # noqa: S102 - running the README is the point
+            except Exception:  # noqa: BLE001 - report and go on: later blocks may still check their own claims
                 errors.append(f"README.md block at line {block.line} raised:\n{traceback.format_exc()}")
     finally:
         os.chdir(old)
@@ -231,8 +232,8 @@ def run_console(text: str, workdir: str) -> list[ConsoleStep]:
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
            "LINEAGE_PROGRESS": "never", "COLUMNS": "200"}
     env.pop("LINEAGE_WAREHOUSE", None)
-    proc = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, text=True, env=env, timeout=900)
-    parts = re.split(rf"^{re.escape(MARKER)} (\d+)\n", proc.stdout, flags=re.M)
+    proc = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, text=True, env=env, timeout=900, check=False)
+    parts = re.split(rf"^{re.escape(MARKER)} (\d+)\n", proc.stdout, flags=re.MULTILINE)
     printed = {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
     return [ConsoleStep(line, cmd, claimed, printed.get(i, "<the transcript stopped before this command>"))
             for i, (line, cmd, claimed) in enumerate(steps)]
