@@ -526,11 +526,21 @@ def _readme_mv(records: Records) -> str:
         return fmt_s(min(vals)) + ("" if len(vals) == 1 else f" to {fmt_s(max(vals))}") + " s"
 
     proj_rows = r["rounds"][-1]["proj"]["view_rows"]
+
+    def faster(view: str) -> str:
+        inc = sum(rnd[view]["incremental_s"] < rnd[view]["full_refresh_s"] for rnd in r["rounds"])
+        n = len(r["rounds"])
+        return "incremental" if inc == n else "full" if inc == 0 else "mixed"
+
+    verdict = {v: faster(v) for v in ("proj", "agg", "sums")}
+    words = {"incremental": "the incremental refresh was faster", "full": "the full refresh was faster",
+             "mixed": "neither was faster in every round"}
     return (f"Measured ({doc['date']}, {load_words(doc)}): with {r['percent']:g}% of a {rows_label(doc['scale'])}-row source changed (scattered), "
             f"a {proj_rows:,}-row projection view refreshed incrementally in {span('proj', 'incremental_s')} against "
             f"{span('proj', 'full_refresh_s')} for a full refresh; a 1,000-group aggregate view with MIN/MAX took {span('agg', 'incremental_s')} "
-            f"against {span('agg', 'full_refresh_s')}, and without MIN/MAX {span('sums', 'incremental_s')} against {span('sums', 'full_refresh_s')} "
-            f"(`benchmarks/results/{doc['_file']}`).")
+            f"against {span('agg', 'full_refresh_s')}, and without MIN/MAX {span('sums', 'incremental_s')} against {span('sums', 'full_refresh_s')}. "
+            f"In every round of this run: projection, {words[verdict['proj']]}; aggregate with MIN/MAX, {words[verdict['agg']]}; "
+            f"aggregate without, {words[verdict['sums']]} (`benchmarks/results/{doc['_file']}`).")
 
 
 # --------------------------------------------------------------------------- the documents
