@@ -570,14 +570,20 @@ def regenerate(text: str, rendered: dict[str, str]) -> str:
     return BLOCK.sub(lambda m: m.group(1) + rendered[m.group(2)] + m.group(4), text)
 
 
-def run(check: bool, folder: str = record.RESULTS_DIR, docs: tuple[str, ...] = DOCS) -> list[str]:
-    """Regenerate (or with ``check``, compare) every block; returns ``path: NAME`` of each stale block."""
+def run(check: bool, folder: str = record.RESULTS_DIR, docs: tuple[str, ...] = DOCS, uncited: list[str] | None = None) -> list[str]:
+    """Regenerate (or with ``check``, compare) every block; returns ``path: NAME`` of each stale block.
+
+    ``uncited``, if given, receives the names of records no section chose (superseded or unused).
+    """
     texts = {}
     for p in docs:
         with open(p, encoding="utf-8") as f:
             texts[p] = f.read()
     names = {m.group(2) for t in texts.values() for m in BLOCK.finditer(t)}
-    rendered = render_all(Records(folder), names)
+    records = Records(folder)
+    rendered = render_all(records, names)
+    if uncited is not None:
+        uncited += [d["_file"] for d in records.docs if d["_file"] not in records.cited]
     stale = []
     for path, text in texts.items():
         for m in BLOCK.finditer(text):
@@ -594,7 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated block is out of date")
     args = parser.parse_args(argv)
-    stale = run(args.check)
+    uncited: list[str] = []
+    stale = run(args.check, uncited=uncited)
+    if uncited:
+        print("records no section shows (superseded by newer ones, or not rendered yet): " + ", ".join(uncited))
     if args.check:
         if stale:
             print("out of date with benchmarks/results/ (regenerate with " + REGENERATE + "):\n  " + "\n  ".join(stale))
