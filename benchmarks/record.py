@@ -34,6 +34,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -318,9 +319,21 @@ def write(doc: dict[str, Any], *, publish: bool = False, out: str | None = None)
             out, n = f"{base}-{n}.json", n + 1
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, sort_keys=False, default=str)
-        f.write("\n")
+        f.write(scrub_paths(json.dumps(doc, indent=1, default=str)) + "\n")
     return out
+
+
+def scrub_paths(text: str) -> str:
+    """Replace this machine's directories (virtualenv, repository, temp dir, home) in ``text`` by placeholders.
+
+    Records are committed: an error's traceback or a table location must not carry a local path.
+    """
+    places = [(sys.prefix, "<venv>"), (os.path.dirname(HERE), "<repo>"), (tempfile.gettempdir(), "<tmp>"),
+              (os.path.expanduser("~"), "<home>")]
+    for path, placeholder in sorted(places, key=lambda p: -len(p[0])):
+        if len(path) > 1:
+            text = text.replace(json.dumps(path)[1:-1], placeholder)
+    return text
 
 
 def read(path: str) -> dict[str, Any]:
