@@ -82,6 +82,7 @@ def test_record_names_hold_no_path_and_sort_by_date() -> None:
     assert record.record_name(doc) == "mv-refresh-5m-2026-01-02-2c-24g-test-cpu"
     assert record.command_line("run.py", ["--workdir", "/somewhere/deep/wh", "--scale", "1000"]) == "python benchmarks/run.py --workdir wh --scale 1000"
     assert record.machine_name(2, 23.5, "AMD EPYC 7B13 64-Core Processor") == "2c-24g-amd-epyc"
+    assert record.scrub_paths(f'"{os.path.join(sys.prefix, "lib", "x.py")}", "{ROOT}/lineage/table.py"') == '"<venv>/lib/x.py", "<repo>/lineage/table.py"'
 
 
 def test_spark_cdf_compares_full_rows_as_multisets() -> None:
