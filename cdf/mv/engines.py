@@ -98,12 +98,14 @@ class SparkEngine(Engine):
 
 
 def duckdb_connection() -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the settings every refresh uses (duck.connect, UTC)."""
     con = duck.connect()
     con.execute("SET TimeZone = 'UTC'")  # group keys of timestamptz columns render the same everywhere
     return con
 
 
 def spark_session(spark: Any) -> Any:
+    """``spark``, else the active Spark session (InvalidArgumentError if there is none)."""
     if spark is not None:
         return spark
     try:

@@ -124,14 +124,17 @@ def aggregate_delta_sql(query: ViewQuery, dialect: str, feed: str) -> str:
 
 
 def esc(name: str) -> str:
+    """``name`` escaped for a double-quoted DuckDB identifier."""
     return name.replace('"', '""')
 
 
 def name_list(names: Sequence[str] | Any) -> str:
+    """Quoted, comma-separated column names."""
     return ", ".join(f'"{esc(n)}"' for n in names)
 
 
 def cast_list(names: Sequence[str], types: dict[str, str], alias: str) -> str:
+    """``CAST(alias.col AS type) AS col`` for each name, with its DuckDB type from ``types``."""
     return ", ".join(f'CAST({alias}."{esc(n)}" AS {types[n]}) AS "{esc(n)}"' for n in names)
 
 
