@@ -72,3 +72,24 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The Spark 3.5 + Iceberg 1.10 reference engine (tests/reference/), one server for the whole session.
+
+    Started on first use (built first if missing: ``make reference-engine``); stopped at the end of the
+    session. Tests using it are marked ``reference`` automatically (``-m "not reference"`` skips them).
+    """
+    from reference import ReferenceEngine
+
+    engine = ReferenceEngine()
+    yield engine
+    engine.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses the ``reference`` fixture with ``@pytest.mark.reference``."""
+    for item in items:
+        if "reference" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.reference)
