@@ -86,6 +86,21 @@ def reference():
     engine = ReferenceEngine()
     yield engine
     engine.close()
+    _REFERENCE_STATS.update(engine.stats())
+
+
+_REFERENCE_STATS: dict = {}
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on what the reference engine cost, when a test used it."""
+    if _REFERENCE_STATS.get("ops"):
+        s = _REFERENCE_STATS
+        ops = ", ".join(f"{op} {n}x {sec:.1f}s" for op, (n, sec) in sorted(s["ops"].items()))
+        terminalreporter.write_line(
+            f"reference engine: build check {s.get('build', 0):.1f}s, start {s.get('start', 0):.1f}s, {ops}; "
+            f"server+JVM CPU {s['cpu_seconds']:.1f}s"
+        )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -57,7 +57,6 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -68,12 +67,8 @@ from lineage.catalog import CATALOG_FILE, CATALOG_NAME, default_catalog
 
 from . import build, protocol
 
-SERVER = Path(__file__).with_name("server.py")
 EXCHANGE_PREFIX = "lineage-reference-"
 LOG_ENV = "LINEAGE_REFERENCE_LOG"  # write the server's log here instead of the (deleted) exchange folder
-# Environment of the test process that must not leak into the engine's own pyspark 3.5.
-_SCRUB_ENV = ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYSPARK_SUBMIT_ARGS", "PYTHONPATH", "PYTHONHOME",
-              "VIRTUAL_ENV", "SPARK_CONF_DIR")
 
 Warehouse = str | os.PathLike[str]
 
@@ -163,16 +158,21 @@ class _Process:
 class ReferenceEngine:
     """A Spark 3.5 + Iceberg 1.10 engine in a separate process, started on first use (see the module doc).
 
-    Arguments: ``driver_memory`` for the JVM (default ``"1g"``); ``start_timeout`` seconds for the build and
-    the start of Spark; ``request_timeout`` seconds per request (the server is killed when one runs over, and
-    the next request starts a fresh one). Thread-safe: requests are served one at a time.
+    Arguments: ``driver_memory`` for the JVM (default ``"1g"``); ``spark_conf``, extra Spark settings
+    (``spark.driver.extraJavaOptions`` is added to the server's own); ``start_timeout`` seconds for the build
+    and the start of Spark; ``request_timeout`` seconds per request (the server is killed when one runs over,
+    and the next request starts a fresh one). Thread-safe: requests are served one at a time.
     """
 
-    def __init__(self, *, driver_memory: str = "1g", start_timeout: float = 900.0, request_timeout: float = 600.0) -> None:
+    def __init__(self, *, driver_memory: str = "1g", spark_conf: Mapping[str, str] | None = None,
+                 start_timeout: float = 900.0, request_timeout: float = 600.0) -> None:
         self.driver_memory = driver_memory
+        self.spark_conf = dict(spark_conf or {})
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.timings: dict[str, float] = {}  # "build" and "start" seconds of the last start, for reports
+        self.op_stats: dict[str, list[float]] = {}  # op -> [count, seconds (wall, as the test waited)]
+        self.cpu_seconds = 0.0  # CPU time of stopped servers and their JVMs (see stats())
         self._versions: dict[str, str] = {}
         self._proc: _Process | None = None
         self._finalizer: weakref.finalize | None = None
@@ -207,13 +207,12 @@ class ReferenceEngine:
             _remove_stale_exchanges()
             exchange = tempfile.mkdtemp(prefix=f"{EXCHANGE_PREFIX}{os.getpid()}-")
             log_path = os.environ.get(LOG_ENV) or os.path.join(exchange, "server.log")
-            env = {k: v for k, v in os.environ.items() if k not in _SCRUB_ENV}
-            env["PYTHONUNBUFFERED"] = "1"
-            cmd = [str(engine.python), str(SERVER), "--exchange", exchange, "--jars", ",".join(map(str, engine.jars)),
-                   "--driver-memory", self.driver_memory]
+            cmd = engine.server_command(exchange, "--driver-memory", self.driver_memory)
+            for key, value in self.spark_conf.items():
+                cmd += ["--conf", f"{key}={value}"]
             started = time.monotonic()
             with open(log_path, "ab") as log:
-                popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=build.engine_env(),
                                          cwd=exchange, start_new_session=True)
             proc = _Process(popen, exchange, log_path)
             threading.Thread(target=_pump, args=(popen.stdout, proc.messages), daemon=True, name="reference-reader").start()
@@ -232,10 +231,19 @@ class ReferenceEngine:
             self._stop_process()
 
     def _stop_process(self) -> None:
+        if self._proc is not None:
+            self.cpu_seconds += _group_cpu_seconds(self._proc.popen.pid)
         if self._finalizer is not None:
             self._finalizer()  # runs proc.stop once
             self._finalizer = None
         self._proc = None
+
+    def stats(self) -> dict[str, Any]:
+        """Where the engine's time went: build and start seconds, requests per op with their wall seconds, and
+        the CPU seconds of the server and its JVM (Linux; of stopped servers plus the running one)."""
+        cpu = self.cpu_seconds + (_group_cpu_seconds(self._proc.popen.pid) if self.running and self._proc else 0.0)
+        return {**self.timings, "ops": {op: (int(n), round(sec, 2)) for op, (n, sec) in self.op_stats.items()},
+                "cpu_seconds": round(cpu, 1)}
 
     @property
     def versions(self) -> dict[str, str]:
@@ -390,7 +398,11 @@ class ReferenceEngine:
                 proc.popen.stdin.flush()  # type: ignore[union-attr]
             except (BrokenPipeError, ValueError, OSError):
                 self._died(proc, f"{op}: could not send the request")
+            started = time.monotonic()
             response = self._receive(proc, request_id, self.request_timeout, op)
+            entry = self.op_stats.setdefault(op, [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.monotonic() - started
         if response.get("ok"):
             return response.get("result")
         error = response.get("error") or {}
@@ -526,6 +538,24 @@ def _remove_stale_exchanges() -> None:
         pid = name[len(EXCHANGE_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes in a process group (0 where /proc is missing)."""
+    total = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ..., utime (11), stime (12)
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _alive(pid: int) -> bool:

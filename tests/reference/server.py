@@ -3,6 +3,7 @@
 Runs under the reference engine's Python (see build.py), never the project's, and imports no project code:
 
     <engine>/venv/bin/python tests/reference/server.py --exchange DIR --jars A.jar,B.jar [--driver-memory 1g]
+        [--conf spark.key=value ...]
 
 It reads requests on stdin and answers on its original stdout, one JSON line each (protocol.py). Before Spark
 starts, file descriptor 1 is pointed at stderr (the client sends stderr to a log file), so whatever the JVM or
@@ -40,14 +41,16 @@ class RequestError(Exception):
     """The request is wrong (unknown op, bad or missing argument); reported with kind ``request``."""
 
 
-def _start_spark(jars: list[str], exchange: str, driver_memory: str, log4j: str) -> Any:
+def _start_spark(jars: list[str], exchange: str, driver_memory: str, java_options: str, conf: dict[str, str]) -> Any:
     from pyspark.sql import SparkSession
 
-    java_options = f"-Dlog4j2.configurationFile=file:{log4j} -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+    java_options += " " + conf.pop("spark.driver.extraJavaOptions", "")
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("iceberg-reference-engine")
-        .config("spark.jars", ",".join(jars))
+        # On the JVM's class path from the start (not spark.jars, which local executors copy and load
+        # through a class loader of their own).
+        .config("spark.driver.extraClassPath", os.pathsep.join(jars))
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
         .config("spark.driver.memory", driver_memory)
         .config("spark.driver.extraJavaOptions", java_options)
@@ -63,6 +66,8 @@ def _start_spark(jars: list[str], exchange: str, driver_memory: str, log4j: str)
         .config("spark.sql.datetime.java8API.enabled", "true")
         .config("spark.local.dir", os.path.join(exchange, "spark-local"))
     )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -370,12 +375,26 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve requests until stdin closes or a ``shutdown`` request arrives."""
+    """Serve requests until stdin closes or a ``shutdown`` request arrives (or run the build's warm-up)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exchange", required=True, help="folder for result files and Spark's scratch space")
     ap.add_argument("--jars", required=True, help="comma-separated jars for Spark's class path")
     ap.add_argument("--driver-memory", default="1g")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    ap.add_argument("--cds-archive", help="class-data-sharing archive to map (made by the build)")
+    ap.add_argument("--warmup", metavar="DIR", help="run warmup.py in DIR and exit (the build's smoke test)")
+    ap.add_argument("--cds-dump", help="with --warmup: write the classes loaded to this CDS archive at exit")
     args = ap.parse_args(argv)
+    conf = dict(item.split("=", 1) for item in args.conf)
+    log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+    # C1 only and the serial collector: short-lived, small workloads start faster without C2 and G1.
+    java_options = f"-Dlog4j2.configurationFile=file:{log4j} -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+    if args.cds_archive and os.path.exists(args.cds_archive):
+        java_options += f" -XX:SharedArchiveFile={args.cds_archive}"  # ignored by the JVM if it does not match
+    if args.warmup:
+        if args.cds_dump:
+            java_options += f" -XX:ArchiveClassesAtExit={args.cds_dump}"
+        return _warmup(args, java_options, conf)
 
     # The protocol gets a private copy of stdout; fd 1 itself now goes to stderr (the log), for the JVM too.
     out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -384,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
-    log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
-    spark = _start_spark(args.jars.split(","), args.exchange, args.driver_memory, log4j)
+    spark = _start_spark(args.jars.split(","), args.exchange, args.driver_memory, java_options, conf)
     try:
         server = Server(spark, args.exchange)
         out.write(protocol.encode({"event": protocol.READY, "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
@@ -405,6 +423,21 @@ def main(argv: list[str] | None = None) -> int:
             out.write(protocol.encode(server.handle(request)))
     finally:
         spark.stop()
+    return 0
+
+
+def _warmup(args: argparse.Namespace, java_options: str, conf: dict[str, str]) -> int:
+    import warmup
+
+    spark = _start_spark(args.jars.split(","), args.exchange, args.driver_memory, java_options, conf)
+    try:
+        warmup.run(Server(spark, args.exchange), args.warmup)
+    finally:
+        spark.stop()
+        # The JVM writes the CDS archive when it exits, which it does when its stdin closes: wait for that.
+        jvm = spark.sparkContext._gateway.proc
+        jvm.stdin.close()
+        jvm.wait(timeout=900)
     return 0
 
 
