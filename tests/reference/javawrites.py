@@ -25,6 +25,7 @@ parameter types are fixed. Nested types, ``time`` and nanosecond timestamps are 
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,7 +182,7 @@ def flink_commit(
     keys = list(zip(*(events.column(c).to_pylist() for c in key)))
 
     # Cast to the Spark types of the Iceberg schema, so each Row holds exactly the Java types to convert.
-    spark_schema = StructType.fromJson(_json(jvm.org.apache.iceberg.spark.SparkSchemaUtil.convert(schema).json()))
+    spark_schema = StructType.fromJson(json.loads(jvm.org.apache.iceberg.spark.SparkSchemaUtil.convert(schema).json()))
     df = spark.read.parquet(events_path)
     cols = []
     for f in spark_schema.fields:
@@ -249,12 +250,6 @@ def flink_commit(
         "equality_delete_files": [f.location() for f in files["equality"]],
         "position_delete_files": [f.location() for f in files["position"]],
     }
-
-
-def _json(text: str) -> Any:
-    import json
-
-    return json.loads(text)
 
 
 def _fixups(jvm: Any, schema: Any) -> list[tuple[str, Any]]:

@@ -133,6 +133,7 @@ class Server:
         self.jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
 
     def _close_session(self, key: tuple[str, str], session: Any) -> None:
+        self._activate(session)  # the catalog manager looks its catalogs up in the active session's settings
         manager = session._jsparkSession.sessionState().catalogManager()
         try:
             if manager.isCatalogRegistered(key[1]):
