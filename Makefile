@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test venv java bench bench-peers bench-scaling bench-report bench-all clean
+.PHONY: demo test venv java reference-engine bench bench-peers bench-scaling bench-report bench-all clean
 
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
 
-test: $(STAMP) java
+test: $(STAMP) java reference-engine
 	$(PY) -m pytest -q
 
 venv: $(STAMP)
@@ -27,6 +27,11 @@ java:
 		echo "java not found: installing openjdk-17-jre-headless"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null \
 		|| { echo "could not install Java; install a JDK 17+ and retry" >&2; exit 1; }; }
+
+# Spark 3.5 + Iceberg 1.10, the foreign engine of the interop tests (tests/reference/): built once per machine
+# into ~/.cache/iceberg-row-lineage/ (or $$LINEAGE_REFERENCE_ENGINE); when it is there this costs nothing.
+reference-engine: $(STAMP) java
+	$(PY) tests/reference/build.py
 
 # Benchmarks publish their records to benchmarks/results/ (commit them) and regenerate the READMEs' figures.
 bench: $(STAMP)

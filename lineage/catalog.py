@@ -11,6 +11,9 @@ from lineage.errors import InvalidArgumentError
 
 DEFAULT_NAMESPACE = "default"
 CATALOG_FILE = "catalog.db"
+# The name of the embedded catalog: pyiceberg's SqlCatalog stores it in every row of catalog.db
+# (iceberg_tables.catalog_name), so another engine's JDBC catalog must use the same name to see our tables.
+CATALOG_NAME = "lineage"
 
 
 def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
@@ -19,7 +22,7 @@ def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
     os.makedirs(root, exist_ok=True)
     # timeout: writers in several processes wait for SQLite's lock instead of failing.
     return SqlCatalog(
-        "lineage",
+        CATALOG_NAME,
         uri=f"sqlite:///{os.path.join(root, CATALOG_FILE)}?timeout=60",
         warehouse=root,
     )

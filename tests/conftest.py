@@ -72,3 +72,39 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The Spark 3.5 + Iceberg 1.10 reference engine (tests/reference/), one server for the whole session.
+
+    Started on first use (built first if missing: ``make reference-engine``); stopped at the end of the
+    session. Tests using it are marked ``reference`` automatically (``-m "not reference"`` skips them).
+    """
+    from reference import ReferenceEngine
+
+    engine = ReferenceEngine()
+    yield engine
+    engine.close()
+    _REFERENCE_STATS.update(engine.stats())
+
+
+_REFERENCE_STATS: dict = {}
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on what the reference engine cost, when a test used it."""
+    if _REFERENCE_STATS.get("ops"):
+        s = _REFERENCE_STATS
+        ops = ", ".join(f"{op} {n}x {sec:.1f}s" for op, (n, sec) in sorted(s["ops"].items()))
+        terminalreporter.write_line(
+            f"reference engine: build check {s.get('build', 0):.1f}s, start {s.get('start', 0):.1f}s, {ops}; "
+            f"server+JVM CPU {s['cpu_seconds']:.1f}s"
+        )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses the ``reference`` fixture with ``@pytest.mark.reference``."""
+    for item in items:
+        if "reference" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.reference)
