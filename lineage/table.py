@@ -451,6 +451,38 @@ class Table:
 
         return run_write(self, plan, mode=mode, expected_version=expected_version)
 
+    def apply_changelog(
+        self,
+        data: object,
+        *,
+        op_column: str = "_op",
+        upsert: bool = False,
+        order_by: str | Sequence[str] | None = None,
+        mode: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        expected_version: int | None = None,
+        stream: tuple[str, int] | None = None,
+    ) -> CommitInfo:
+        """Apply a batch of change events (Flink RowKind or Debezium codes in ``op_column``) in one commit.
+
+        Events apply in batch order (row order, or ``order_by`` columns;
+        required for a Spark DataFrame) and the commit holds each key's net
+        effect. Strict mode (default) raises KeyViolationError, writing
+        nothing, for events that do not fit the table; ``upsert=True`` lets
+        ``+I``/``+U`` of a live key update it and ignores ``-U``/``-D`` of an
+        absent key (``CommitInfo.ignored``). ``stream=(stream_id, batch_id)``
+        records the batch atomically with the data; a batch at or below the
+        stream's last committed batch id commits nothing. ``mode``,
+        ``properties`` and ``expected_version`` work as in :meth:`merge`.
+        See :mod:`lineage.writes.changelog`.
+        """
+        from lineage.writes.changelog import apply_changelog
+
+        return apply_changelog(
+            self, data, op_column=op_column, upsert=upsert, order_by=order_by, mode=self._mode(mode, PROP_MERGE_MODE),
+            properties=properties, expected_version=expected_version, stream=stream,
+        )
+
     # ------------------------------------------------------------------ maintenance
     def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> Any:
         """Rewrite data files with deletes or small files (lineage kept, no change events)."""

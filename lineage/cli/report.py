@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from lineage.errors import InvalidArgumentError
 
 SERIES = (("inserted", "#2e9e44", "inserts"), ("updated", "#2f6fd0", "updates"), ("deleted", "#d1453b", "deletes"))
-ROW_OPERATIONS = ("append", "delete", "update", "upsert", "merge", "purge")
+ROW_OPERATIONS = ("append", "delete", "update", "upsert", "merge", "changelog", "purge")
 PLOT_SUFFIXES = (".html", ".htm", ".svg", ".png")
 
 

@@ -5,7 +5,10 @@
 - :mod:`~lineage.writes.rows`: removed images by file, kept rows of copy-on-write, new row images;
 - :mod:`~lineage.writes.checks`: update expressions against column types, user commit properties;
 - :mod:`~lineage.writes.properties`: write modes, delete granularity, commit retries;
-- :mod:`~lineage.writes.spark`: appends and upserts of Spark DataFrames.
+- :mod:`~lineage.writes.spark`: appends and upserts of Spark DataFrames;
+- :mod:`~lineage.writes.changelog`: change-stream ingest (Flink RowKind / Debezium batches), with the collapse
+  of a batch into net effects (:mod:`~lineage.writes.changelog_sql`), the key lookup (:mod:`~lineage.writes.keys`)
+  and exactly-once stream positions (:mod:`~lineage.writes.stream_position`).
 
 New write paths (change streams, reconciliation of foreign commits) belong here.
 Modules of this package never import :mod:`lineage.table` at run time: the

@@ -54,6 +54,7 @@ _ICEBERG_OPERATION = {
     "update": Operation.OVERWRITE,
     "upsert": Operation.OVERWRITE,
     "merge": Operation.OVERWRITE,
+    "changelog": Operation.OVERWRITE,
 }
 
 
@@ -75,6 +76,7 @@ class CommitInfo:
     attempts: int = 1
     committed: bool = True
     properties: dict[str, str] = field(default_factory=dict)
+    ignored: int = 0  # change-stream events with no effect (upsert mode: -U/-D of an absent key)
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Plan:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
+    ignored: int = 0  # see CommitInfo.ignored
 
     @property
     def is_empty(self) -> bool:
@@ -135,7 +138,7 @@ def run_write(
                 # The user's predicate or expressions failed on the data (e.g. a cast); nothing was written.
                 raise InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}") from None
             if plan.is_empty:
-                return _no_op(table, state, plan.operation, attempt)
+                return _no_op(table, state, plan.operation, attempt, plan.ignored)
             try:
                 return _materialize_and_commit(table, state, plan, mode, con, created, attempt, reuse_inserts)
             except CommitFailedException as exc:
@@ -158,11 +161,12 @@ def run_write(
     )
 
 
-def _no_op(table: Table, state: TableState, operation: str, attempt: int) -> CommitInfo:
+def _no_op(table: Table, state: TableState, operation: str, attempt: int, ignored: int = 0) -> CommitInfo:
     snap = state.snapshot
     ts = ms_to_datetime(snap.timestamp_ms) if snap else ms_to_datetime(table.iceberg.metadata.last_updated_ms)
     return CommitInfo(
-        version=state.version, snapshot_id=snap.snapshot_id if snap else None, timestamp=ts, operation=operation, attempts=attempt, committed=False
+        version=state.version, snapshot_id=snap.snapshot_id if snap else None, timestamp=ts, operation=operation, attempts=attempt,
+        committed=False, ignored=ignored,
     )
 
 
@@ -255,6 +259,7 @@ def _materialize_and_commit(
         data_files_removed=len(removed_files),
         bytes_written=result.bytes_written,
         attempts=attempt,
+        ignored=plan.ignored,
     )
 
 

@@ -1,0 +1,323 @@
+"""Change-stream ingest: apply a batch of Flink RowKind or Debezium events in one commit.
+
+A batch holds one event per row: the row's image plus an operation code in
+``op_column`` (Flink ``+I``, ``-U``, ``+U``, ``-D`` or their ``RowKind`` names;
+Debezium ``c``, ``u``, ``d``, ``r``). Events apply in batch order; the commit
+holds each key's **net** effect (DESIGN section 8):
+
+* live before and after the batch: an update that keeps ``_row_id`` and
+  created version (also ``-U`` then an equal ``+U``, or ``-D`` then ``+I``);
+* absent before, live after: an insert with a fresh row id;
+* live before, absent after: a delete;
+* absent before and after (``+I`` then ``-D``): nothing.
+
+Strict mode (default) refuses, with :class:`KeyViolationError` and nothing
+written, a batch in which ``+I`` or ``+U`` adds a live key, ``-U``, ``-D`` or
+``u`` touches an absent key, or ``-U`` carries an image other than the key's
+live row (the table's row for the key's first event, the batch's afterwards).
+Upsert mode lets ``+I``/``+U`` of a live key update it and ignores ``-U``/``-D``
+of an absent key (counted in ``CommitInfo.ignored``).
+
+How the net effects become files is a *strategy*, chosen per table with the
+property ``write.changelog.strategy``: ``position`` (default) resolves keys
+to live images at write time and writes position deletes plus new images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lineage import duck
+from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
+from lineage.predicate import quote_ident
+from lineage.schema import conform, to_arrow_table
+from lineage.spark import is_spark_dataframe
+from lineage.state import TableState
+from lineage.writer import CREATED, ROW_ID
+from lineage.writes.checks import check_user_properties
+from lineage.writes.loop import CommitInfo, Plan, run_write
+from lineage.writes.rows import conform_images
+from lineage.writes.changelog_sql import OP_LABELS, OP_VERBS, OPS, POSITIVE, PROBLEMS, UPDATE_BEFORE, Relations, net_effects_sql, problems_sql
+from lineage.writes.keys import live_images_for_keys
+from lineage.writes.stream_position import StreamPosition, last_committed_batch, position_properties
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lineage.table import Table
+
+PROP_STRATEGY = "write.changelog.strategy"
+DEFAULT_STRATEGY = "position"
+OPERATION = "changelog"
+SEQ = "__seq"  # batch position when no order_by is given
+
+
+@dataclass(frozen=True)
+class ChangelogBatch:
+    """A validated batch: data columns cast to the table's types, ``__op`` codes and the ordering columns."""
+
+    events: pa.Table
+    key: tuple[str, ...]
+    columns: tuple[str, ...]  # the table's data columns
+    order: tuple[str, ...]  # ascending = batch order
+    explicit_order: bool  # order came from the caller (ties must be checked)
+
+    @property
+    def has_before_images(self) -> bool:
+        """Whether any event is a ``-U`` (whose image strict mode checks)."""
+        return bool(pc.any(pc.equal(self.events.column("__op"), UPDATE_BEFORE)).as_py())
+
+
+class ChangelogStrategy(Protocol):
+    """Turns a batch's events into a write plan against one table state."""
+
+    name: str
+
+    def plan(self, table: Table, batch: ChangelogBatch, upsert: bool, state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        """The plan of the batch's net effects (raises KeyViolationError in strict mode)."""
+        ...
+
+
+STRATEGIES: dict[str, ChangelogStrategy] = {}
+
+
+def register_strategy(strategy: ChangelogStrategy) -> None:
+    """Make a strategy selectable with the table property ``write.changelog.strategy``."""
+    STRATEGIES[strategy.name] = strategy
+
+
+def strategy_of(table: Table) -> ChangelogStrategy:
+    """The table's changelog strategy (property ``write.changelog.strategy``, default ``position``)."""
+    name = table.properties.get(PROP_STRATEGY, DEFAULT_STRATEGY)
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise InvalidArgumentError(f"table property {PROP_STRATEGY} must be one of {sorted(STRATEGIES)}, got {name!r}") from None
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def apply_changelog(
+    table: Table,
+    data: object,
+    *,
+    op_column: str = "_op",
+    upsert: bool = False,
+    order_by: str | Sequence[str] | None = None,
+    mode: str,
+    properties: Mapping[str, str] | None = None,
+    expected_version: int | None = None,
+    stream: tuple[str, int] | None = None,
+) -> CommitInfo:
+    """Apply a batch of change events in one commit; see :meth:`lineage.Table.apply_changelog`.
+
+    ``mode`` is the resolved write mode (merge-on-read or copy-on-write).
+    """
+    key = table.key
+    if not key:
+        raise KeyViolationError(f"table {table.name} has no key; change streams apply by key: create the table with key=[...]")
+    if not isinstance(upsert, bool):
+        raise InvalidArgumentError(f"upsert must be True or False, got {upsert!r}")
+    extra = check_user_properties(properties)
+    position = StreamPosition.parse(stream) if stream is not None else None
+    if position is not None:
+        clash = sorted(set(extra) & set(position_properties(position)))
+        if clash:
+            raise InvalidArgumentError(f"properties {clash} are set by stream=; do not pass them yourself")
+        extra.update(position_properties(position))
+    strategy = strategy_of(table)
+    if is_spark_dataframe(data):
+        from lineage.writes.changelog_spark import apply_spark_changelog
+
+        return apply_spark_changelog(
+            table, data, op_column=op_column, upsert=upsert, order_by=order_by, mode=mode, properties=extra,
+            expected_version=expected_version, position=position,
+        )
+    batch = prepare_batch(table, to_arrow_table(data), op_column, order_by)
+
+    def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        if position is not None and position.applied_in(state):
+            return Plan(OPERATION)  # a replayed batch: nothing to do
+        out = strategy.plan(table, batch, upsert, state, con)
+        out.properties = dict(extra)
+        return out
+
+    return run_write(table, plan, mode=mode, expected_version=expected_version)
+
+
+# ---------------------------------------------------------------- batch preparation
+
+
+def order_columns(order_by: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``order_by`` as a tuple of column names (empty when not given)."""
+    if order_by is None:
+        return ()
+    names = (order_by,) if isinstance(order_by, str) else tuple(order_by)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise InvalidArgumentError(f"order_by must be a column name or a list of column names, got {order_by!r}")
+    reserved = [n for n in names if n.startswith("__")]
+    if reserved:
+        raise InvalidArgumentError(f"order_by column names starting with '__' are reserved: {reserved}")
+    return names
+
+
+def check_batch_columns(table: Table, names: Sequence[str], op_column: str, order: Sequence[str]) -> None:
+    """The batch must have the op column and order columns, and nothing the table does not know."""
+    if not isinstance(op_column, str) or not op_column:
+        raise InvalidArgumentError(f"op_column must be a column name, got {op_column!r}")
+    table_cols = table.arrow_schema.names
+    if op_column in table_cols:
+        raise InvalidArgumentError(f"op_column {op_column!r} is a column of the table; the operation needs a column of its own")
+    if op_column not in names:
+        raise UnknownColumnError(
+            f"the batch has no operation column {op_column!r} (its columns: {list(names)}); name it with op_column="
+        )
+    missing = [c for c in order if c not in names]
+    if missing:
+        raise UnknownColumnError(f"order_by column(s) {missing} are not in the batch (its columns: {list(names)})")
+    unknown = [c for c in names if c not in table_cols and c != op_column and c not in order]
+    if unknown:
+        raise UnknownColumnError(
+            f"the batch has column(s) {unknown} that the table does not have (table columns: {table_cols}); "
+            "drop them, or name an ordering column with order_by="
+        )
+
+
+def op_codes(ops: pa.ChunkedArray | pa.Array, op_column: str) -> pa.Array:
+    """Canonical operation codes (int8) of an op column, or InvalidArgumentError naming bad values."""
+    if pa.types.is_dictionary(ops.type):
+        ops = ops.cast(ops.type.value_type)
+    if not (pa.types.is_string(ops.type) or pa.types.is_large_string(ops.type)):
+        raise SchemaMismatchError(f"operation column {op_column!r} must hold strings like '+I' or 'c', got type {ops.type}")
+    idx = pc.index_in(ops, value_set=pa.array(list(OPS), ops.type))
+    bad = pc.is_null(idx)
+    if pc.any(bad).as_py():
+        rows = np.flatnonzero(bad.to_numpy(zero_copy_only=False))
+        values = sorted({repr(v) for v in pc.filter(ops, bad).to_pylist()})[:5]
+        raise InvalidArgumentError(
+            f"operation column {op_column!r} has {len(rows)} value(s) that are no change operation, e.g. {', '.join(values)} "
+            f"(first at row {int(rows[0])}); allowed: +I, -U, +U, -D (or INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE) "
+            "and Debezium's c, u, d, r"
+        )
+    codes = pa.array(list(OPS.values()), pa.int8())
+    out = pc.take(codes, idx)
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+def relaxed_schema(table: Table) -> Any:
+    """The table's Iceberg schema with every non-key column optional (delete events may carry only the key)."""
+    from pyiceberg.schema import Schema
+
+    schema = table.iceberg.schema()
+    key_ids = set(schema.identifier_field_ids)
+    fields = [f if f.field_id in key_ids else f.model_copy(update={"required": False}) for f in schema.fields]
+    return Schema(*fields, schema_id=schema.schema_id, identifier_field_ids=list(key_ids))
+
+
+def check_required(table: Table, data: pa.Table, positive: pa.Array) -> None:
+    """Events that make a key live must fill the table's required columns."""
+    for field in table.arrow_schema:
+        if field.nullable or field.name in table.key:
+            continue
+        nulls = pc.sum(pc.and_(positive, pc.is_null(data.column(field.name)))).as_py() or 0
+        if nulls:
+            raise SchemaMismatchError(
+                f"column {field.name!r} is required but {nulls} insert or update event(s) leave it null"
+            )
+
+
+def prepare_batch(table: Table, raw: pa.Table, op_column: str, order_by: str | Sequence[str] | None) -> ChangelogBatch:
+    """Validate a batch and bring it to the shape the collapse SQL reads."""
+    order = order_columns(order_by)
+    check_batch_columns(table, raw.column_names, op_column, order)
+    codes = op_codes(raw.column(op_column), op_column)
+    schema = table.arrow_schema
+    data = conform(raw.select([c for c in raw.column_names if c in schema.names]), relaxed_schema(table), table.key)
+    check_required(table, data, pc.is_in(codes, value_set=pa.array(POSITIVE, pa.int8())))
+    events = data.append_column("__op", codes)
+    if order:
+        for c in order:
+            col = raw.column(c)
+            if col.null_count:
+                raise InvalidArgumentError(f"order_by column {c!r} is null in {col.null_count} event(s); every event needs a position")
+            if c not in schema.names:
+                events = events.append_column(c, col)
+    else:
+        events = events.append_column(SEQ, pa.array(np.arange(raw.num_rows, dtype=np.int64)))
+    return ChangelogBatch(events, tuple(table.key), tuple(schema.names), order or (SEQ,), bool(order))
+
+
+# ---------------------------------------------------------------- the position strategy
+
+
+def _describe(problem: dict[str, Any], key: Sequence[str], order: Sequence[str], explicit: bool) -> str:
+    where = f"row {problem[SEQ]}" if not explicit else "the event at " + ", ".join(f"{c}={problem[c]!r}" for c in order)
+    label = OP_LABELS[problem["__op"]]
+    text = PROBLEMS[problem["__problem"]].format(key={k: problem[k] for k in key}, verb=OP_VERBS[problem["__op"]])
+    return f"{where} ({label}) {text}"
+
+
+def check_problems(con: duckdb.DuckDBPyConnection, rel: Relations, batch: ChangelogBatch, upsert: bool, check_images: bool) -> int:
+    """Raise KeyViolationError for a strict-mode batch that does not fit the table; return the ignored count."""
+    sql = problems_sql(rel, upsert=upsert, check_images=check_images, check_ties=batch.explicit_order)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE __problems AS SELECT * FROM ({sql}) WHERE __problem IS NOT NULL")
+    counts = dict(con.execute("SELECT __problem, count(*) FROM __problems GROUP BY ALL").fetchall())
+    errors = {p: n for p, n in counts.items() if p != "ignored"}
+    if errors:
+        order = ", ".join(quote_ident(c) for c in batch.order)
+        sample = duck.fetch_arrow(con, f"SELECT * FROM __problems WHERE __problem <> 'ignored' ORDER BY {order} LIMIT 3").to_pylist()
+        total = sum(errors.values())
+        hint = "" if upsert or set(errors) == {"tie"} else (
+            "; if the stream is an upsert stream (replays, no -U before +U), pass upsert=True"
+        )
+        raise KeyViolationError(
+            f"changelog batch rejected, nothing was written: {total} event(s) do not fit the table "
+            f"({', '.join(f'{n} {p}' for p, n in sorted(errors.items()))}), e.g. "
+            + "; ".join(_describe(p, batch.key, batch.order, batch.explicit_order) for p in sample)
+            + hint
+        )
+    return int(counts.get("ignored", 0))
+
+
+@dataclass(frozen=True)
+class PositionDeletes:
+    """Resolve keys to live images at write time; removed images become position deletes (or rewrites)."""
+
+    name: str = "position"
+
+    def plan(self, table: Table, batch: ChangelogBatch, upsert: bool, state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        """Validate the batch against ``state`` and plan its net effects."""
+        key = list(batch.key)
+        con.register("events", batch.events)
+        keys = ", ".join(quote_ident(k) for k in key)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE __keys AS SELECT DISTINCT {keys} FROM events")
+        check_images = not upsert and batch.has_before_images
+        live = live_images_for_keys(state, con, "__keys", key, values=check_images)
+        con.register("start", live.images)
+        rel = Relations(key, batch.columns, batch.order, ("__file_id", "__pos"), quote_ident)
+        ignored = check_problems(con, rel, batch, upsert, check_images)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE __net AS {net_effects_sql(rel)}")
+        cols = ", ".join(quote_ident(c) for c in batch.columns)
+        removed = duck.fetch_arrow(
+            con, "SELECT __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version FROM __net WHERE __start_live"
+        )
+        images = duck.fetch_arrow(
+            con, f"SELECT {cols}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED} FROM __net WHERE __start_live AND __end_live"
+        )
+        inserts = duck.fetch_arrow(con, f"SELECT {cols} FROM __net WHERE NOT __start_live AND __end_live")
+        images = conform_images(images, table.iceberg.schema(), key, "upsert")
+        inserts = inserts.cast(table.arrow_schema)
+        updated = images.num_rows
+        return Plan(
+            OPERATION, files=live.files, removed=removed, new_images=images, inserts=inserts,
+            inserted=inserts.num_rows, updated=updated, deleted=removed.num_rows - updated, ignored=ignored,
+        )
+
+
+register_strategy(PositionDeletes())

@@ -1,0 +1,74 @@
+"""Exactly-once positions of change streams, committed atomically with the data.
+
+A stream writer (e.g. a Spark Structured Streaming query) tags each commit
+with its stream id and batch id (snapshot summary and commit log properties
+``lineage.user.stream-id`` / ``lineage.user.stream-batch-id``). Before a batch
+is planned, the table's commit log is read newest first for the stream's
+last batch id; a batch at or below it was applied already and is skipped.
+The check runs inside the write's plan step, against the very snapshot the
+commit requires as its parent, so "not applied yet" and "now applied" are
+decided atomically by the Iceberg commit.
+
+This module is the one place that answers "did batch N of stream S land?",
+also after an ambiguous catalog error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lineage.errors import InvalidArgumentError
+from lineage.state import TableState
+
+PROP_STREAM_ID = "lineage.user.stream-id"
+PROP_STREAM_BATCH = "lineage.user.stream-batch-id"
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """A batch of a stream: ``(stream id, batch id)``; batch ids increase along the stream."""
+
+    stream_id: str
+    batch_id: int
+
+    @staticmethod
+    def parse(value: object) -> StreamPosition:
+        """Accept a ``(stream_id, batch_id)`` pair (or a StreamPosition)."""
+        if isinstance(value, StreamPosition):
+            return value
+        if isinstance(value, tuple) and len(value) == 2:
+            sid, bid = value
+            if isinstance(sid, str) and sid.strip() and isinstance(bid, int) and not isinstance(bid, bool) and bid >= 0:
+                return StreamPosition(sid, bid)
+        raise InvalidArgumentError(f"stream must be a (stream id, batch id) pair: a non-empty string and an integer >= 0, got {value!r}")
+
+    def applied_in(self, state: TableState) -> bool:
+        """Whether this batch (or a later one of the stream) is committed in ``state``."""
+        last = last_committed_batch(state, self.stream_id)
+        return last is not None and self.batch_id <= last.batch_id
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """The last batch of a stream found in a table's commit log."""
+
+    stream_id: str
+    batch_id: int
+    version: int
+
+
+def position_properties(position: StreamPosition) -> dict[str, str]:
+    """The commit properties that record ``position``."""
+    return {PROP_STREAM_ID: position.stream_id, PROP_STREAM_BATCH: str(position.batch_id)}
+
+
+def last_committed_batch(state: TableState, stream_id: str) -> CommittedBatch | None:
+    """The stream's newest committed batch in ``state``'s commit log (None if it never committed).
+
+    The log is searched newest first and stops at the stream's first hit, so
+    a stream that commits often finds its position among the last few entries.
+    """
+    for c in reversed(state.lineage.commits):
+        if c.properties.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in c.properties:
+            return CommittedBatch(stream_id, int(c.properties[PROP_STREAM_BATCH]), c.version)
+    return None
