@@ -19,6 +19,8 @@ import numpy as np
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
@@ -68,6 +70,22 @@ def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
         file_sequence_number=entry.file_sequence_number,
         data_file=df,
     )
+
+
+class _Transaction(Transaction):
+    """A transaction that hands out the base metadata while nothing is staged.
+
+    pyiceberg's ``Transaction.table_metadata`` re-applies the staged updates to
+    a deep copy of the whole table metadata on every access; the snapshot
+    producer reads it a dozen times before it stages anything, so each commit
+    paid a dozen copies of a document that grows with every snapshot.
+    """
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        if not self._updates:
+            return self._table.metadata
+        return super().table_metadata
 
 
 class _LineageSnapshotProducer(_OverwriteFiles):
@@ -220,7 +238,7 @@ def commit_files(
     them up. Raises ``CommitFailedException`` when the branch moved; the
     caller then re-plans against the new snapshot.
     """
-    tx = iceberg.transaction()
+    tx = _Transaction(iceberg)
     producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
     producer.strip_removed_stats = strip_removed_stats
     for f in added:

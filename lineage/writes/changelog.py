@@ -268,14 +268,19 @@ def check_problems(con: duckdb.DuckDBPyConnection, rel: Relations, batch: Change
     sql = problems_sql(rel, upsert=upsert, check_images=check_images, check_ties=batch.explicit_order)
     con.execute(f"CREATE OR REPLACE TEMP TABLE __problems AS SELECT * FROM ({sql}) WHERE __problem IS NOT NULL")
     counts = dict(con.execute("SELECT __problem, count(*) FROM __problems GROUP BY ALL").fetchall())
+    order = ", ".join(quote_ident(c) for c in batch.order)
+    if "tie" in counts:
+        sample = duck.fetch_arrow(con, f"SELECT * FROM __problems WHERE __problem = 'tie' ORDER BY {order} LIMIT 3").to_pylist()
+        raise InvalidArgumentError(
+            f"changelog batch rejected, nothing was written: {counts['tie']} event(s) share their key and order_by values, e.g. "
+            + "; ".join(_describe(p, batch.key, batch.order, batch.explicit_order) for p in sample)
+            + "; order_by must put the events of each key in a strict order"
+        )
     errors = {p: n for p, n in counts.items() if p != "ignored"}
     if errors:
-        order = ", ".join(quote_ident(c) for c in batch.order)
         sample = duck.fetch_arrow(con, f"SELECT * FROM __problems WHERE __problem <> 'ignored' ORDER BY {order} LIMIT 3").to_pylist()
         total = sum(errors.values())
-        hint = "" if upsert or set(errors) == {"tie"} else (
-            "; if the stream is an upsert stream (replays, no -U before +U), pass upsert=True"
-        )
+        hint = "; if the stream is an upsert stream (replays, no -U before +U), pass upsert=True"
         raise KeyViolationError(
             f"changelog batch rejected, nothing was written: {total} event(s) do not fit the table "
             f"({', '.join(f'{n} {p}' for p, n in sorted(errors.items()))}), e.g. "
