@@ -247,11 +247,17 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
         new = write_with_executors(table, inserts.coalesce(max(1, n_inserts // 2_000_000))) if n_inserts else []
     finally:
         matched.unpersist()
+    inserted = sum(w.data_file.record_count for w in new)
+    return files, removed_images(files, pointers), written + new, pointers.num_rows, inserted
+
+
+def removed_images(files: list[LiveFile], pointers: pa.Table) -> pa.Table:
+    """Pointers collected from executors (``__path``, ``__pos``, lineage) as the write loop's removed images (``__file_id``)."""
     index_of = {local_path(f.path): i for i, f in enumerate(files)}
     missing = [p for p in set(pointers.column("__path").to_pylist()) if p not in index_of]
     if missing:
         raise InvalidArgumentError(f"internal: matched rows point at files not in the snapshot: {missing[:3]}")
-    removed = pa.table(
+    return pa.table(
         {
             "__file_id": pa.array([index_of[p] for p in pointers.column("__path").to_pylist()], pa.int32()),
             "__pos": pointers.column("__pos").cast(pa.int64()),
@@ -260,8 +266,6 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
             "_row_last_updated_at_version": pointers.column("_row_last_updated_at_version"),
         }
     )
-    inserted = sum(w.data_file.record_count for w in new)
-    return files, removed, written + new, pointers.num_rows, inserted
 
 
 def reject_bad_batch(table: Table, df: Any, keyed: bool) -> None:

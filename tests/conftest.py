@@ -48,9 +48,8 @@ def assert_interop(table: lineage.Table) -> None:
     assert rows(ddb, names) == rows(ours, names), "DuckDB iceberg_scan differs from ours"
 
 
-@pytest.fixture(scope="session")
-def spark():
-    """One local Spark session shared by every test that needs it (started on first use)."""
+def local_spark_builder(app: str):  # type: ignore[no-untyped-def]
+    """A builder of the small local Spark session the tests use (also in child processes)."""
     import os
     import sys
 
@@ -58,17 +57,22 @@ def spark():
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = (
+    return (
         SparkSession.builder.master("local[2]")
-        .appName("lineage-tests")
+        .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
         .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
     )
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session shared by every test that needs it (started on first use)."""
+    session = local_spark_builder("lineage-tests").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

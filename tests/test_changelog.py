@@ -235,3 +235,28 @@ def test_stream_positions_make_replays_no_ops(seeded: lineage.Table) -> None:
             seeded.apply_changelog(events(("+I", 9, A)), stream=bad)  # type: ignore[arg-type]
     with pytest.raises(lineage.InvalidArgumentError, match="set by stream="):
         seeded.apply_changelog(events(("+I", 9, A)), stream=("s", 1), properties={"lineage.user.stream-id": "x"})
+
+
+def test_cli_apply_changelog(tmp_path, warehouse: str) -> None:
+    """``lineage apply-changelog``: Flink events from CSV, Debezium events from JSON lines in upsert mode, a refused batch."""
+    import json
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lineage.cli", "--warehouse", warehouse, *args], capture_output=True, text=True, timeout=300)
+
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(pa.table({"id": [1, 2], "name": ["ann", "bob"], "amount": [10.0, 20.0]}, schema=SCHEMA))
+    (tmp_path / "a.csv").write_text("_op,id,name,amount\n-U,1,ann,10\n+U,1,ann,11\n-D,2,bob,20\n+I,3,cy,30\n")
+    p = run("apply-changelog", "shop.orders", str(tmp_path / "a.csv"))
+    assert p.returncode == 0, p.stderr
+    assert "version 2 (changelog): 1 inserted, 1 updated, 1 deleted" in p.stdout
+    (tmp_path / "b.jsonl").write_text('{"op": "u", "id": 1, "name": "ann", "amount": 12}\n{"op": "d", "id": 9}\n{"op": "c", "id": 3, "name": "cy", "amount": 31}\n')
+    p = run("--format", "json", "apply-changelog", "shop.orders", str(tmp_path / "b.jsonl"), "--op-column", "op", "--upsert")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert (out["version"], out["updated"], out["ignored"]) == (3, 2, 1)
+    p = run("apply-changelog", "shop.orders", str(tmp_path / "a.csv"))  # a replay in strict mode
+    assert p.returncode == 2 and "nothing was written" in p.stderr and "Traceback" not in p.stderr
+    assert rows(t.scan(columns=["id", "amount", "_row_id"])) == [(1, 12.0, 0), (3, 31.0, 2)]

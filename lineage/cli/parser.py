@@ -20,7 +20,7 @@ from lineage.cli.maintenance import (
 from lineage.cli.mv import cmd_mv_create, cmd_mv_list, cmd_mv_refresh
 from lineage.cli.reads import cmd_changes, cmd_deleted_rows, cmd_scan
 from lineage.cli.tables import cmd_create, cmd_demo, cmd_info, cmd_log, cmd_tables
-from lineage.cli.writes import cmd_append, cmd_delete, cmd_update, cmd_upsert
+from lineage.cli.writes import cmd_append, cmd_apply_changelog, cmd_delete, cmd_update, cmd_upsert
 
 
 def _version(text: str) -> int:
@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_text in (
         ("append", cmd_append, "append rows from Parquet, CSV or JSON-lines files (one commit)"),
         ("upsert", cmd_upsert, "insert-or-update rows by key from Parquet, CSV or JSON-lines files"),
+        ("apply-changelog", cmd_apply_changelog, "apply change events (Flink +I/-U/+U/-D or Debezium c/u/d/r) in one commit"),
     ):
         p = sub(name, func, help_text)
         table_arg(p)
@@ -178,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         if name == "upsert":
             p.add_argument("--skip-unchanged", action="store_true", help="leave rows equal in every column alone")
+            p.add_argument("--mode", choices=("merge-on-read", "copy-on-write"), help="override write.merge.mode")
+        if name == "apply-changelog":
+            p.add_argument("--op-column", default="_op", metavar="NAME", help="column holding the operation (default: _op)")
+            p.add_argument(
+                "--upsert", action="store_true", help="+I/+U of a live key update it; -U/-D of an absent key are ignored"
+            )
+            p.add_argument(
+                "--order-by", metavar="COLS", help="columns that order the events (default: the files' row order, file by file)"
+            )
             p.add_argument("--mode", choices=("merge-on-read", "copy-on-write"), help="override write.merge.mode")
 
     p = sub("delete", cmd_delete, "delete the live rows matching --where")

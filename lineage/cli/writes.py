@@ -1,4 +1,4 @@
-"""``lineage append``, ``upsert``, ``delete`` and ``update``: writes from the command line, and reading their input files."""
+"""``lineage append``, ``upsert``, ``apply-changelog``, ``delete`` and ``update``: writes from the command line, and reading their input files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from lineage.cli.context import EXIT_OK, Context
 from lineage.cli.format import human_bytes
-from lineage.cli.parse import parse_pairs
+from lineage.cli.parse import parse_columns, parse_pairs
 from lineage.errors import InvalidArgumentError
 
 
@@ -87,10 +87,10 @@ def _read_input(path: str, schema: Any, fmt: str | None) -> Any:
         raise InvalidArgumentError(f"cannot read {path} as {kind}: {exc}") from None
 
 
-def _load_inputs(ctx: Context, t: Any) -> Any:
+def _load_inputs(ctx: Context, t: Any, schema: Any = None) -> Any:
     import pyarrow as pa
 
-    tables = [_read_input(p, t.arrow_schema, ctx.args.input_format) for p in ctx.args.files]
+    tables = [_read_input(p, t.arrow_schema if schema is None else schema, ctx.args.input_format) for p in ctx.args.files]
     if len(tables) == 1:
         return tables[0]
     try:
@@ -114,6 +114,22 @@ def cmd_upsert(ctx: Context) -> int:
     with ctx.progress.task(f"upserting {data.num_rows:,} rows into {t.name}"):
         info = t.upsert(data, skip_unchanged=ctx.args.skip_unchanged, mode=ctx.args.mode)
     ctx.out.record(_commit_record(info), text=_commit_text(t.name, info))
+    return EXIT_OK
+
+
+def cmd_apply_changelog(ctx: Context) -> int:
+    import pyarrow as pa
+
+    t = ctx.open(ctx.args.table)
+    a = ctx.args
+    # the operation column is read as text whatever the file format
+    data = _load_inputs(ctx, t, pa.schema(list(t.arrow_schema) + [pa.field(a.op_column, pa.string())]))
+    with ctx.progress.task(f"applying {data.num_rows:,} change events to {t.name}"):
+        info = t.apply_changelog(data, op_column=a.op_column, upsert=a.upsert, order_by=parse_columns(a.order_by), mode=a.mode)
+    text = _commit_text(t.name, info) if info.committed else f"{t.name}: the events change nothing; no commit (version stays {info.version})\n"
+    if info.ignored:
+        text += f"{info.ignored:,} event(s) ignored (-U/-D of keys that were not live)\n"
+    ctx.out.record({**_commit_record(info), "ignored": info.ignored}, text=text)
     return EXIT_OK
 
 

@@ -25,7 +25,7 @@ to live images at write time and writes position deletes plus new images.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -263,31 +263,42 @@ def _describe(problem: dict[str, Any], key: Sequence[str], order: Sequence[str],
     return f"{where} ({label}) {text}"
 
 
+def raise_problems(
+    counts: Mapping[str, int], sample: Callable[[str], list[dict[str, Any]]], key: Sequence[str], order: Sequence[str], explicit: bool
+) -> int:
+    """Turn problem counts into the batch's error (nothing is written) or return the ignored count.
+
+    ``sample(condition)`` returns up to three problem rows matching a SQL
+    condition on ``__problem``, first in batch order (any engine).
+    """
+    if counts.get("tie"):
+        raise InvalidArgumentError(
+            f"changelog batch rejected, nothing was written: {counts['tie']} event(s) share their key and order_by values, e.g. "
+            + "; ".join(_describe(p, key, order, explicit) for p in sample("__problem = 'tie'"))
+            + "; order_by must put the events of each key in a strict order"
+        )
+    errors = {p: n for p, n in counts.items() if p != "ignored" and n}
+    if errors:
+        raise KeyViolationError(
+            f"changelog batch rejected, nothing was written: {sum(errors.values())} event(s) do not fit the table "
+            f"({', '.join(f'{n} {p}' for p, n in sorted(errors.items()))}), e.g. "
+            + "; ".join(_describe(p, key, order, explicit) for p in sample("__problem <> 'ignored'"))
+            + "; if the stream is an upsert stream (replays, no -U before +U), pass upsert=True"
+        )
+    return int(counts.get("ignored", 0))
+
+
 def check_problems(con: duckdb.DuckDBPyConnection, rel: Relations, batch: ChangelogBatch, upsert: bool, check_images: bool) -> int:
-    """Raise KeyViolationError for a strict-mode batch that does not fit the table; return the ignored count."""
+    """Raise for a batch that does not fit the table (strict mode) or has ambiguous order; return the ignored count."""
     sql = problems_sql(rel, upsert=upsert, check_images=check_images, check_ties=batch.explicit_order)
     con.execute(f"CREATE OR REPLACE TEMP TABLE __problems AS SELECT * FROM ({sql}) WHERE __problem IS NOT NULL")
     counts = dict(con.execute("SELECT __problem, count(*) FROM __problems GROUP BY ALL").fetchall())
     order = ", ".join(quote_ident(c) for c in batch.order)
-    if "tie" in counts:
-        sample = duck.fetch_arrow(con, f"SELECT * FROM __problems WHERE __problem = 'tie' ORDER BY {order} LIMIT 3").to_pylist()
-        raise InvalidArgumentError(
-            f"changelog batch rejected, nothing was written: {counts['tie']} event(s) share their key and order_by values, e.g. "
-            + "; ".join(_describe(p, batch.key, batch.order, batch.explicit_order) for p in sample)
-            + "; order_by must put the events of each key in a strict order"
-        )
-    errors = {p: n for p, n in counts.items() if p != "ignored"}
-    if errors:
-        sample = duck.fetch_arrow(con, f"SELECT * FROM __problems WHERE __problem <> 'ignored' ORDER BY {order} LIMIT 3").to_pylist()
-        total = sum(errors.values())
-        hint = "; if the stream is an upsert stream (replays, no -U before +U), pass upsert=True"
-        raise KeyViolationError(
-            f"changelog batch rejected, nothing was written: {total} event(s) do not fit the table "
-            f"({', '.join(f'{n} {p}' for p, n in sorted(errors.items()))}), e.g. "
-            + "; ".join(_describe(p, batch.key, batch.order, batch.explicit_order) for p in sample)
-            + hint
-        )
-    return int(counts.get("ignored", 0))
+
+    def sample(condition: str) -> list[dict[str, Any]]:
+        return duck.fetch_arrow(con, f"SELECT * FROM __problems WHERE {condition} ORDER BY {order} LIMIT 3").to_pylist()
+
+    return raise_problems(counts, sample, batch.key, batch.order, batch.explicit_order)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,148 @@
+"""Change streams from Spark: ``apply_changelog`` of Spark DataFrames, and the exactly-once streaming sink.
+
+The streaming test runs a real Structured Streaming query in a child process
+(``changelog_stream_job.py``), kills it with SIGKILL right after a batch
+committed to the table and before Spark recorded the batch in its
+checkpoint, restarts it from the checkpoint, and checks that the replayed
+batch was skipped and every batch was applied exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import SCHEMA, rows
+
+import cdf
+import lineage
+
+pytestmark = pytest.mark.spark
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASE = pa.table({"id": range(1, 7), "name": ["v0"] * 6, "amount": [float(i) for i in range(1, 7)]}, schema=SCHEMA)
+
+# Three batches, valid in strict mode only when each applies once and in order (-U images name the previous batch's values).
+BATCHES = [
+    [("-U", 1, "v0", 1.0), ("+U", 1, "v1", 10.0), ("-D", 2, "v0", 2.0), ("+I", 7, "n", 7.0),
+     ("+I", 9, "n", 9.0), ("-U", 9, "n", 9.0), ("+U", 9, "v1", 9.5)],
+    [("-U", 1, "v1", 10.0), ("+U", 1, "v2", 11.0), ("+I", 8, "n", 8.0), ("-D", 7, "n", 7.0)],
+    [("-U", 3, "v0", 3.0), ("+U", 3, "v1", 30.0), ("-D", 8, "n", 8.0), ("+I", 2, "back", 2.5)],
+]
+
+
+def _batch(events: list[tuple], first_seq: int, shuffle: bool = True) -> pa.Table:
+    """Events with a global ``seq``; rows shuffled, so only ``seq`` orders them."""
+    rows_ = [(*e, first_seq + i) for i, e in enumerate(events)]
+    if shuffle:
+        random.Random(first_seq).shuffle(rows_)
+    cols = list(zip(*rows_, strict=True))
+    return pa.table(
+        {"_op": pa.array(cols[0]), "id": pa.array(cols[1], pa.int64()), "name": pa.array(cols[2]), "amount": pa.array(cols[3], pa.float64()),
+         "seq": pa.array(cols[4], pa.int64())}
+    )
+
+
+def _reference(warehouse: str, n: int) -> lineage.Table:
+    """The first ``n`` batches applied once each through the embedded (DuckDB) path."""
+    ref = lineage.create_table("s.ref", SCHEMA, key=["id"], warehouse=warehouse)
+    ref.append(BASE)
+    seq = 0
+    for events in BATCHES[:n]:
+        ref.apply_changelog(_batch(events, seq), order_by="seq")
+        seq += len(events)
+    return ref
+
+
+def _feed(t: lineage.Table) -> list[tuple]:
+    f = cdf.changes(t, 1).to_pylist()
+    return sorted((r["_commit_version"], r["_change_type"], r["id"], r["name"], r["amount"]) for r in f)
+
+
+LINEAGE = ["id", "name", "amount", "_row_created_at_version", "_row_last_updated_at_version"]
+
+
+def test_spark_dataframe_matches_the_embedded_path(spark, warehouse: str) -> None:
+    ref = _reference(warehouse, 2)
+    t = lineage.create_table("s.sp", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(BASE)
+    seq = 0
+    for events in BATCHES[:2]:
+        df = spark.createDataFrame(_batch(events, seq).to_pandas())
+        info = t.apply_changelog(df, order_by="seq")
+        assert info.committed
+        seq += len(events)
+    assert rows(t.scan(columns=LINEAGE)) == rows(ref.scan(columns=LINEAGE))
+    kept = "id IN (1, 3, 4, 5, 6)"  # rows live since the base load keep their row ids on both paths
+    assert rows(t.scan(kept, columns=["id", "_row_id"])) == rows(ref.scan(kept, columns=["id", "_row_id"]))
+    assert _feed(t) == _feed(ref)
+
+    replay = spark.createDataFrame(_batch(BATCHES[0], 0).to_pandas())
+    with pytest.raises(lineage.KeyViolationError, match="nothing was written"):
+        t.apply_changelog(replay, order_by="seq")  # -U 1 names an image that is no longer live, -D 2 an absent key, ...
+    info = t.apply_changelog(replay, order_by="seq", upsert=True)
+    assert (info.updated, info.inserted, info.ignored) == (2, 1, 1)  # keys 1 and 9 update, +I 7 inserts, -D 2 (absent) is ignored
+    with pytest.raises(lineage.InvalidArgumentError, match="order_by"):
+        t.apply_changelog(replay)
+    bad = spark.createDataFrame(_batch([("+X", 50, "n", 1.0)], 0).to_pandas())
+    with pytest.raises(lineage.InvalidArgumentError, match="'\\+X'"):
+        t.apply_changelog(bad, order_by="seq")
+    tie = spark.createDataFrame(_batch([("-U", 4, "v0", 4.0), ("+U", 4, "x", 1.0)], 0).to_pandas().assign(seq=3))
+    with pytest.raises(lineage.InvalidArgumentError, match="order is ambiguous|strict order"):
+        t.apply_changelog(tie, order_by="seq")
+
+
+def _run_job(warehouse: str, input_dir: str, checkpoint: str, log: str, kill_after: int | None = None) -> int:
+    cmd = [sys.executable, os.path.join(HERE, "changelog_stream_job.py"), warehouse, "s.stream", input_dir, checkpoint, log]
+    if kill_after is not None:
+        cmd.append(str(kill_after))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"streaming job failed ({proc.returncode}): {err[-3000:]}")
+    return proc.returncode
+
+
+def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(tmp_path, warehouse: str) -> None:
+    input_dir, checkpoint, log = str(tmp_path / "in"), str(tmp_path / "chk"), str(tmp_path / "sink.log")
+    os.makedirs(input_dir)
+    seq, now = 0, time.time()
+    for i, events in enumerate(BATCHES):  # the file source takes files oldest first
+        path = os.path.join(input_dir, f"batch-{i}.parquet")
+        pq.write_table(_batch(events, seq), path)
+        os.utime(path, (now - 100 + i, now - 100 + i))
+        seq += len(events)
+    t = lineage.create_table("s.stream", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(BASE)
+
+    assert _run_job(warehouse, input_dir, checkpoint, log, kill_after=1) == -signal.SIGKILL
+    with open(log) as f:
+        assert f.read().split("\n")[:-1] == ["committed 0", "committed 1"]
+    t.refresh()
+    assert [c.properties["lineage.user.stream-batch-id"] for c in t.history() if c.operation == "changelog"] == ["0", "1"]
+
+    assert _run_job(warehouse, input_dir, checkpoint, log) == 0
+    with open(log) as f:
+        lines = f.read().split("\n")[:-1]
+    assert lines[2:4] == ["skipped 1", "committed 2"], lines  # Spark replayed batch 1: a no-op
+    query_id = lines[4].split()[1]
+
+    t.refresh()
+    tagged = [c.properties for c in t.history() if c.operation == "changelog"]
+    assert [p["lineage.user.stream-batch-id"] for p in tagged] == ["0", "1", "2"]  # each batch exactly once
+    assert {p["lineage.user.stream-id"] for p in tagged} == {f"spark-query-{query_id}"}  # the query id survives the restart
+    ref = _reference(str(tmp_path / "ref"), 3)
+    assert rows(t.scan(columns=LINEAGE)) == rows(ref.scan(columns=LINEAGE))
+    assert _feed(t) == _feed(ref)
