@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test venv java reference-engine bench bench-peers bench-scaling bench-report bench-all clean
+.PHONY: demo test venv java reference-engine bench bench-peers bench-scaling bench-cdc bench-report bench-all clean
 
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
@@ -48,6 +48,19 @@ bench-peers: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py --publish $(if $(SCALE),--scale $(SCALE))
 	$(PY) benchmarks/report.py
 
+# pypaimon 2.1 pins pyarrow < 20 and pandas < 3, which this project cannot use: it gets a virtual environment of
+# its own, and benchmarks/cdc.py runs its Paimon child process there.
+PAIMON_VENV := .venv-paimon
+PAIMON_STAMP := $(PAIMON_VENV)/.installed
+
+$(PAIMON_STAMP):
+	$(PYTHON) -m venv $(PAIMON_VENV)
+	$(PAIMON_VENV)/bin/python -m pip install -q "pypaimon==2.1.0"
+	touch $(PAIMON_STAMP)
+
+bench-cdc: $(BENCH_STAMP) $(PAIMON_STAMP)
+	$(PY) benchmarks/cdc.py $(if $(SCALE),--scale $(SCALE)) $(if $(COMMITS),--commits $(COMMITS))
+
 bench-scaling: $(STAMP)
 	$(PY) benchmarks/scaling.py --publish
 	$(PY) benchmarks/report.py
@@ -70,4 +83,4 @@ bench-all: $(BENCH_STAMP) java
 	$(PY) benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) demo-warehouse .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PAIMON_VENV) demo-warehouse .pytest_cache .hypothesis
