@@ -1,8 +1,8 @@
 """Property-based tests of change-stream ingest against a plain Python model.
 
 Hypothesis draws sequences of steps on a small keyed table: change-stream
-batches (``apply_changelog`` in strict and upsert mode, with Flink and
-Debezium codes, several events per key, and sometimes an event that breaks
+batches (``apply_changelog`` in strict and upsert mode, merge-on-read or
+copy-on-write, with Flink and Debezium codes, several events per key, and sometimes an event that breaks
 strict mode), interleaved with ``upsert``, ``delete``, ``update``,
 ``compact``, ``expire_snapshots`` and ``vacuum``. The model applies each
 batch's events one by one to a dict (the obvious, slow definition of the
@@ -242,18 +242,19 @@ def _check_key_lookup(t: lineage.Table, model: Model) -> None:
 
 def _step_changelog(t: lineage.Table, model: Model, data: st.DataObject) -> None:
     upsert = data.draw(st.booleans(), label="upsert mode")
+    mode = data.draw(st.sampled_from([None, lineage.COPY_ON_WRITE]), label="mode")
     events = _draw_events(data, model, upsert)
-    note(f"apply_changelog(upsert={upsert}): {events}")
+    note(f"apply_changelog(upsert={upsert}, mode={mode}): {events}")
     outcome = _net_of_batch(model, events, upsert)
     before = t.version
     if outcome is None:
         with pytest.raises(lineage.KeyViolationError):
-            t.apply_changelog(_batch(events), upsert=upsert)
+            t.apply_changelog(_batch(events), upsert=upsert, mode=mode)
         assert t.version == before, "a rejected batch committed"
         return
     net, ignored = outcome
     new_live, feed, ins, upd, dele = _apply_net(model, net)
-    info = t.apply_changelog(_batch(events), upsert=upsert)
+    info = t.apply_changelog(_batch(events), upsert=upsert, mode=mode)
     assert (info.inserted, info.updated, info.deleted, info.ignored) == (ins, upd, dele, ignored), info
     assert info.committed == bool(feed), info
     if feed:
