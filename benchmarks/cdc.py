@@ -46,7 +46,7 @@ the generator (rows, sum of id, sum of rev).
     make bench-cdc                                                        # full scale, every system
     .venv/bin/python benchmarks/cdc.py --systems lineage --profile 20    # where our commit time goes
 
-Writes ``benchmarks/results/cdc-<scale>-<commits>.json`` and prints the tables.
+Writes a record (``benchmarks/record.py``; ``--publish`` puts it in ``benchmarks/results/``) and prints the tables.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -204,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paimon-python", help="interpreter with pypaimon installed (default: .venv-paimon/bin/python)")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N of our commits (lineage) and print the top")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    if "--child" not in (argv if argv is not None else sys.argv[1:]):
+        import record  # the driver only: Paimon's child runs in an environment without this project
+
+        record.add_arguments(p)
     p.add_argument("--data", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -217,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         p.error(f"unknown systems {unknown}; choose from {SYSTEMS}")
+    import record
+
+    rec = record.Recorder("cdc", scale=args.scale, argv=argv, script="cdc.py", settings=vars(args),
+                          peers=["deltalake", "duckdb-extension-ducklake"])
     work = args.workdir or tempfile.mkdtemp(prefix="cdc-bench-")
     data = os.path.join(work, "stream")
     os.makedirs(data, exist_ok=True)
@@ -252,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     text = report(results, args)
     print(text)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", f"cdc-{args.scale}-{args.commits}.json"), "w") as f:
-        json.dump({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "args": vars(args), "results": results}, f, indent=1)
+    path = rec.finish({"commits": args.commits, "events": args.events, "time_cap_s": args.time_cap, "systems": results},
+                      publish=args.publish, out=args.out)
+    print(f"wrote {os.path.relpath(path)}")
     return 0
 
 
