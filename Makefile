@@ -59,7 +59,7 @@ $(PAIMON_STAMP):
 	touch $(PAIMON_STAMP)
 
 bench-cdc: $(BENCH_STAMP) $(PAIMON_STAMP)
-	$(PY) benchmarks/cdc.py $(if $(SCALE),--scale $(SCALE)) $(if $(COMMITS),--commits $(COMMITS))
+	$(PY) benchmarks/cdc.py --publish $(if $(SCALE),--scale $(SCALE)) $(if $(COMMITS),--commits $(COMMITS))
 
 bench-scaling: $(STAMP)
 	$(PY) benchmarks/scaling.py --publish
