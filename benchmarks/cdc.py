@@ -95,7 +95,7 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
         if time.perf_counter() - started > cap:
             break
         batch = pq.read_table(os.path.join(data, f"batch-{b:05d}.parquet"))
-        if profiler is not None and b >= 5 and b < 5 + profile:
+        if profiler is not None and b >= commits - profile:  # the last commits: where a long stream spends its time
             profiler.enable()
         t, c = time.perf_counter(), time.process_time()
         n = sysobj.apply(batch)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-cap", type=float, default=600.0, help="seconds of stream per system; later batches are skipped")
     p.add_argument("--workdir", help="where data and tables go (default: a temporary folder, removed at the end)")
     p.add_argument("--paimon-python", help="interpreter with pypaimon installed (default: .venv-paimon/bin/python)")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N of our commits (lineage) and print the top")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the last N of our commits (lineage) and print the top")
     p.add_argument("--child", help=argparse.SUPPRESS)
     if "--child" not in (argv if argv is not None else sys.argv[1:]):
         import record  # the driver only: Paimon's child runs in an environment without this project
