@@ -19,6 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from sqlalchemy.exc import OperationalError
 
 BEFORE, AFTER = "before", "after"
+LATE = "late"  # commit_table raises without committing; the request lands just before the next commit_table call
 
 
 def catalog_error(what: str) -> OperationalError:
@@ -60,6 +61,7 @@ class FaultPlan:
     faults: list[Fault] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # "commit_table:before" ... for every call, and "!..." for each fault raised
     commits: int = 0  # commits delegated to the wrapped catalog
+    delayed: list[tuple[Any, Any, Any]] = field(default_factory=list)  # commit requests held back by a LATE fault
     on_commit: Callable[[], None] | None = None  # called just before a commit is delegated (e.g. to arm a later fault)
 
 
@@ -99,6 +101,19 @@ class FaultyCatalog(Catalog):
         return self._wrap(table)
 
     def commit_table(self, table: IcebergTable, requirements: Any, updates: Any) -> Any:  # noqa: D102
+        while self.plan.delayed:  # a request held back "in the network" reaches the catalog first
+            held = self.plan.delayed.pop(0)
+            self.plan.commits += 1
+            try:
+                self.inner.commit_table(*held)
+                self.plan.log.append("commit_table:late-landed")
+            except Exception as exc:  # noqa: BLE001 - its sender no longer waits for the answer
+                self.plan.log.append(f"commit_table:late-refused:{type(exc).__name__}")
+        try:
+            self._check("commit_table", LATE)
+        except Exception:
+            self.plan.delayed.append((table, requirements, updates))
+            raise
         self._check("commit_table", BEFORE)
         if self.plan.on_commit is not None:
             self.plan.on_commit()
