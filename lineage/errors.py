@@ -84,12 +84,16 @@ class CommitStateUnknownError(LineageError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        ids = ", ".join(str(i) for i in self.snapshot_ids)
         why = f" ({type(self.cause).__name__}: {self.cause})" if self.cause is not None else ""
+        if self.snapshot_ids:
+            ids = ", ".join(str(i) for i in self.snapshot_ids)
+            what = f"check table.has_commit(id) for snapshot id(s) {ids} and retry only if none landed"
+        else:
+            what = "re-read the table to see whether the change is there (running this operation again is safe)"
         return (
             f"the outcome of a commit to {self.table} is unknown: the catalog could not be read back after the commit call "
             f"failed{why}. The table holds either the old or the new state and nothing was cleaned up. Do not retry blindly: "
-            f"when the catalog answers again, check table.has_commit(id) for snapshot id(s) {ids} and retry only if none landed"
+            f"when the catalog answers again, {what}"
         )
 
     def add_snapshot_ids(self, ids: list[int]) -> None:

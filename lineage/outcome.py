@@ -285,7 +285,8 @@ class CommitLoop(Generic[T]):
 
     def _start(self) -> Any:
         """Reload the table; the value of an earlier attempt found to have landed, else ``_NONE``."""
-        error = reload(self._refresh, self.name)
+        # With attempts in doubt a failing read is retried (it decides their fate); otherwise Table.refresh's own retries do.
+        error = reload(self._refresh, self.name, tries=RELOAD_TRIES if self.pending else 1)
         if error is not None:
             if self.pending:
                 raise CommitStateUnknownError(self.name, [a.snapshot_id for a in self.pending if a.snapshot_id is not None], error)

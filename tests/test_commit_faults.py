@@ -48,6 +48,7 @@ from catalog_faults import AFTER, BEFORE, LATE, Fault, FaultyCatalog
 from lineage.catalog import default_catalog
 from lineage.fileio import local_path
 from lineage.maintenance import referenced_files, verify
+from lineage.outcome import find_commit
 
 NAME, VIEW = "shop.orders", "shop.totals"
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
@@ -220,32 +221,26 @@ def template(tmp_path_factory):  # noqa: ANN001, ANN201
     """Per path: the built table (saved aside), its observed state, and the state after the operation ran once without faults."""
     cache: dict[str, Template] = {}
 
-    def get(path: str) -> Template:
-        if path not in cache:
-            root = tmp_path_factory.mktemp(path)
+    def get(key: str, spec: Path) -> Template:
+        if key not in cache:
+            root = tmp_path_factory.mktemp(key)
             wh, saved = str(root / "wh"), str(root / "saved")
-            spec = PATHS[path]
             spec.build(wh)
             shutil.copytree(wh, saved)
             before = observe(wh)
             cat = default_catalog(wh)
             spec.run(lineage.open_table(NAME, catalog=cat), cat)
-            cache[path] = Template(wh, saved, before, observe(wh))
-        return cache[path]
+            cache[key] = Template(wh, saved, before, observe(wh))
+        return cache[key]
 
     return get
 
 
-# ---------------------------------------------------------------------------- the matrix
-@pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("path", list(PATHS))
-def test_fault_leaves_old_or_new_state_once(template, path: str, fault: str) -> None:
-    spec, case = PATHS[path], FAULTS[fault]
+def check_fault(tpl: Template, spec: Path, fault: str) -> None:
+    """Run ``spec`` on a fresh copy of its table under ``fault`` and check everything the module docstring lists."""
+    case = FAULTS[fault]
     state, error = spec.overrides.get(fault, (case.state, case.error))
-    tpl = template(path)
-    before, after = tpl.before, tpl.after
     wh = tpl.restore()
-
     cat = FaultyCatalog(default_catalog(wh))
     table = lineage.open_table(NAME, catalog=cat)
     target = lineage.open_table(spec.target, catalog=cat)
@@ -257,8 +252,7 @@ def test_fault_leaves_old_or_new_state_once(template, path: str, fault: str) -> 
         raised = exc
     if raised is None and case.error is None:
         target.scan()  # the first read after the commit (a transient failure there is retried)
-    fired = [e for e in cat.plan.log if e.startswith("!")]
-    assert fired, f"no fault fired: {cat.plan.log}"
+    assert any(e.startswith("!") for e in cat.plan.log), f"no fault fired: {cat.plan.log}"
     if fault == "late-landing":
         assert "commit_table:late-landed" in cat.plan.log, f"the held-back commit never reached the catalog: {cat.plan.log}"
     if error is None:
@@ -267,7 +261,7 @@ def test_fault_leaves_old_or_new_state_once(template, path: str, fault: str) -> 
         assert isinstance(raised, error), f"expected {error.__name__}, got {raised!r}"
     cat.heal()
 
-    seen, expected = observe(wh), dict(after if state == "new" else before)
+    seen, expected = observe(wh), dict(tpl.after if state == "new" else tpl.before)
     if raised is not None:  # the operation stopped at its commit: follow-up work (purge's expiry) comes with the retry
         seen.pop("snapshots"), expected.pop("snapshots")
     assert seen == expected, "the table is not in exactly the old or the new state"
@@ -275,17 +269,74 @@ def test_fault_leaves_old_or_new_state_once(template, path: str, fault: str) -> 
     left = [p for p in audit(wh) if not os.path.exists(os.path.join(tpl.saved, os.path.relpath(p, wh)))]
     if not case.leftovers_allowed:
         assert left == [], "files of an attempt known to be lost were left behind"
+    if raised is None:
+        return
 
     # A caller that follows the README retries; the change must not be applied twice.
+    retry = True
     if isinstance(raised, lineage.CommitStateUnknownError):
-        if not spec.rerunnable or raised.snapshot_ids:
+        if raised.snapshot_ids or not spec.rerunnable:
             assert raised.snapshot_ids, "the error must name the attempts to check"
             landed = any(lineage.open_table(spec.target, warehouse=wh).has_commit(i) for i in raised.snapshot_ids)
             assert landed == (state == "new")
-        if spec.rerunnable or not landed:
-            spec.run(lineage.open_table(NAME, catalog=cat), cat)
-    elif raised is not None:
+            retry = spec.rerunnable or not landed
+    if retry:
         spec.run(lineage.open_table(NAME, catalog=cat), cat)
-    if raised is not None:
-        assert observe(wh) == after, "a retry by the caller applied the change twice (or not at all)"
-        audit(wh)
+    assert observe(wh) == tpl.after, "a retry by the caller applied the change twice (or not at all)"
+    audit(wh)
+
+
+# ---------------------------------------------------------------------------- the matrix
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("path", list(PATHS))
+def test_fault_leaves_old_or_new_state_once(template, path: str, fault: str) -> None:
+    check_fault(template(path, PATHS[path]), PATHS[path], fault)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("op", "fault"), [("append", "late-landing"), ("upsert", "lost-reply-catalog-down")])
+def test_spark_writes_under_faults(spark, template, op: str, fault: str) -> None:
+    """Spark appends reuse the files executors wrote across attempts; Spark upserts write theirs per attempt.
+
+    (Two cases only: a Spark write costs seconds; the commit machinery is the one the matrix covers.)
+    """
+    batch = _batch(range(100, 110)) if op == "append" else UPSERT
+    spec = Path(lambda t, c: getattr(t, op)(spark.createDataFrame(batch)))
+    check_fault(template(f"spark-{op}", spec), spec, fault)
+
+
+# ---------------------------------------------------------------------------- tokens and re-runs
+def test_rerun_of_a_refresh_whose_commit_landed_unseen_is_up_to_date(tmp_path) -> None:
+    """The view's checkpoint is its idempotency token: a refresh re-run after an unknown outcome applies nothing."""
+    wh = str(tmp_path / "wh")
+    PATHS["mv-refresh"].build(wh)
+    cat = FaultyCatalog(default_catalog(wh))
+    view = cdf.mv.open_view(VIEW, catalog=cat)
+    commits = len(view.table.history())
+    cat.arm(*copy.deepcopy(FAULTS["lost-reply-catalog-down"].faults))
+    with pytest.raises(lineage.CommitStateUnknownError) as info:
+        view.refresh()
+    assert "has_commit" in str(info.value) and info.value.snapshot_ids
+    cat.heal()
+    again = cdf.mv.open_view(VIEW, catalog=cat).refresh()
+    assert again.status == "up-to-date" and not again.committed
+    assert len(view.table.history()) == commits + 1
+    source = lineage.open_table(NAME, warehouse=wh)
+    assert cdf.mv.open_view(VIEW, warehouse=wh).checkpoint == source.version
+
+
+def test_commits_are_found_by_snapshot_id_and_by_token_after_expiry(tmp_path) -> None:
+    """has_commit and find_commit (for change-stream batch ids) read the lineage commit log, which outlives snapshots."""
+    t = _base(str(tmp_path / "wh"))
+    info = t.merge(UPSERT, properties={"lineage.user.batch": "b7"})
+    assert find_commit(t.iceberg, "lineage.user.batch", "b7").snapshot_id == info.snapshot_id
+    assert find_commit(t.iceberg, "lineage.user.batch", "b8") is None
+    t.append(_batch(range(100, 103)))
+    t.expire_snapshots(retain_last=1)
+    t.refresh()
+    assert t.iceberg.metadata.snapshot_by_id(info.snapshot_id) is None
+    assert t.has_commit(info.snapshot_id)
+    assert find_commit(t.iceberg, "lineage.user.batch", "b7").version == info.version
+    assert not t.has_commit(info.snapshot_id + 1)
+    with pytest.raises(lineage.InvalidArgumentError):
+        t.has_commit("1")  # type: ignore[arg-type]
