@@ -11,7 +11,7 @@ Quick start::
 
 from lineage.errors import (
     BadPredicateError,
-    CatalogUnavailableError,
+    CatalogFailedError,
     CommitConflictError,
     CommitStateUnknownError,
     VersionMovedError,
@@ -33,7 +33,7 @@ from lineage.table import COPY_ON_WRITE, MERGE_ON_READ, CommitInfo, Table, creat
 __all__ = [
     "BadPredicateError",
     "COPY_ON_WRITE",
-    "CatalogUnavailableError",
+    "CatalogFailedError",
     "CommitConflictError",
     "CommitStateUnknownError",
     "VersionMovedError",

@@ -60,7 +60,7 @@ class VersionMovedError(CommitConflictError):
         self.actual = actual
 
 
-class CatalogUnavailableError(CommitConflictError):
+class CatalogFailedError(CommitConflictError):
     """The catalog kept failing; after each failure the table was re-read and the write had not landed.
 
     Nothing was committed: retry when the catalog is back.

@@ -41,7 +41,7 @@ from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownExcept
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.metadata import TableMetadata
 
-from lineage.errors import CatalogUnavailableError, CommitStateUnknownError, LineageError
+from lineage.errors import CatalogFailedError, CommitStateUnknownError, LineageError
 from lineage.metadata import SUMMARY_LIST, CommitEntry, read_list
 from lineage.state import main_branch_snapshots
 
@@ -277,7 +277,7 @@ class CommitLoop(Generic[T]):
             return landed  # type: ignore[return-value]
         self._end(None)
         if transient is not None:
-            raise CatalogUnavailableError(
+            raise CatalogFailedError(
                 f"{self.name}: the catalog failed {self.retries + 1} times (last: {type(transient).__name__}: {transient}); "
                 "each time the table was read back and the commit had not landed. Nothing was committed: retry when the catalog is back"
             ) from transient
@@ -344,7 +344,7 @@ def commit_metadata(
     be idempotent (it is called again after a try that did not land);
     ``landed`` tells from reloaded metadata whether the change is there.
     Raises ``CommitFailedException`` if the catalog refused it,
-    :class:`~lineage.errors.CatalogUnavailableError` after ``tries``
+    :class:`~lineage.errors.CatalogFailedError` after ``tries``
     transient failures, :class:`~lineage.errors.CommitStateUnknownError`
     when the outcome cannot be established.
     """
@@ -356,7 +356,7 @@ def commit_metadata(
             if not exc.retryable:
                 raise exc.cause from None
             if number == tries:
-                raise CatalogUnavailableError(
+                raise CatalogFailedError(
                     f"{what}: the catalog failed {tries} times (last: {exc.cause}); the change did not land. Retry when the catalog is back"
                 ) from exc.cause
             backoff(number)

@@ -16,7 +16,7 @@ lands-then-refresh-fails       the commit lands, the next read raises once      
 lost-reply-then-refresh-fails  lost reply, and the read-back raises once           success (read-back retried)
 late-landing                   the commit raises, then lands late (just before     success (the late one is
                                the retry's commit reaches the catalog)             found; the retry loses)
-refused-repeatedly             every commit raises before landing                  CatalogUnavailableError
+refused-repeatedly             every commit raises before landing                  CatalogFailedError
 lost-reply-catalog-down        lost reply, then every read raises                  CommitStateUnknownError
 =============================  ==================================================  ==========================
 
@@ -24,7 +24,7 @@ After each: the table (and view) open through the plain embedded catalog, hold
 exactly the state of the same operation run without faults (or the state
 before it, when nothing landed), ``verify`` is clean, every file the table
 references exists, files of attempts known to be lost are gone, and a retry
-by a caller that follows the README (retry after ``CatalogUnavailableError``;
+by a caller that follows the README (retry after ``CatalogFailedError``;
 after ``CommitStateUnknownError`` check ``has_commit`` first, or just re-run
 a maintenance operation or refresh) leaves the same state: nothing applied twice.
 """
@@ -145,7 +145,7 @@ FAULTS: dict[str, FaultCase] = {
     "lands-then-refresh-fails": FaultCase((Fault("load_table", BEFORE, after_commits=1),)),
     "lost-reply-then-refresh-fails": FaultCase((Fault("commit_table", AFTER), Fault("load_table", BEFORE, after_commits=1))),
     "late-landing": FaultCase((Fault("commit_table", LATE),)),
-    "refused-repeatedly": FaultCase((Fault("commit_table", BEFORE, times=None),), "old", lineage.CatalogUnavailableError, True),
+    "refused-repeatedly": FaultCase((Fault("commit_table", BEFORE, times=None),), "old", lineage.CatalogFailedError, True),
     "lost-reply-catalog-down": FaultCase(
         (Fault("commit_table", AFTER), Fault("load_table", BEFORE, times=None, after_commits=1)), "new", lineage.CommitStateUnknownError, True
     ),
