@@ -52,6 +52,7 @@ _NONE = object()  # no earlier attempt landed
 
 RELOAD_TRIES = 4  # reads of the catalog made to establish an outcome before it is declared unknown
 METADATA_TRIES = 3  # tries of a metadata-only commit whose catalog call failed transiently
+RELOAD_PAUSE = 0.05  # seconds before the second read-back; doubled before each later one
 
 
 def backoff(attempt: int) -> None:
@@ -112,7 +113,7 @@ def reload(
                 return exc
             log.info("%s: reading the table back from the catalog failed (try %d of %d): %s", what, i + 1, tries, type(exc).__name__)
             if i + 1 < tries:
-                time.sleep(0.05 * 2**i)
+                time.sleep(RELOAD_PAUSE * 2**i)
     return error
 
 

@@ -44,6 +44,7 @@ import pytest
 import cdf
 import cdf.mv
 import lineage
+import lineage.outcome
 from catalog_faults import AFTER, BEFORE, LATE, Fault, FaultyCatalog
 from lineage.catalog import default_catalog
 from lineage.fileio import local_path
@@ -150,6 +151,12 @@ FAULTS: dict[str, FaultCase] = {
         (Fault("commit_table", AFTER), Fault("load_table", BEFORE, times=None, after_commits=1)), "new", lineage.CommitStateUnknownError, True
     ),
 }
+
+
+@pytest.fixture(autouse=True)
+def _short_pauses(monkeypatch):  # noqa: ANN001, ANN202
+    """The faults are injected, not real: no need to wait for a catalog to come back between read-backs."""
+    monkeypatch.setattr(lineage.outcome, "RELOAD_PAUSE", 0.001)
 
 
 # ---------------------------------------------------------------------------- observing a warehouse
