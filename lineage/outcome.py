@@ -10,7 +10,10 @@ is deleted only when the attempt is known not to have landed.**
   landed), reloads the table from the catalog and looks for the attempt
   (its snapshot id; for metadata-only commits a caller-given check). Found:
   the call succeeded. Not found: :class:`CommitPending`. The reload failed
-  every time: :class:`~lineage.errors.CommitStateUnknownError`.
+  every time: :class:`~lineage.errors.CommitStateUnknownError` (also when the
+  catalog itself said the state is unknown, pyiceberg's REST
+  ``CommitStateUnknownException``, and the commit is not visible yet: the
+  server may still apply it, so it is not retried).
 * An attempt that was not found is not yet known to be lost. Every commit of
   ours asserts the snapshot ``main`` pointed at when it was planned, so once
   ``main`` points elsewhere and the attempt's snapshot is not in the table's
@@ -188,7 +191,11 @@ def send(iceberg: IcebergTable, call: Callable[[], None], landed: Callable[[Iceb
         name = ".".join(iceberg.name()[-2:])
         if error is not None:
             raise CommitStateUnknownError(name, [], exc) from exc
-        if landed(iceberg):
+        try:
+            found = landed(iceberg)
+        except Exception as check:  # noqa: BLE001 - e.g. an unreadable commit log: still unknown
+            raise CommitStateUnknownError(name, [], check) from exc
+        if found:
             log.warning("%s: the catalog call failed (%s) but the commit landed; reporting success", what, type(exc).__name__)
             return
         if isinstance(exc, CommitStateUnknownException):

@@ -41,6 +41,7 @@ class Fault:
     times: int | None = 1
     skip: int = 0
     after_commits: int = 0
+    error: Callable[[str], Exception] | None = None  # what to raise (default: a lost-connection OperationalError)
     calls: int = 0
     fired: int = 0
 
@@ -89,7 +90,7 @@ class FaultyCatalog(Catalog):
         for f in self.plan.faults:
             if f.method == method and f.when == when and f.hit(self.plan.commits):
                 self.plan.log.append(f"!{method}:{when}")
-                raise catalog_error(f"{method} ({when})")
+                raise (f.error or catalog_error)(f"{method} ({when})")
 
     def _wrap(self, table: IcebergTable) -> IcebergTable:
         return IcebergTable(table._identifier, table.metadata, table.metadata_location, table.io, self, table.config)

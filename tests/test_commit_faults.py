@@ -347,3 +347,24 @@ def test_commits_are_found_by_snapshot_id_and_by_token_after_expiry(tmp_path) ->
     assert not t.has_commit(info.snapshot_id + 1)
     with pytest.raises(lineage.InvalidArgumentError):
         t.has_commit("1")  # type: ignore[arg-type]
+
+
+def test_a_catalog_that_itself_reports_an_unknown_state_is_not_retried(tmp_path) -> None:
+    """pyiceberg's REST catalog raises CommitStateUnknownException (HTTP 5xx): the server may still commit, so a
+    commit not visible yet is reported as unknown, with its files kept, instead of being retried."""
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    wh = str(tmp_path / "wh")
+    rows = _base(wh).count()
+    before = observe(wh)
+    cat = FaultyCatalog(default_catalog(wh)).arm(Fault("commit_table", BEFORE, error=CommitStateUnknownException))
+    t = lineage.open_table(NAME, catalog=cat)
+    with pytest.raises(lineage.CommitStateUnknownError) as info:
+        t.append(_batch(range(100, 110)))
+    assert cat.plan.commits == 0 and len(info.value.snapshot_ids) == 1
+    assert observe(wh) == before
+    assert len(audit(wh)) >= 3, "the attempt's data, lineage and manifest files must be kept"
+    assert not t.has_commit(info.value.snapshot_ids[0])
+    t.append(_batch(range(100, 110)))  # the caller checked: it did not land, so it retries
+    assert t.count() == rows + 10 and t.version == before["version"] + 1
+    audit(wh)
