@@ -11,7 +11,9 @@ Quick start::
 
 from lineage.errors import (
     BadPredicateError,
+    CatalogFailedError,
     CommitConflictError,
+    CommitStateUnknownError,
     VersionMovedError,
     InvalidArgumentError,
     KeyViolationError,
@@ -31,7 +33,9 @@ from lineage.table import COPY_ON_WRITE, MERGE_ON_READ, CommitInfo, Table, creat
 __all__ = [
     "BadPredicateError",
     "COPY_ON_WRITE",
+    "CatalogFailedError",
     "CommitConflictError",
+    "CommitStateUnknownError",
     "VersionMovedError",
     "CommitInfo",
     "InvalidArgumentError",

@@ -5,6 +5,7 @@ manifest (content ``deletes``) for added position delete files, takes the
 snapshot timestamp from the caller (so the lineage commit log written before
 the commit knows it), and never retries on its own: a lost race is reported
 to the writer, which re-plans against the new snapshot and reassigns row ids.
+A catalog call that fails otherwise is settled by :mod:`lineage.outcome`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from lineage.metadata import (
     write_list,
     write_segment,
 )
+from lineage.outcome import Attempt, has_commit, send
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.state import TableState
 from lineage.writer import WrittenFile
@@ -227,16 +229,18 @@ def commit_files(
     properties: dict[str, str],
     timestamp_ms: int,
     snapshot_id: int,
-    written: list[str],
+    attempt: Attempt,
     data_sequence_number: int | None = None,
     strip_removed_stats: bool = False,
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
-    Paths of the manifests and manifest lists written are appended to
-    ``written`` (even on failure) so a caller that lost the race can clean
-    them up. Raises ``CommitFailedException`` when the branch moved; the
-    caller then re-plans against the new snapshot.
+    Paths of the manifests and manifest lists written are added to
+    ``attempt.files`` before the catalog is called. Raises
+    ``CommitFailedException`` when the branch moved (the caller re-plans);
+    when the catalog call fails otherwise, the outcome is established by
+    :func:`lineage.outcome.send` (landed: returns; not in the table:
+    ``CommitPending``; unknown: ``CommitStateUnknownError``).
     """
     tx = _Transaction(iceberg)
     producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
@@ -246,33 +250,12 @@ def commit_files(
     for f in removed:
         producer.delete_data_file(f)
     try:
-        tx._apply(*producer.updates_and_requirements())
-        tx.commit_transaction()
-    except CommitFailedException:
-        written.extend(producer.written_files())
-        raise
-    except Exception as exc:
-        # Unknown outcome (e.g. the catalog's database was locked or the
-        # connection broke): the commit may have landed. Look for our snapshot
-        # before reporting anything.
-        try:
-            iceberg.refresh()
-        except Exception:
-            pass
-        if iceberg.metadata.snapshot_by_id(producer.snapshot_id) is None:
-            written.extend(producer.written_files())
-            if _is_transient(exc):
-                raise CommitFailedException(f"commit did not land: {exc}") from exc
-            raise
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a catalog hiccup worth retrying (SQLite lock, lost connection)."""
-    try:
-        from sqlalchemy.exc import OperationalError
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, (OperationalError, ConnectionError, TimeoutError))
+        updates = producer.updates_and_requirements()
+    finally:
+        attempt.files.extend(producer.written_files())
+    tx._apply(*updates)
+    attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True
+    send(iceberg, tx.commit_transaction, lambda ice: has_commit(ice, snapshot_id), f"commit of snapshot {snapshot_id}")
 
 
 @dataclass
@@ -311,14 +294,18 @@ def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Run
     return values if isinstance(values, Runs) else encode_values(values)
 
 
-def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, created: list[str]) -> CommitResult:
+def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, attempt: Attempt) -> CommitResult:
     """Write the lineage segment, index segment and lineage list, then commit the Iceberg snapshot.
 
     ``state`` must be the state ``iceberg``'s metadata describes (the base of
-    the commit). Paths of every file written are appended to ``created`` so a
-    caller that loses the race can remove them. Raises CommitFailedException
-    when another writer committed first.
+    the commit). Paths of every file written are added to ``attempt.files``
+    and the result is stored in ``attempt.result`` before the catalog is
+    called, so a :class:`~lineage.outcome.CommitLoop` can clean up an attempt
+    known to be lost and report one that landed late. Raises
+    CommitFailedException when another writer committed first; see
+    :func:`commit_files` for a failing catalog call.
     """
+    created = attempt.files
     version = iceberg.metadata.next_sequence_number()
     next_row_id = state.lineage.next_row_id
     lineages = []
@@ -378,6 +365,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
         **req.properties,
     }
+    attempt.result = CommitResult(version, snapshot_id, timestamp_ms, bytes_written)
     commit_files(
         iceberg,
         operation=req.iceberg_operation,
@@ -386,11 +374,11 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         properties=properties,
         timestamp_ms=timestamp_ms,
         snapshot_id=snapshot_id,
-        written=created,
+        attempt=attempt,
         data_sequence_number=req.data_sequence_number,
         strip_removed_stats=req.strip_removed_stats,
     )
-    return CommitResult(version, snapshot_id, timestamp_ms, bytes_written)
+    return attempt.result
 
 
 def surviving_segments(state: TableState, removed_data_files: list[DataFile]) -> list[str]:

@@ -60,6 +60,48 @@ class VersionMovedError(CommitConflictError):
         self.actual = actual
 
 
+class CatalogFailedError(CommitConflictError):
+    """The catalog kept failing; after each failure the table was re-read and the write had not landed.
+
+    Nothing was committed: retry when the catalog is back.
+    """
+
+
+class CommitStateUnknownError(LineageError):
+    """A commit was sent but whether it landed could not be established (the catalog could not be read back).
+
+    The table is safe either way: it is in the old or the new state, and the
+    files the commit needs were kept. Do not retry blindly: once the catalog
+    answers again, ask ``table.has_commit(snapshot_id)`` for each id in
+    ``snapshot_ids`` and retry only if none landed (maintenance operations
+    and materialized-view refreshes may simply be run again).
+    """
+
+    def __init__(self, table: str, snapshot_ids: list[int], cause: BaseException | None = None) -> None:
+        self.table = table
+        self.snapshot_ids = list(snapshot_ids)
+        self.cause = cause
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        why = f" ({type(self.cause).__name__}: {self.cause})" if self.cause is not None else ""
+        if self.snapshot_ids:
+            ids = ", ".join(str(i) for i in self.snapshot_ids)
+            what = f"check table.has_commit(id) for snapshot id(s) {ids} and retry only if none landed"
+        else:
+            what = "re-read the table to see whether the change is there (running this operation again is safe)"
+        return (
+            f"the outcome of a commit to {self.table} is unknown: the catalog could not be read back after the commit call "
+            f"failed{why}. The table holds either the old or the new state and nothing was cleaned up. Do not retry blindly: "
+            f"when the catalog answers again, {what}"
+        )
+
+    def add_snapshot_ids(self, ids: list[int]) -> None:
+        """Also name earlier attempts of the same operation whose outcome is open."""
+        self.snapshot_ids = sorted(set(self.snapshot_ids) | set(ids))
+        self.args = (self._message(),)
+
+
 class LineageMetadataError(LineageError):
     """Lineage metadata is missing, unreadable or inconsistent with the Iceberg snapshot."""
 

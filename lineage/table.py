@@ -42,6 +42,7 @@ from lineage.errors import (
     TableNotFoundError,
     UnknownColumnError,
 )
+from lineage.outcome import has_commit, is_transient, reload
 from lineage.predicate import parse_predicate, quote_ident
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import (
@@ -186,8 +187,10 @@ class Table:
         return dict(self._iceberg.metadata.properties)
 
     def refresh(self) -> Table:
-        """Reload the table's metadata from the catalog."""
-        self._iceberg = self._iceberg.refresh()
+        """Reload the table's metadata from the catalog (a transient catalog error is retried a few times)."""
+        error = reload(self._iceberg.refresh, self.name, retry=is_transient)
+        if error is not None:
+            raise error
         return self
 
     @property
@@ -196,6 +199,17 @@ class Table:
         self.refresh()
         snap = self._iceberg.metadata.current_snapshot()
         return snap.sequence_number if snap else 0
+
+    def has_commit(self, snapshot_id: int) -> bool:
+        """Whether the commit of snapshot ``snapshot_id`` landed on this table (also after the snapshot expired).
+
+        After a :class:`~lineage.errors.CommitStateUnknownError`, ask this for
+        the error's ``snapshot_ids`` before retrying the write.
+        """
+        if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
+            raise InvalidArgumentError(f"snapshot_id must be an integer, got {snapshot_id!r}")
+        self.refresh()
+        return has_commit(self._iceberg, snapshot_id)
 
     def state(self, as_of: int | None = None) -> TableState:
         """The table's state at a version (current by default), for engines and tools."""

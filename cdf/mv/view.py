@@ -40,6 +40,7 @@ from lineage.errors import (
     UnknownVersionError,
     VersionMovedError,
 )
+from lineage.outcome import commit_metadata
 from lineage.scan import register_live_view
 from lineage.schema import projection_field_ids
 from lineage.table import Table, open_table
@@ -313,7 +314,6 @@ class MaterializedView:
             moved.checkpoint = cp  # type: ignore[attr-defined]
             raise moved from None
         _fault("committed")
-        table.refresh()
         log.info("view %s: %s to source version %d (view version %d)", self.name, status, b, info.version)
         return RefreshResult(status=status, committed=info.committed, view_version=info.version, inserted=info.inserted,
                              updated=info.updated, deleted=info.deleted, seconds=time.perf_counter() - started, **base)
@@ -496,13 +496,16 @@ def _record_idle(table: Table, state: Any, b: int, src_uuid: str) -> None:
     """
     snap = state.snapshot.snapshot_id if state.snapshot is not None else None
     value = json.dumps({"snapshot-id": snap, "source-version": b, "source-uuid": src_uuid})
+
+    def apply(ice: Any) -> None:
+        with ice.transaction() as tx:
+            tx.set_properties({PROP_IDLE: value})
+
     try:
-        ice = table.iceberg.refresh()
+        ice = table.refresh().iceberg
         current = ice.metadata.current_snapshot()
         if (current.snapshot_id if current is not None else None) != snap:
             return
-        with ice.transaction() as tx:
-            tx.set_properties({PROP_IDLE: value})
-        table.refresh()
+        commit_metadata(ice, apply, lambda ice: ice.metadata.properties.get(PROP_IDLE) == value, f"view {table.name}: idle checkpoint")
     except (CommitFailedException, LineageError, OSError) as exc:
         log.info("view %s: could not record the idle checkpoint (%s); the next refresh re-reads the same changes", table.name, exc)

@@ -1,19 +1,17 @@
-"""Shared plumbing of maintenance operations: the retry loop and snapshot inventories."""
+"""Shared plumbing of maintenance operations: the commit loop and snapshot inventories."""
 
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table.snapshots import Snapshot
 
 from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError
+from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState, state_at
 
 log = logging.getLogger("lineage.maintenance")
@@ -40,36 +38,28 @@ def commit_with_retries(
     """Plan against the current snapshot and commit; re-plan after each lost race.
 
     ``plan`` writes the files it needs (recording their paths in the list it
-    gets) and returns a request, or None when there is nothing to do.
+    gets) and returns a request, or None when there is nothing to do. The
+    outcome of a failing catalog call is settled by
+    :class:`lineage.outcome.CommitLoop`: a commit that landed is reported as
+    committed, files are deleted only for attempts known to be lost.
     """
     retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
-    for attempt in range(1, retries + 2):
-        table.refresh()
+
+    def attempt(a: Attempt) -> tuple[CommitRequest | None, CommitResult | None]:
         state = state_at(table.iceberg)
-        created: list[str] = []
-        try:
-            request = plan(state, created)
-            if request is None:
-                return None, None
-            result = commit_change(table.iceberg, state, request, created)
-            table.refresh()
-            return request, result
-        except CommitFailedException as exc:
-            log.info("%s lost a commit race (attempt %d): %s", operation, attempt, exc)
-            _remove(table, created)
-        except BaseException:
-            _remove(table, created)
-            raise
-        time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)) * random.uniform(0.5, 1.5))
-    raise CommitConflictError(f"{operation} gave up after {retries + 1} attempts: writers kept committing to {table.name}")
+        request = plan(state, a.files)
+        if request is None:
+            return None, None
+        a.describe = lambda result: (request, result)
+        return request, commit_change(table.iceberg, state, request, a)
 
-
-def _remove(table, paths: list[str]) -> None:  # type: ignore[no-untyped-def]
-    for path in paths:
-        try:
-            table.iceberg.io.delete(path)
-        except Exception:
-            pass
+    loop: CommitLoop[tuple[CommitRequest | None, CommitResult | None]] = CommitLoop(
+        operation, lambda: table.iceberg, table.refresh, retries, logger=log
+    )
+    return loop.run(
+        attempt,
+        lambda n: CommitConflictError(f"{operation} gave up after {n} attempts: writers kept committing to {table.name}"),
+    )
 
 
 def snapshot_files(state: TableState, snapshot: Snapshot | None = None) -> tuple[list[DataFile], list[DataFile]]:

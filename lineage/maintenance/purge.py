@@ -46,7 +46,7 @@ from lineage.deletes import read_position_deletes
 from lineage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
 from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
-from lineage.maintenance.vacuum import vacuum
+from lineage.maintenance.vacuum import expire_ids, vacuum
 from lineage.metadata import LineageList
 from lineage.predicate import parse_predicate
 from lineage.rle import decode_sequence, decode_values
@@ -259,8 +259,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
     current = table.iceberg.metadata.current_snapshot_id
     older = [s.snapshot_id for s in table.iceberg.metadata.snapshots if s.snapshot_id != current]
     if older:
-        table.iceberg.maintenance.expire_snapshots().by_ids(older).commit()
-        table.refresh()
+        expire_ids(table, older)
     # Every unreferenced file written before the purge started may hold erased values.
     cleaned = vacuum(table, older_than=_dt.timedelta(seconds=max(0.0, time.time() - started)))
     version = result.version if result else None

@@ -21,6 +21,7 @@ from lineage.errors import InvalidArgumentError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
+from lineage.outcome import commit_metadata
 from lineage.state import TableState, main_branch_snapshots, state_at
 
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
@@ -50,9 +51,27 @@ def expire_snapshots(table, older_than: _dt.datetime | _dt.timedelta | None = No
     ]
     if not expire:
         return MaintenanceResult("expire", None, detail="no snapshot to expire")
-    table.iceberg.maintenance.expire_snapshots().by_ids(expire).commit()
-    table.refresh()
+    expire_ids(table, expire)
     return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
+
+
+def expire_ids(table, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Expire the snapshots ``ids`` of ``table`` in one commit (the ones still there on a retry).
+
+    Expiry writes no file of ours and is idempotent, so a failing catalog
+    call is settled by reading the table back (see :mod:`lineage.outcome`).
+    """
+    wanted = list(ids)
+
+    def apply(ice) -> None:  # type: ignore[no-untyped-def]
+        left = [i for i in wanted if ice.metadata.snapshot_by_id(i) is not None]
+        if left:
+            ice.maintenance.expire_snapshots().by_ids(left).commit()
+
+    def landed(ice) -> bool:  # type: ignore[no-untyped-def]
+        return all(ice.metadata.snapshot_by_id(i) is None for i in wanted)
+
+    commit_metadata(table.iceberg, apply, landed, f"expiring {len(wanted)} snapshot(s) of {table.name}")
 
 
 def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: ignore[no-untyped-def]

@@ -11,31 +11,30 @@ Each attempt:
    deleted-rows index segment and the lineage list, then one Iceberg snapshot
    whose summary points at the list.
 
-A lost commit race removes the attempt's files and plans again. This module
-never imports :mod:`lineage.table`; the table is passed in.
+A lost commit race removes the attempt's files and plans again; a failing
+catalog call is settled by :mod:`lineage.outcome` (files are deleted only for
+attempts known not to have landed). This module never imports
+:mod:`lineage.table`; the table is passed in.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import logging
-import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages
 from lineage import duck
-from lineage.commit import CommitRequest, commit_change
+from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
+from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState, state_at
 from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
@@ -116,21 +115,22 @@ def run_write(
 ) -> CommitInfo:
     """Plan, write and commit, re-planning after each lost commit race.
 
+    The attempts run in a :class:`lineage.outcome.CommitLoop`: a failing
+    catalog call is settled by reading the table back, and an attempt that
+    may still land keeps its files and is looked for before each retry.
     With ``expected_version`` every attempt first checks the table is
     still at that version, so a lost race ends in VersionMovedError.
     """
     if expected_version is not None and (not isinstance(expected_version, int) or isinstance(expected_version, bool)):
         raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
     retries = int(table.iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
-    for attempt in range(1, retries + 2):
-        table.refresh()
+    shared = [w.data_file.file_path for w in reuse_inserts or []]  # written once, used by every attempt
+
+    def attempt(a: Attempt) -> CommitInfo:
         state = state_at(table.iceberg)
         if expected_version is not None and state.version != expected_version:
-            if reuse_inserts:
-                _cleanup(table.iceberg, [w.data_file.file_path for w in reuse_inserts])
             raise VersionMovedError(table.name, expected_version, state.version)
         con = duck.connect()
-        created: list[str] = []
         try:
             try:
                 plan = plan_fn(state, con)
@@ -138,26 +138,19 @@ def run_write(
                 # The user's predicate or expressions failed on the data (e.g. a cast); nothing was written.
                 raise InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}") from None
             if plan.is_empty:
-                return _no_op(table, state, plan.operation, attempt, plan.ignored)
-            try:
-                return _materialize_and_commit(table, state, plan, mode, con, created, attempt, reuse_inserts)
-            except CommitFailedException as exc:
-                log.info("commit of %s lost a race (attempt %d): %s", plan.operation, attempt, exc)
-                _cleanup(table.iceberg, created)
-        except _Committed as done:
-            raise done.error from None
-        except BaseException:
-            # Nothing was committed (see _Committed): the files are ours to remove.
-            _cleanup(table.iceberg, created + [w.data_file.file_path for w in reuse_inserts or []])
-            raise
+                return _no_op(table, state, plan.operation, a.number, plan.ignored)
+            return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
         finally:
+            shared[:] = [w.data_file.file_path for w in reuse_inserts or []]
             con.close()
-        time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)) * random.uniform(0.5, 1.5))
-    if reuse_inserts:
-        _cleanup(table.iceberg, [w.data_file.file_path for w in reuse_inserts])
-    raise CommitConflictError(
-        f"gave up after {retries + 1} attempts: other writers kept committing to {table.name}; nothing was committed. "
-        f"Retry later or raise the table property {PROP_RETRIES}"
+
+    loop: CommitLoop[CommitInfo] = CommitLoop(f"{table.name}: commit", lambda: table.iceberg, table.refresh, retries, shared, logger=log)
+    return loop.run(
+        attempt,
+        lambda n: CommitConflictError(
+            f"gave up after {n} attempts: other writers kept committing to {table.name}; nothing was committed. "
+            f"Retry later or raise the table property {PROP_RETRIES}"
+        ),
     )
 
 
@@ -176,11 +169,11 @@ def _materialize_and_commit(
     plan: Plan,
     mode: str,
     con: duckdb.DuckDBPyConnection,
-    created: list[str],
-    attempt: int,
+    attempt: Attempt,
     reuse_inserts: list[WrittenFile] | None,
 ) -> CommitInfo:
     ice = table.iceberg
+    created = attempt.files
     version = ice.metadata.next_sequence_number()
     written: list[WrittenFile] = []
     delete_files: list[DataFile] = []
@@ -241,40 +234,23 @@ def _materialize_and_commit(
         deleted=plan.deleted,
         properties=plan.properties,
     )
-    result = commit_change(ice, state, request, created)
-    try:
-        table.refresh()
-    except Exception as exc:  # the commit landed; never clean up its files
-        raise _Committed(exc) from exc
-    return CommitInfo(
-        version=result.version,
-        snapshot_id=result.snapshot_id,
-        timestamp=ms_to_datetime(result.timestamp_ms),
-        operation=plan.operation,
-        inserted=plan.inserted,
-        updated=plan.updated,
-        deleted=plan.deleted,
-        data_files_added=len(written),
-        delete_files_added=len(delete_files),
-        data_files_removed=len(removed_files),
-        bytes_written=result.bytes_written,
-        attempts=attempt,
-        ignored=plan.ignored,
-    )
 
+    def info(result: CommitResult) -> CommitInfo:
+        return CommitInfo(
+            version=result.version,
+            snapshot_id=result.snapshot_id,
+            timestamp=ms_to_datetime(result.timestamp_ms),
+            operation=plan.operation,
+            inserted=plan.inserted,
+            updated=plan.updated,
+            deleted=plan.deleted,
+            data_files_added=len(written),
+            delete_files_added=len(delete_files),
+            data_files_removed=len(removed_files),
+            bytes_written=result.bytes_written,
+            attempts=attempt.number,
+            ignored=plan.ignored,
+        )
 
-class _Committed(Exception):
-    """Wraps an error raised after the commit landed, so no written file is cleaned up."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _cleanup(iceberg: IcebergTable, paths: Sequence[str]) -> None:
-    """Best-effort removal of files written for a commit that did not land."""
-    for path in paths:
-        try:
-            iceberg.io.delete(path)
-        except Exception:
-            log.debug("could not remove %s (vacuum will)", path)
+    attempt.describe = info
+    return info(commit_change(ice, state, request, attempt))
