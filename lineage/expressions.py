@@ -50,7 +50,7 @@ MAX_LENGTH = 100_000  # characters; longer text is refused before it is parsed
 class Checked:
     """An expression that passed every check."""
 
-    sql: str  # DuckDB SQL rendered from the checked parse tree, in parentheses: the only text that runs
+    sql: str  # DuckDB SQL rendered from the checked parse tree, in parentheses (a bare column: its quoted name): the only text that runs
     columns: tuple[str, ...]  # the columns it reads, in order of first use
 
 
@@ -79,7 +79,10 @@ def _check(text: str, columns: tuple[str, ...], what: str) -> Checked:
         raise BadPredicateError(f"{label} is refused: it contains a comment; write the expression without -- or /* */")
     walker = _Walker(columns, label, rewrite=True)
     item = walker.visit(item, None)
-    rendered = "(" + _render(tree, item, label) + ")"
+    if item.get("class") == "COLUMN_REF":  # a bare column: its quoted name, which callers recognise as a plain column
+        rendered = '"' + walker.used[0].replace('"', '""') + '"'
+    else:
+        rendered = "(" + _render(tree, item, label) + ")"
     # The text that runs, parsed and checked as it will be pasted: nothing may need binding or rewriting any more.
     final = _Walker(columns, label, rewrite=False)
     final.visit(_select_item(_parse(f"SELECT {rendered}", label), label), None)
