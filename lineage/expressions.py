@@ -65,6 +65,8 @@ def check(text: object, columns: Sequence[str], what: str = "where") -> Checked:
         raise BadPredicateError(f"{what} must be a SQL string, got {type(text).__name__}")
     if not text.strip():
         raise BadPredicateError(f"{what} is an empty string")
+    if "\x00" in text:  # DuckDB's parser stops at a NUL: the rest would be dropped without a word
+        raise BadPredicateError(f"{what} {text!r} is refused: it contains a NUL character")
     if len(text) > MAX_LENGTH:
         raise BadPredicateError(f"{what} is {len(text):,} characters long; an expression may have at most {MAX_LENGTH:,}")
     return _check(text, tuple(columns), what)
