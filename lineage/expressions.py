@@ -91,6 +91,27 @@ def _check(text: str, columns: tuple[str, ...], what: str) -> Checked:
     return Checked(rendered, tuple(walker.used))
 
 
+@lru_cache(maxsize=256)
+def check_type(text: str) -> str:
+    """DuckDB's own spelling of the type name ``text``; BadPredicateError if ``text`` is anything but one type name.
+
+    For type names that are pasted into SQL from stored metadata (a view's column types).
+    """
+    label = f"the type {text!r}"
+    if not isinstance(text, str) or "\x00" in text:
+        raise BadPredicateError(f"{label} is not a type name")
+    tree = _parse(f"SELECT CAST(NULL AS {text})", label)
+    item = _select_item(tree, label)
+    child = item.get("child") or {}
+    if item.get("class") != "CAST" or item.get("try_cast") or child.get("class") != "CONSTANT" or not (child.get("value") or {}).get("is_null"):
+        raise BadPredicateError(f"{label} is not a type name")
+    rendered = _render(tree, item, label)
+    prefix, suffix = "CAST(NULL AS ", ")"
+    if not (rendered.startswith(prefix) and rendered.endswith(suffix)):
+        raise BadPredicateError(f"{label} could not be rendered back to SQL (got {rendered!r})")
+    return rendered[len(prefix):-len(suffix)]
+
+
 # ---------------------------------------------------------------- parsing and rendering
 
 

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
@@ -428,3 +429,77 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
     finally:
         con.close()
     assert not os.path.exists(tmp_path / "o.csv")
+
+
+# ---------------------------------------------------------------- materialized views
+
+MV_HOSTILE = {
+    "getenv-item": ("SELECT k, getenv('HOME') AS h FROM items", "getenv()"),
+    "current-setting-item": ("SELECT k, current_setting('threads') AS h FROM items", "current_setting()"),
+    "read-text-item": (f"SELECT k, read_text('{F}') AS x FROM items", "table function read_text()"),
+    "query-item": ("SELECT k, query('SELECT 1') AS x FROM items", "table function query()"),
+    "version-where": ("SELECT k FROM items i WHERE i.k > 0 AND version() = 'x'", "version()"),
+    "random-aggregate-arg": ("SELECT a, SUM(k * random()) AS s FROM items GROUP BY a", "non-deterministic"),
+    "read-csv-from": (f"SELECT * FROM read_csv('{F}')", "plain table"),
+    "file-as-table": (f"SELECT * FROM '{F}'", "source table"),
+    "other-table": ("SELECT * FROM other", "source table"),
+    "comma-join-reader": (f"SELECT k FROM items, read_csv('{F}')", "joins"),
+    "subquery-where": (f"SELECT k FROM items WHERE k IN (SELECT column0 FROM read_csv('{F}'))", "subqueries"),
+    "subquery-in-case": ("SELECT k, CASE WHEN k > 0 THEN (SELECT count(*) FROM glob('/*')) END AS x FROM items", "subqueries"),
+    "subquery-in-aggregate": ("SELECT a, SUM((SELECT 1)) AS s FROM items GROUP BY a", "subqueries"),
+    "lineage-column": ("SELECT k, _row_id AS r FROM items", "lineage columns"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MV_HOSTILE))
+def test_hostile_view_queries_are_refused_at_create(target: Target, case: str):
+    import cdf.mv
+
+    query, needle = MV_HOSTILE[case]
+    with pytest.raises(cdf.mv.ViewQueryError) as info:
+        cdf.mv.create("shop.hostile_view", target.table, query)
+    assert needle in str(info.value), str(info.value)
+    with pytest.raises(cdf.mv.ViewNotFoundError):
+        cdf.mv.open_view("shop.hostile_view", catalog=target.table.catalog)
+
+
+def test_a_tampered_view_definition_is_checked_when_opened(tmp_path):
+    """Stored fragments are pasted into refresh SQL: each is checked again when the view is opened."""
+    import json
+
+    import cdf.mv
+
+    wh = str(tmp_path / "wh")
+    src = lineage.create_table("shop.src", SCHEMA, key=["k"], warehouse=wh)
+    src.append(_data())
+    view = cdf.mv.create("shop.v", src, "SELECT a, SUM(x) AS total FROM src WHERE k > 3 GROUP BY a")
+    view.refresh()
+    stored = json.loads(view.table.properties[cdf.mv.PROP_DEFINITION])
+    assert cdf.mv.open_view("shop.v", warehouse=wh).definition.spark_ok
+
+    def tamper(change: Callable[[dict], None]) -> None:
+        obj = json.loads(json.dumps(stored))
+        change(obj)
+        with view.table.iceberg.transaction() as tx:
+            tx.set_properties({cdf.mv.PROP_DEFINITION: json.dumps(obj)})
+
+    def set_where(o: dict) -> None:
+        o["where"]["duckdb"] = f"k IN (SELECT x FROM read_csv('{F}'))"
+
+    def set_type(o: dict) -> None:
+        o["types"]["total"] = "DOUBLE) AS total, (SELECT 1"
+
+    def set_spark(o: dict) -> None:
+        o["where"]["spark"] = "reflect('java.lang.System', 'getenv', 'HOME') IS NOT NULL"
+
+    for change, needle in ((set_where, "subquery"), (set_type, "stored type of view column")):
+        tamper(change)
+        with pytest.raises(cdf.mv.ViewQueryError, match=needle):
+            cdf.mv.open_view("shop.v", warehouse=wh)
+    tamper(set_spark)
+    opened = cdf.mv.open_view("shop.v", warehouse=wh)
+    assert not opened.definition.spark_ok and "reflect()" in (opened.definition.spark_problem or "")
+    with pytest.raises(cdf.mv.ViewQueryError, match="cannot be refreshed with Spark"):
+        opened.refresh(engine="spark", spark=object())
+    tamper(lambda o: None)
+    assert cdf.mv.open_view("shop.v", warehouse=wh).refresh(full=True).status == "rebuilt"  # the untouched definition still works

@@ -165,23 +165,59 @@ class ViewQuery:
             raise UnsupportedFormatError(
                 f"the view definition has format version {version!r}; this release reads up to {DEFINITION_VERSION} (upgrade the library)"
             )
-        # The stored DuckDB fragments are checked again (a table property can be edited by anyone who can commit).
-        used = tuple(obj["source-columns"])
+        return _rechecked(obj)
 
-        def recheck(sql: str | None, what: str) -> str | None:
-            return None if sql is None else _checked(sql, used, f"the stored {what}")
 
-        return ViewQuery(
-            text=obj["query"],
-            shape=obj["shape"],
-            columns=tuple(ViewColumn(c["name"], c["kind"], recheck(c["duckdb"], f"select item {c['name']!r}"), c["spark"]) for c in obj["columns"]),
-            where_duck=recheck(obj["where"]["duckdb"], "WHERE"),
-            where_spark=obj["where"]["spark"],
-            source_columns=tuple(obj["source-columns"]),
-            spark_ok=bool(obj.get("spark-ok", True)),
-            spark_problem=obj.get("spark-problem"),
-            types=dict(obj.get("types") or {}),
-        )
+def _rechecked(obj: dict) -> ViewQuery:  # type: ignore[type-arg]
+    """The stored definition ``obj`` with every SQL fragment checked again before it can run.
+
+    A table property can be edited by anyone who can commit to the view
+    table, so nothing stored is pasted into SQL unchecked: DuckDB fragments go
+    through the expression validator (and are used re-rendered), Spark
+    fragments are parsed by sqlglot, checked through their DuckDB rendering
+    and re-rendered (on failure the view is marked not refreshable with
+    Spark), and type names must be exactly one DuckDB type.
+    """
+    used = tuple(obj["source-columns"])
+    spark_problem = obj.get("spark-problem")
+
+    def duck(sql: str | None, what: str) -> str | None:
+        return None if sql is None else _checked(sql, used, f"the stored {what}")
+
+    def spark(sql: str | None, what: str) -> str | None:
+        nonlocal spark_problem
+        if sql is None:
+            return None
+        try:
+            tree = sqlglot.parse_one(sql, read="spark")
+            _checked(_render(tree, "duckdb"), used, f"the stored Spark {what}")
+            return _render(tree, "spark")
+        except (SqlglotError, InvalidArgumentError) as exc:
+            spark_problem = spark_problem or f"the stored Spark SQL of {what} failed the check: {exc}"
+            return None
+
+    types: dict[str, str] = {}
+    for name, t in (obj.get("types") or {}).items():
+        try:
+            types[name] = expressions.check_type(t)
+        except InvalidArgumentError as exc:
+            raise ViewQueryError(f"the stored type of view column {name!r} is refused: {exc}") from None
+    columns = tuple(
+        ViewColumn(c["name"], c["kind"], duck(c["duckdb"], f"select item {c['name']!r}"), spark(c["spark"], f"select item {c['name']!r}"))
+        for c in obj["columns"]
+    )
+    where_spark = spark(obj["where"]["spark"], "WHERE")
+    return ViewQuery(
+        text=obj["query"],
+        shape=obj["shape"],
+        columns=columns,
+        where_duck=duck(obj["where"]["duckdb"], "WHERE"),
+        where_spark=where_spark,
+        source_columns=used,
+        spark_ok=bool(obj.get("spark-ok", True)) and spark_problem is None,
+        spark_problem=spark_problem,
+        types=types,
+    )
 
 
 # ---------------------------------------------------------------- parsing
