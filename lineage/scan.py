@@ -29,6 +29,12 @@ LINEAGE_SCHEMA = [
 ]
 
 
+def file_paths(files: Sequence[LiveFile]) -> list[str]:
+    """The local paths :func:`register_live_view` reads for ``files``: data files, then their delete files."""
+    data = [local_path(f.path) for f in files]
+    return data + sorted({local_path(d.file_path) for f in files for d in f.deletes} - set(data))
+
+
 def register_live_view(
     con: duckdb.DuckDBPyConnection,
     name: str,
@@ -130,7 +136,7 @@ def register_live_view(
             f"ON r.file_id = d.file_id AND d.file_row_number >= r.pos_start"
         )
     con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS " + " UNION ALL ".join(branches))
-    return locals_ + delete_paths
+    return file_paths(files)
 
 
 def _string(value: str) -> str:
