@@ -468,20 +468,21 @@ def test_a_tampered_view_definition_is_checked_when_opened(tmp_path):
     import json
 
     import cdf.mv
+    from cdf.mv.view import PROP_DEFINITION
 
     wh = str(tmp_path / "wh")
     src = lineage.create_table("shop.src", SCHEMA, key=["k"], warehouse=wh)
     src.append(_data())
     view = cdf.mv.create("shop.v", src, "SELECT a, SUM(x) AS total FROM src WHERE k > 3 GROUP BY a")
     view.refresh()
-    stored = json.loads(view.table.properties[cdf.mv.PROP_DEFINITION])
+    stored = json.loads(view.table.properties[PROP_DEFINITION])
     assert cdf.mv.open_view("shop.v", warehouse=wh).definition.spark_ok
 
     def tamper(change: Callable[[dict], None]) -> None:
         obj = json.loads(json.dumps(stored))
         change(obj)
         with view.table.iceberg.transaction() as tx:
-            tx.set_properties({cdf.mv.PROP_DEFINITION: json.dumps(obj)})
+            tx.set_properties({PROP_DEFINITION: json.dumps(obj)})
 
     def set_where(o: dict) -> None:
         o["where"]["duckdb"] = f"k IN (SELECT x FROM read_csv('{F}'))"
