@@ -13,15 +13,20 @@ measures both against the same calls without them, in one run:
   printed. Deletes and updates run on one table in turn (each arm sees the
   same number of files; sealing cost does not depend on the data).
 
-    .venv/bin/python benchmarks/expression_guard.py                 # 1,000,000 rows, 5 rounds
+Writes a record (``benchmarks/record.py``; ``--publish`` puts it in ``benchmarks/results/``, where
+``benchmarks/report.py`` renders the figures of ``benchmarks/README.md`` from it).
+
+    .venv/bin/python benchmarks/expression_guard.py --publish       # 1,000,000 rows, 5 rounds
     .venv/bin/python benchmarks/expression_guard.py --rows 200000 --repeat 9
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +36,9 @@ import pyarrow as pa
 
 import lineage
 from lineage import duck, expressions
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("amount", pa.float64())])
 
@@ -51,11 +59,13 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
+    rec = record.Recorder("expression_guard", scale=args.rows, argv=argv, settings=vars(args))
 
     predicate = "grp IN ('g1', 'g2') AND amount BETWEEN 10 AND 20 OR lower(grp) LIKE 'g3%'"
     cold, warm = [], []
@@ -63,7 +73,9 @@ def main() -> None:
         expressions._check.cache_clear()
         cold.append(_time(lambda: expressions.check(predicate, SCHEMA.names)))
         warm.append(_time(lambda: expressions.check(predicate, SCHEMA.names)))
-    print(f"check: cold {statistics.median(cold) * 1e3:.2f} ms, cached {statistics.median(warm) * 1e6:.1f} us (median of 50)")
+    results: dict[str, object] = {"check_cold_ms": round(statistics.median(cold) * 1e3, 3),
+                                  "check_cached_us": round(statistics.median(warm) * 1e6, 1), "ops": {}}
+    print(f"check: cold {results['check_cold_ms']} ms, cached {results['check_cached_us']} us (median of 50)")
 
     root = tempfile.mkdtemp(prefix="guard-")
     real_seal = duck.seal
@@ -84,11 +96,16 @@ def main() -> None:
         print(f"{args.rows:,} rows, {args.repeat} rounds, sealed and unsealed alternating (median seconds):")
         for op, arms in times.items():
             on, off = statistics.median(arms[True]), statistics.median(arms[False])
+            results["ops"][op] = {"sealed_s": round(on, 4), "unsealed_s": round(off, 4), "ratio": round(on / off, 3),  # type: ignore[index]
+                                  "sealed_all_s": [round(x, 4) for x in arms[True]], "unsealed_all_s": [round(x, 4) for x in arms[False]]}
             print(f"  {op:7s} sealed {on:.3f}  unsealed {off:.3f}  ratio {on / off:.2f}")
     finally:
         duck.seal = real_seal
         shutil.rmtree(root, ignore_errors=True)
+    path = rec.finish(results, publish=args.publish, out=args.out)
+    print(f"record written to {os.path.relpath(path)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
