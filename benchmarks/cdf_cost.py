@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         live = args.rows  # ids are never reused in this benchmark, deletes shrink the table a little
         upd = rng.choice(live, int(live * args.update_pct / 100), replace=False)
         dele = rng.choice(live, int(live * args.delete_pct / 100), replace=False)
-        u = t.update(f"id IN (SELECT unnest({upd.tolist()}))", {"amount": "amount + 1"})
-        d = t.delete(f"id IN (SELECT unnest({dele.tolist()}))")
+        u = t.update(f"id IN ({', '.join(map(str, upd.tolist()))})", {"amount": "amount + 1"})
+        d = t.delete(f"id IN ({', '.join(map(str, dele.tolist()))})")
         for c in (u, d):
             entry = next(e for e in t.state().lineage.commits if e.version == c.version)
             if entry.index:

@@ -543,6 +543,24 @@ def _readme_mv(records: Records) -> str:
             f"aggregate without, {words[verdict['sums']]} (`benchmarks/results/{doc['_file']}`).")
 
 
+# --------------------------------------------------------------------------- expression_guard.py
+@section("expression-guard")
+def _expression_guard(records: Records) -> str:
+    doc = records.latest("expression_guard")
+    if doc is None:
+        return missing("expression_guard.py", "python benchmarks/expression_guard.py --publish")
+    r = doc["results"]
+    rows = [[op, fmt_s(v["sealed_s"]), fmt_s(v["unsealed_s"]), f"{v['ratio']:.2f}"] for op, v in r["ops"].items()]
+    worst = max(v["ratio"] for v in r["ops"].values())
+    return "\n".join([
+        provenance(doc), "",
+        f"{doc['scale']:,} rows, {doc['settings']['repeat']} rounds alternating sealed and unsealed; medians:", "",
+        md_table(["call", "sealed s", "unsealed s", "ratio"], rows),
+        "", (f"The largest sealed/unsealed ratio is {worst:.2f}. Checking one predicate took {r['check_cold_ms']:g} ms cold "
+             f"and {r['check_cached_us']:g} us when cached (median of 50)."),
+    ])
+
+
 # --------------------------------------------------------------------------- the documents
 def render_all(records: Records, names: set[str]) -> dict[str, str]:
     """Render each named section once (the records index last, after the others chose their records)."""

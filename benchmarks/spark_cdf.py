@@ -62,8 +62,8 @@ def build(warehouse: str, rows: int) -> lineage.Table:
     for _ in range(4):
         upd = rng.choice(rows, rows // 500, replace=False)
         dele = rng.choice(rows, rows // 2000, replace=False)
-        t.update(f"id IN (SELECT unnest({upd.tolist()}))", {"amount": "amount + 1"})
-        t.delete(f"id IN (SELECT unnest({dele.tolist()}))")
+        t.update(f"id IN ({', '.join(map(str, upd.tolist()))})", {"amount": "amount + 1"})
+        t.delete(f"id IN ({', '.join(map(str, dele.tolist()))})")
     return t
 
 

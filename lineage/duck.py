@@ -10,6 +10,9 @@ import glob
 import importlib.util
 import itertools
 import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import duckdb
 
@@ -41,6 +44,53 @@ def connect(*extensions: str) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = ()) -> None:
+    """From now on ``con`` reads no file but ``paths``, and its configuration is locked.
+
+    Call it once the connection has loaded its extensions and before it
+    evaluates a user's expression: DuckDB then refuses every other file
+    (``read_csv('/etc/...')``, ``glob``, ``COPY``, ``ATTACH``), network access
+    and extension loading, and no ``SET`` can lift that. Expressions are
+    validated before they reach DuckDB (:mod:`lineage.expressions`); this is
+    the second line, for a gap in the first. DuckDB's temp directory stays
+    usable, so large queries still spill to disk.
+    """
+    listed = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(set(paths)))
+    con.execute(f"SET allowed_paths = [{listed}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+_SCRATCH: duckdb.DuckDBPyConnection | None = None
+_SCRATCH_LOCK = threading.RLock()
+
+
+def _forget_scratch() -> None:
+    # A forked child must not use the parent's connection (its worker threads did not fork) or a lock held at fork time.
+    global _SCRATCH, _SCRATCH_LOCK
+    _SCRATCH, _SCRATCH_LOCK = None, threading.RLock()
+
+
+os.register_at_fork(after_in_child=_forget_scratch)
+
+
+@contextmanager
+def scratch() -> Iterator[duckdb.DuckDBPyConnection]:
+    """A shared in-memory connection that reads no file, for parsing and typing (one caller at a time).
+
+    Opening a DuckDB connection costs milliseconds; parsing an expression
+    costs microseconds, so the validator and type probes share this one.
+    Callers must drop what they register before they leave.
+    """
+    global _SCRATCH
+    with _SCRATCH_LOCK:
+        if _SCRATCH is None:
+            con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+            seal(con)
+            _SCRATCH = con
+        yield _SCRATCH
+
+
 def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> "pa.Table":
     """The result of ``sql`` as an Arrow table, materialised in DuckDB first.
 
@@ -66,9 +116,10 @@ def duckdb_types(schema: "pa.Schema") -> list[tuple[str, str]]:
     """``(column, DuckDB type)`` for each field of an Arrow schema."""
     import pyarrow as pa
 
-    scratch = duckdb.connect()
-    try:
-        scratch.register("probe", pa.Table.from_batches([], schema=schema))
-        return [(row[0], row[1]) for row in scratch.execute("DESCRIBE probe").fetchall()]
-    finally:
-        scratch.close()
+    name = f"__probe_{next(_RESULTS)}"
+    with scratch() as con:
+        con.register(name, pa.Table.from_batches([], schema=schema))
+        try:
+            return [(row[0], row[1]) for row in con.execute(f"DESCRIBE {name}").fetchall()]
+        finally:
+            con.unregister(name)

@@ -33,7 +33,7 @@ class SchemaMismatchError(InvalidArgumentError):
 
 
 class BadPredicateError(InvalidArgumentError):
-    """A ``where`` predicate could not be parsed or is not a boolean expression."""
+    """A ``where`` predicate or a ``set`` expression is not one allowed scalar expression (the message names what was refused)."""
 
 
 class KeyViolationError(InvalidArgumentError):

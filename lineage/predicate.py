@@ -1,14 +1,17 @@
 """``where`` predicates: SQL text or pyiceberg expressions, checked and translated.
 
-A predicate is evaluated row by row in DuckDB as SQL. When it can also be read
-as a pyiceberg expression it is used, in addition, to prune data files by
-partition values and column statistics before any file is opened.
+A predicate is evaluated row by row in DuckDB as SQL: the rendering of its
+checked parse tree (:mod:`lineage.expressions`), never the caller's text.
+When it can also be read as a pyiceberg expression it is used, in addition,
+to prune data files by partition values and column statistics before any
+file is opened.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import itertools
 import uuid
 from dataclasses import dataclass
 
@@ -38,7 +41,8 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.expressions import parser as iceberg_parser
 
-from lineage.errors import BadPredicateError, UnknownColumnError
+from lineage import duck, expressions
+from lineage.errors import BadPredicateError
 
 
 @dataclass(frozen=True)
@@ -129,56 +133,58 @@ def expression_to_sql(expr: BooleanExpression) -> str:
 def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema) -> Predicate:
     """Validate ``where`` against ``schema`` (data plus lineage columns).
 
-    Raises UnknownColumnError for columns the table lacks and BadPredicateError
-    for anything that is not a single boolean SQL expression.
+    SQL text goes through :func:`lineage.expressions.check` (one scalar
+    expression from the allow-list, re-rendered from DuckDB's parse tree);
+    the returned ``sql`` is that rendering, never the caller's text. A
+    pyiceberg expression is translated to SQL by :func:`expression_to_sql`
+    and checked the same way. Raises UnknownColumnError for columns the table
+    lacks and BadPredicateError for anything that is not a single boolean
+    expression of the allowed kind.
     """
     if where is None:
         return Predicate("TRUE", AlwaysTrue())
     if isinstance(where, BooleanExpression):
-        sql = expression_to_sql(where)
+        text = expression_to_sql(where)
         prune: BooleanExpression = where
     elif isinstance(where, str):
         if not where.strip():
             raise BadPredicateError("where is an empty string; pass None to match every row")
-        sql = where
-        try:
-            prune = iceberg_parser.parse(where)
-        except Exception:
-            prune = AlwaysTrue()  # fine: DuckDB still evaluates it; we only lose file pruning
+        text = where
+        prune = AlwaysTrue()
     else:
         raise BadPredicateError(f"where must be a SQL string or a pyiceberg expression, got {type(where).__name__}")
-    _check_sql(sql, schema)
-    return Predicate(sql, prune)
+    checked = expressions.check(text, schema.names, "where")
+    _check_boolean(checked.sql, text, schema)
+    if isinstance(where, str):
+        try:
+            prune = iceberg_parser.parse(where)  # only after the check: pyiceberg reads the text for file pruning alone
+        except Exception:
+            prune = AlwaysTrue()  # fine: DuckDB still evaluates it; we only lose file pruning
+    return Predicate(checked.sql, prune)
 
 
-def expression_type(expr: str, schema: pa.Schema) -> str | None:
-    """DuckDB's type for the SQL expression ``expr`` over rows of ``schema``, without data.
+def expression_type(sql: str, schema: pa.Schema) -> str:
+    """DuckDB's type for the checked expression ``sql`` over rows of ``schema``, without data.
 
-    ``None`` when ``expr`` is not a single expression (e.g. ``1); DROP ...``);
-    DuckDB's own errors (unknown column, syntax) propagate as ``duckdb.Error``.
+    ``sql`` must come from :func:`lineage.expressions.check`. DuckDB's own
+    errors (a type mismatch) propagate as ``duckdb.Error``.
     """
-    con = duckdb.connect()
-    try:
-        con.register("__probe", pa.Table.from_batches([], schema=schema))
-        statement = f"SELECT ({expr}) AS p FROM __probe"
-        if len(con.extract_statements(statement)) != 1:
-            return None
-        return str(con.execute(f"DESCRIBE {statement}").fetchall()[0][1])
-    finally:
-        con.close()
+    name = f"__probe_{next(_PROBES)}"
+    with duck.scratch() as con:
+        con.register(name, pa.Table.from_batches([], schema=schema))
+        try:
+            return str(con.execute(f"DESCRIBE SELECT {sql} AS p FROM {name}").fetchall()[0][1])
+        finally:
+            con.unregister(name)
 
 
-def _check_sql(sql: str, schema: pa.Schema) -> None:
+_PROBES = itertools.count()
+
+
+def _check_boolean(sql: str, text: str, schema: pa.Schema) -> None:
     try:
         kind = expression_type(sql, schema)
-    except duckdb.BinderException as exc:
-        message = str(exc)
-        if "not found" in message and ("column" in message.lower() or "Referenced" in message):
-            raise UnknownColumnError(f"where {sql!r} names a column the table does not have: {message}") from None
-        raise BadPredicateError(f"where {sql!r} is not a valid boolean expression: {message}") from None
     except duckdb.Error as exc:
-        raise BadPredicateError(f"where {sql!r} is not a valid boolean expression: {exc}") from None
-    if kind is None:
-        raise BadPredicateError(f"where {sql!r} must be a single expression")
+        raise BadPredicateError(f"where {text!r} is not a valid boolean expression: {exc}") from None
     if kind not in ("BOOLEAN", '"NULL"', "NULL"):
-        raise BadPredicateError(f"where {sql!r} is of type {kind}, not a boolean condition (e.g. write `amount <> 0`)")
+        raise BadPredicateError(f"where {text!r} is of type {kind}, not a boolean condition (e.g. write `amount <> 0`)")

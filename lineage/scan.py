@@ -29,6 +29,12 @@ LINEAGE_SCHEMA = [
 ]
 
 
+def file_paths(files: Sequence[LiveFile]) -> list[str]:
+    """The local paths :func:`register_live_view` reads for ``files``: data files, then their delete files."""
+    data = [local_path(f.path) for f in files]
+    return data + sorted({local_path(d.file_path) for f in files for d in f.deletes} - set(data))
+
+
 def register_live_view(
     con: duckdb.DuckDBPyConnection,
     name: str,
@@ -37,19 +43,20 @@ def register_live_view(
     field_ids: dict[str, int] | None = None,
     *,
     keys: tuple[str, Sequence[str]] | None = None,
-) -> None:
-    """Create the temp view ``name`` of the live images of ``files``.
+) -> list[str]:
+    """Create the temp view ``name`` of the live images of ``files``; return the local paths it reads.
 
     With ``field_ids`` (column name → Iceberg field id) Parquet columns are
     matched by field id, as Iceberg requires: columns added after a file was
-    written read as null, and renamed columns keep their values.
+    written read as null, and renamed columns keep their values. The paths
+    (data and delete files) are what :func:`lineage.duck.seal` should allow.
     """
     cols = ", ".join(f"d.{quote_ident(c)}" for c in schema.names)
     if not files:
         empty = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__file_id", pa.int32()), pa.field("__pos", pa.int64())])
         con.register(f"{name}__empty", pa.Table.from_batches([], schema=empty))
         con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS SELECT * FROM {quote_ident(name + '__empty')}")
-        return
+        return []
 
     paths = [f.path for f in files]
     locals_ = [local_path(p) for p in paths]
@@ -129,6 +136,7 @@ def register_live_view(
             f"ON r.file_id = d.file_id AND d.file_row_number >= r.pos_start"
         )
     con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS " + " UNION ALL ".join(branches))
+    return file_paths(files)
 
 
 def _string(value: str) -> str:

@@ -257,10 +257,10 @@ class Table:
             wanted = list(columns)
         con = duck.connect()
         try:
-            register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids())
+            duck.seal(con, register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids()))
             select = ", ".join(quote_ident(c) for c in wanted)
             try:
-                result = duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE ({pred.sql})")
+                result = duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE {pred.sql}")
             except duckdb.IOException as exc:
                 raise LineageMetadataError(f"a data or delete file of {self.name} could not be read (run verify): {exc}") from None
             except duckdb.Error as exc:
@@ -316,8 +316,8 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
-            register_live_view(con, "live", files, self.arrow_schema, self._field_ids())
-            removed = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS} FROM live WHERE ({pred.sql})")
+            duck.seal(con, register_live_view(con, "live", files, self.arrow_schema, self._field_ids()))
+            removed = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS} FROM live WHERE {pred.sql}")
             return Plan("delete", files=files, removed=removed, deleted=removed.num_rows)
 
         return run_write(self, plan, mode=mode)
@@ -335,24 +335,25 @@ class Table:
         if unknown:
             raise UnknownColumnError(f"set names column(s) {unknown} that the table does not have (columns: {schema.names})")
         pred = parse_predicate(where, self._probe_schema())
+        checked: dict[str, str] = {}
         for col, expr in set.items():
             if not isinstance(expr, str) or not expr.strip():
                 raise InvalidArgumentError(f"set[{col!r}] must be a SQL expression string, got {expr!r}")
-            check_expression(expr, self._probe_schema(), col)
+            checked[col] = check_expression(expr, self._probe_schema(), col)
         mode = self._mode(mode, PROP_UPDATE_MODE)
         key_set = any(k in set for k in self.key) and self._enforce_key()
-        # Each expression is cast to its column's type, so `"1.5"`, `"NULL"` or `"'7'"` fit any compatible column.
+        # Each checked expression is cast to its column's type, so `"1.5"`, `"NULL"` or `"'7'"` fit any compatible column.
         types = dict(duckdb_types(schema))
         select = ", ".join(
-            f"CAST(({set[c]}) AS {types[c]}) AS {quote_ident(c)}" if c in set else quote_ident(c) for c in schema.names
+            f"CAST({checked[c]} AS {types[c]}) AS {quote_ident(c)}" if c in checked else quote_ident(c) for c in schema.names
         )
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
-            register_live_view(con, "live", files, schema, self._field_ids())
+            duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()))
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                f"{REMOVED_COLS} FROM live WHERE ({pred.sql})"
+                f"{REMOVED_COLS} FROM live WHERE {pred.sql}"
             )
             removed = con.execute(f"SELECT {REMOVED_COLS} FROM matched").to_arrow_table()
             names = ", ".join(quote_ident(c) for c in schema.names)

@@ -316,7 +316,7 @@ def test_scan(wh, tmp_path):
     assert [r["id"] for r in got] == ["1", "2", "4"] and got[0]["_row_last_updated_at_version"] == "4"
     ok(parquet)
     assert pq.read_table(out_pq).num_rows == 3
-    fails(bad_where, 2, "not a valid boolean expression")
+    fails(bad_where, 2, "not a valid SQL expression")
     assert len(bad_where.stderr.strip().splitlines()) == 1  # DuckDB's multi-line context stays out
     fails(bad_col, 2, "nosuch")
     fails(no_table, 1, "shop.nope does not exist")

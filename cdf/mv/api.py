@@ -23,6 +23,7 @@ from cdf.mv.view import (
     MaterializedView,
     RefreshResult,
 )
+from lineage import duck
 from lineage.catalog import identifier, resolve_catalog
 from lineage.errors import InvalidArgumentError, LineageError, TableNotFoundError
 from lineage.table import Table, create_table, open_table
@@ -39,6 +40,7 @@ def _view_schema(query: ViewQuery, source: Table) -> tuple[pa.Schema, dict[str, 
     probe = pa.schema(list(source.arrow_schema) + [pa.field("_row_id", pa.int64())])
     con = duckdb_connection()
     try:
+        duck.seal(con)  # typing binds the query's fragments; no file is needed
         con.register("src", pa.Table.from_batches([], schema=probe))
 
         def typeof(sql: str, what: str) -> str:

@@ -29,6 +29,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ErrorLevel, ParseError, SqlglotError
 
+from lineage import expressions
 from lineage.errors import InvalidArgumentError
 
 SHAPES = ("projection", "aggregate")
@@ -41,16 +42,8 @@ GROUP_KEY = "_mv_key"  # aggregate views: canonical text of the group key values
 GROUP_ROWS = "_mv_rows"  # aggregate views: COUNT(*) of the group (a group with 0 rows disappears)
 HIDDEN_PREFIX = "_mv_"
 
-# Functions whose result depends on something else than their arguments.
-NONDETERMINISTIC = {
-    "random", "rand", "randn", "uuid", "gen_random_uuid", "uuidv4", "uuidv7", "uuid_string", "now",
-    "current_timestamp", "current_date", "current_time", "current_datetime", "localtime", "localtimestamp",
-    "get_current_time", "get_current_timestamp", "today", "transaction_timestamp", "nextval", "currval", "setseed",
-    "current_setting", "current_user", "current_role", "current_schema", "current_schemas", "current_database",
-    "current_catalog", "session_user", "user", "version", "txid_current", "current_query", "getvariable",
-    "read_csv", "read_parquet", "read_json", "read_text", "read_blob", "glob", "sysdate", "unix_timestamp",
-    "monotonically_increasing_id", "spark_partition_id", "input_file_name", "shuffle",
-}
+# Non-deterministic functions sqlglot parses into nodes of their own (refused with a view-specific message; function names
+# are checked against lineage.allowlist when each clause goes through lineage.expressions).
 _NONDETERMINISTIC_NODES = tuple(
     getattr(exp, n)
     for n in ("Rand", "Randn", "Uuid", "CurrentTimestamp", "CurrentDate", "CurrentTime", "CurrentDatetime", "CurrentUser",
@@ -172,17 +165,59 @@ class ViewQuery:
             raise UnsupportedFormatError(
                 f"the view definition has format version {version!r}; this release reads up to {DEFINITION_VERSION} (upgrade the library)"
             )
-        return ViewQuery(
-            text=obj["query"],
-            shape=obj["shape"],
-            columns=tuple(ViewColumn(c["name"], c["kind"], c["duckdb"], c["spark"]) for c in obj["columns"]),
-            where_duck=obj["where"]["duckdb"],
-            where_spark=obj["where"]["spark"],
-            source_columns=tuple(obj["source-columns"]),
-            spark_ok=bool(obj.get("spark-ok", True)),
-            spark_problem=obj.get("spark-problem"),
-            types=dict(obj.get("types") or {}),
-        )
+        return _rechecked(obj)
+
+
+def _rechecked(obj: dict) -> ViewQuery:  # type: ignore[type-arg]
+    """The stored definition ``obj`` with every SQL fragment checked again before it can run.
+
+    A table property can be edited by anyone who can commit to the view
+    table, so nothing stored is pasted into SQL unchecked: DuckDB fragments go
+    through the expression validator (and are used re-rendered), Spark
+    fragments are parsed by sqlglot, checked through their DuckDB rendering
+    and re-rendered (on failure the view is marked not refreshable with
+    Spark), and type names must be exactly one DuckDB type.
+    """
+    used = tuple(obj["source-columns"])
+    spark_problem = obj.get("spark-problem")
+
+    def duck(sql: str | None, what: str) -> str | None:
+        return None if sql is None else _checked(sql, used, f"the stored {what}")
+
+    def spark(sql: str | None, what: str) -> str | None:
+        nonlocal spark_problem
+        if sql is None:
+            return None
+        try:
+            tree = sqlglot.parse_one(sql, read="spark")
+            _checked(_render(tree, "duckdb"), used, f"the stored Spark {what}")
+            return _render(tree, "spark")
+        except (SqlglotError, InvalidArgumentError) as exc:
+            spark_problem = spark_problem or f"the stored Spark SQL of {what} failed the check: {exc}"
+            return None
+
+    types: dict[str, str] = {}
+    for name, t in (obj.get("types") or {}).items():
+        try:
+            types[name] = expressions.check_type(t)
+        except InvalidArgumentError as exc:
+            raise ViewQueryError(f"the stored type of view column {name!r} is refused: {exc}") from None
+    columns = tuple(
+        ViewColumn(c["name"], c["kind"], duck(c["duckdb"], f"select item {c['name']!r}"), spark(c["spark"], f"select item {c['name']!r}"))
+        for c in obj["columns"]
+    )
+    where_spark = spark(obj["where"]["spark"], "WHERE")
+    return ViewQuery(
+        text=obj["query"],
+        shape=obj["shape"],
+        columns=columns,
+        where_duck=duck(obj["where"]["duckdb"], "WHERE"),
+        where_spark=where_spark,
+        source_columns=used,
+        spark_ok=bool(obj.get("spark-ok", True)) and spark_problem is None,
+        spark_problem=spark_problem,
+        types=types,
+    )
 
 
 # ---------------------------------------------------------------- parsing
@@ -214,8 +249,6 @@ def _check_nodes(tree: exp.Expression, query: str) -> None:
         if isinstance(node, exp.Select) and node is not tree:
             raise _refuse("subqueries", query)
         if isinstance(node, _NONDETERMINISTIC_NODES):
-            raise _refuse(f"the non-deterministic function {_func_name(node).upper()}", query)
-        if isinstance(node, exp.Func) and _func_name(node) in NONDETERMINISTIC:
             raise _refuse(f"the non-deterministic function {_func_name(node).upper()}", query)
         if isinstance(node, exp.AggFunc) and not isinstance(node, tuple(AGGREGATES)):
             raise _refuse(f"the aggregate function {_func_name(node).upper()} (only SUM, COUNT, AVG, MIN, MAX)", query)
@@ -286,7 +319,18 @@ def _bind_columns(node: exp.Expression, columns: dict[str, str], qualifiers: set
 
 
 def _render(node: exp.Expression, dialect: str) -> str:
-    return node.sql(dialect=dialect, unsupported_level=ErrorLevel.RAISE)
+    return node.sql(dialect=dialect, unsupported_level=ErrorLevel.RAISE, comments=False)  # the stored query keeps them
+
+
+def _checked(sql: str, columns: list[str] | tuple[str, ...], what: str) -> str:
+    """``sql`` (one clause's expression, DuckDB dialect) through the validator every user expression passes (lineage.expressions).
+
+    The result is DuckDB's rendering of the checked parse tree: the text the refresh engine runs.
+    """
+    try:
+        return expressions.check(sql, columns, what).sql
+    except InvalidArgumentError as exc:
+        raise ViewQueryError(f"the view query is refused: {exc}") from None
 
 
 def _is_aggregate_call(node: exp.Expression) -> bool:
@@ -397,7 +441,7 @@ def parse(query: str, source_name: str, source_columns: list[str]) -> ViewQuery:
     out: list[ViewColumn] = []
     spark_problem = None
     for name, kind, node in columns:
-        duck = _render(node, "duckdb") if node is not None else None
+        duck = _checked(_render(node, "duckdb"), source_columns, f"the select item {name!r}") if node is not None else None
         spark = None
         if node is not None:
             try:
@@ -405,7 +449,7 @@ def parse(query: str, source_name: str, source_columns: list[str]) -> ViewQuery:
             except SqlglotError as exc:
                 spark_problem = spark_problem or f"{name}: {exc}"
         out.append(ViewColumn(name, kind, duck, spark))
-    where_duck = _render(where_node, "duckdb") if where_node is not None else None
+    where_duck = _checked(_render(where_node, "duckdb"), source_columns, "WHERE") if where_node is not None else None
     where_spark = None
     if where_node is not None:
         try:

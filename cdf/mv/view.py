@@ -41,7 +41,7 @@ from lineage.errors import (
     VersionMovedError,
 )
 from lineage.outcome import commit_metadata
-from lineage.scan import register_live_view
+from lineage.scan import file_paths, register_live_view
 from lineage.schema import projection_field_ids
 from lineage.table import Table, open_table
 
@@ -277,6 +277,8 @@ class MaterializedView:
         # DuckDB engine: one connection for everything; Spark: a local one for applying the collected delta.
         con = eng.con if eng.dialect == "duckdb" else duckdb_connection()
         try:
+            # The view's fragments run on this connection: from here on it reads the source's and the view's files only.
+            duck.seal(con, file_paths(src_state.live_files()) + file_paths(state.live_files()))
             if reason is not None or self.shape == "aggregate":
                 # The view's rows at the version this refresh plans against (read in place, not materialised).
                 field_ids = projection_field_ids(table.iceberg.metadata)

@@ -130,8 +130,8 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         files = state.live_files()
         con = duck.connect()
         try:
-            register_live_view(con, "live", files, schema, field_ids)
-            hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id FROM live WHERE ({pred.sql})")
+            duck.seal(con, register_live_view(con, "live", files, schema, field_ids))
+            hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id FROM live WHERE {pred.sql}")
         finally:
             con.close()
         if hits.num_rows == 0:

@@ -1,4 +1,4 @@
-"""Checks of write arguments: update expressions against column types, and user commit properties."""
+"""Checks of write arguments: update expressions (validated, then typed against their column), and user commit properties."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from collections.abc import Mapping
 import duckdb
 import pyarrow as pa
 
+from lineage import expressions
 from lineage.duck import duckdb_types
-from lineage.errors import InvalidArgumentError, SchemaMismatchError, UnknownColumnError
+from lineage.errors import InvalidArgumentError, SchemaMismatchError
 from lineage.predicate import expression_type
 from lineage.writes.properties import USER_PROPERTY_PREFIXES
 
@@ -50,18 +51,18 @@ def _compatible(produced: str, expected: str) -> bool:
     return produced in ('"NULL"', "NULL") or produced == expected or _family_of(produced) == _family_of(expected)
 
 
-def check_expression(expr: str, schema: pa.Schema, column: str) -> None:
-    """Refuse an update expression for ``column`` that does not bind, is not one expression, or has an incompatible type."""
+def check_expression(expr: str, schema: pa.Schema, column: str) -> str:
+    """The checked SQL of ``set[column] = expr`` (:mod:`lineage.expressions`), whose type fits the column.
+
+    The returned text, DuckDB's rendering of the checked parse tree, is what
+    the update runs; never ``expr`` itself.
+    """
+    sql = expressions.check(expr, schema.names, f"set[{column!r}]").sql
     try:
-        produced = expression_type(expr, schema)
-    except duckdb.BinderException as exc:
-        if "not found" in str(exc):
-            raise UnknownColumnError(f"set[{column!r}] = {expr!r} names a column the table does not have: {exc}") from None
-        raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid expression for this table: {exc}") from None
+        produced = expression_type(sql, schema)
     except duckdb.Error as exc:
-        raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid SQL expression: {exc}") from None
-    if produced is None:
-        raise InvalidArgumentError(f"set[{column!r}] must be a single expression, got {expr!r}")
+        raise InvalidArgumentError(f"set[{column!r}] = {expr!r} is not a valid expression for this table: {exc}") from None
     expected = dict(duckdb_types(schema))[column]
     if expr.strip().upper() != "NULL" and not _compatible(produced, expected):  # DuckDB types a bare NULL as INTEGER
         raise SchemaMismatchError(f"set[{column!r}] = {expr!r} produces {produced}, but column {column!r} is {expected}")
+    return sql
