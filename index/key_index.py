@@ -26,8 +26,9 @@ level 0. When more than ``merge-fanout`` segments of the lowest level sit at
 the tail, they merge into one segment of the next level (tiered, so each
 entry is rewritten O(log) times: amortised O(change) per commit). When the
 segments after the base hold more than ``base-fraction`` of the base's
-entries, or there are more than ``max-segments``, everything merges into a
-new base (tombstones dropped). A merge that includes the oldest segment
+entries (the oldest segment stands for the base until there is one), or
+there are more than ``max-segments``, everything merges into a new base
+(tombstones dropped). A merge that includes the oldest segment
 always yields a base. Writers do merges of at most ``writer-merge-limit``
 records (bounded work per commit; the ``max-segments`` cap overrides it),
 maintenance (:func:`lineage.maintenance.merge_key_index`) does the rest.
@@ -115,7 +116,10 @@ def table_key(iceberg: IcebergTable) -> tuple[KeyField, ...]:
     """The table's key columns as the index records them (empty for a table without a key)."""
     schema = iceberg.schema()
     arrow = arrow_schema(schema)
-    return tuple(KeyField(schema.find_field(name).field_id, name, arrow.field(name).type) for name in schema.identifier_field_names())
+    # identifier_field_ids is an ordered list in the table metadata (identifier_field_names is a set, its
+    # order differs between processes): the order fixes how a multi-column key is hashed.
+    names = [schema.find_column_name(fid) for fid in schema.identifier_field_ids]
+    return tuple(KeyField(fid, name, arrow.field(name).type) for fid, name in zip(schema.identifier_field_ids, names, strict=True))
 
 
 def index_enabled(iceberg: IcebergTable) -> bool:
@@ -195,7 +199,7 @@ def next_merge(segs: Sequence[SegmentInfo], policy: MergePolicy, mode: str) -> t
             start -= 1
         if len(segs) - start > policy.fanout and allowed(start):
             return start, 0 if start == 0 else last.level + 1
-    if len(segs) > 1 and segs[0].base:
+    if len(segs) > 1:  # the oldest segment stands for the base until a merge makes one
         rest = sum(s.entries for s in segs[1:])
         if rest > policy.base_fraction * segs[0].entries and allowed(0):
             return 0, 0
@@ -438,6 +442,7 @@ def next_key_index(
         segments[start:] = [merge_segments(segments[start:], base=start == 0, level=level)]
     size = 0
     location = state.iceberg.metadata.location
+    segments = [s for s in segments if s.entries]  # an empty index is no segment at all
     for i, seg in enumerate(segments):
         if seg.path is None:
             path = f"{location}/metadata/index/{version:09d}-{uuid.uuid4()}-keys.arrow"
@@ -481,7 +486,7 @@ def _written_entries(
     for fl in written:
         keys = known.get(fl.file_path)
         if keys is None:
-            keys = _read_keys(io, fl.file_path, index.names)
+            keys = read_file_keys(io, fl.file_path, index.names)
         if keys.num_rows != fl.record_count:
             raise LineageMetadataError(f"{fl.file_path} has {keys.num_rows} rows, its lineage {fl.record_count}")
         keep = np.ones(fl.record_count, bool)
@@ -500,8 +505,8 @@ def _written_entries(
     return pa.concat_tables(parts)
 
 
-def _read_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
-    """Key columns of a data file this commit wrote (by name: it was written with the current schema)."""
+def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
+    """Key columns of a data file a commit writes (by name: it was written with the current schema)."""
     with io.new_input(path).open() as f:
         return pq.ParquetFile(f).read(columns=names, use_threads=False)
 

@@ -208,9 +208,9 @@ def check_spark_keys(df: Any, key: list[str]) -> str | None:
 def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tuple[list[LiveFile], pa.Table, list[WrittenFile], int, int]:
     """Match a Spark batch with the live rows by key on executors.
 
-    Returns the live files, the removed images' pointers (metadata), the
-    written files (new images with kept row ids, and inserts), and the update
-    and insert counts.
+    Returns the live files, the removed images' pointers (metadata, with
+    their key values for the key index), the written files (new images with
+    kept row ids, and inserts), and the update and insert counts.
     """
     from pyspark.sql import functions as F
 
@@ -234,7 +234,9 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
     )
     matched = matched.persist()
     try:
-        pointers = matched.select("__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version").toArrow()
+        pointers = matched.select(
+            "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", *[_col(k) for k in key]
+        ).toArrow()
         images = matched.select(*[_col(c) for c in columns], F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED))
         inserts = b.join(live, cond, "left_anti")
         # ~2M rows per written file; images sorted by row id so their lineage compresses into runs.
@@ -258,6 +260,7 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
             "_row_id": pointers.column("_row_id"),
             "_row_created_at_version": pointers.column("_row_created_at_version"),
             "_row_last_updated_at_version": pointers.column("_row_last_updated_at_version"),
+            **{k: pointers.column(k) for k in key},
         }
     )
     inserted = sum(w.data_file.record_count for w in new)

@@ -6,7 +6,6 @@ to a key scan) is in tests/test_key_index_property.py.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import decimal
 import io as _io
@@ -19,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lineage  # noqa: F401  (imports the package in dependency order)
+from conftest import key_hash_mask
 from index import key_hash as kh
 from index.key_index import FULL, MAINTENANCE, WRITER, KeyIndex, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
@@ -228,7 +228,7 @@ deltas = st.lists(st.dictionaries(st.integers(0, 60), st.one_of(st.none(), st.in
 @given(deltas, st.integers(1, 4), st.sampled_from([WRITER, MAINTENANCE, FULL]), st.booleans())
 def test_lookups_after_merges_match_a_dict(history, fanout, mode, tiny_hash):
     """Random deltas merged by the policy: lookups equal a dict model (with a 2-bit hash: every key collides)."""
-    with hash_mask(np.uint64(3) if tiny_hash else kh._FULL):
+    with key_hash_mask(np.uint64(3) if tiny_hash else kh._FULL):
         _check_history(history, fanout, mode)
 
 
@@ -249,17 +249,6 @@ def _check_history(history: list[dict], fanout: int, mode: str) -> None:
         if segments:
             probe = pa.table({"id": pa.array(range(-1, 62), pa.int64())})
             assert lookup_segments(segments, probe) == {(k,): v for k, v in model.items()}
-
-
-@contextlib.contextmanager
-def hash_mask(mask: np.uint64):  # noqa: ANN201
-    """Narrow the key hash for a block (to force collisions)."""
-    old = kh._MASK
-    kh._MASK = mask
-    try:
-        yield
-    finally:
-        kh._MASK = old
 
 
 def test_collisions_never_mix_keys(monkeypatch):
@@ -306,6 +295,7 @@ def test_merge_policy():
     assert next_merge(infos("B1000", "3:300", "2:90"), p, MAINTENANCE) is None  # 390 < 500
     assert next_merge(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p, WRITER) == (0, 0)  # over max-segments: forced
     assert next_merge(infos("0:10", "0:10", "0:10"), p, WRITER) == (0, 0)  # reaches the oldest: a base
+    assert next_merge(infos("0:50", "0:30"), p, WRITER) == (0, 0)  # the oldest stands for the base
     assert next_merge(infos("B10"), p, FULL) is None
     assert next_merge(infos("0:10"), p, FULL) == (0, 0)
     assert next_merge(infos("B10", "0:1"), p, FULL) == (0, 0)
