@@ -81,6 +81,14 @@ def test_hash_ignores_representation_but_not_value():
     chunked = pa.chunked_array([s.slice(0, 2), s.slice(2)])
     assert kh.column_hash(chunked).tolist() == kh.column_hash(s).tolist()
     assert len(set(kh.column_hash(s).tolist())) == 5
+    words = pa.array([f"value-{i}" * (i % 7) for i in range(500)], pa.large_string())
+    whole = kh.column_hash(words).tolist()
+    old_chunk = kh._CHUNK_BYTES
+    try:
+        kh._CHUNK_BYTES = 5  # hashed a few values at a time (and long values alone)
+        assert kh.column_hash(words).tolist() == whole
+    finally:
+        kh._CHUNK_BYTES = old_chunk
     two = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"]})
     assert len(set(kh.key_hash(two).tolist())) == 3
     swapped = pa.table({"a": ["x"], "b": ["y"]})

@@ -1,0 +1,184 @@
+"""What the key index buys: a 1,000-key upsert on 1M and 10M-row keyed tables, before and after.
+
+For each table size, one keyed table (``order_id``) is built from generated
+rows in ten appends (ten data files), with the key index switched off
+(``lineage.key-index.enabled=false``, the key-scan path). Then:
+
+1. **before**: ``--repeat`` upserts of ``--keys`` rows each (half update
+   random live keys, half insert new keys), finding the live rows by a scan
+   of the key column;
+2. the index is switched on and built by ``Table.reindex()`` (timed: one
+   scan of the key column, hashing, sorting, writing, one commit), and the
+   in-memory build alone (``KeyIndex.build``) is timed separately; its size
+   on disk is reported;
+3. **after**: the same number of upserts through the index;
+4. a bare lookup of ``--keys`` keys (``KeyIndex.open`` + ``lookup`` on a
+   state already read).
+
+Times are wall-clock per call; the median and the fastest of the repeats
+are printed, with the 10M/1M ratio. The machine's load average is recorded
+(the figures are noisy on a shared machine). Tables live under ``--dir``
+(default: a temporary folder, removed at the end); JSON goes to ``--out``.
+
+    .venv/bin/python benchmarks/key_index.py                       # 1M and 10M rows
+    .venv/bin/python benchmarks/key_index.py --rows 1000000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+
+import lineage
+from index.key_index import KeyIndex
+
+SEED = 7
+APPENDS = 10
+SCHEMA = pa.schema(
+    [
+        pa.field("order_id", pa.int64(), nullable=False),
+        pa.field("customer_id", pa.int64()),
+        pa.field("status", pa.string()),
+        pa.field("amount", pa.float64()),
+    ]
+)
+
+
+def generate(start: int, n: int, rng: np.random.Generator) -> pa.Table:
+    """``n`` orders with order ids ``start..start+n-1``."""
+    return pa.table(
+        {
+            "order_id": np.arange(start, start + n, dtype=np.int64),
+            "customer_id": rng.integers(0, 50_000, n),
+            "status": np.array(["new", "paid", "shipped", "cancelled"])[rng.integers(0, 4, n)],
+            "amount": np.round(rng.uniform(1.0, 1000.0, n), 2),
+        },
+        schema=SCHEMA,
+    )
+
+
+def upsert_batch(rng: np.random.Generator, live_max: int, next_key: int, keys: int) -> pa.Table:
+    """Half updates of random live keys, half inserts of new keys."""
+    updates = rng.choice(live_max, keys // 2, replace=False)
+    batch = generate(0, keys, rng)
+    ids = np.concatenate([updates, np.arange(next_key, next_key + keys - keys // 2)])
+    return batch.set_column(0, pa.field("order_id", pa.int64(), nullable=False), pa.array(ids, pa.int64()))
+
+
+def size_of(paths: tuple[str, ...] | None) -> int:
+    return sum(os.path.getsize(p.removeprefix("file://")) for p in paths or ())
+
+
+def timed(fn) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def run_size(root: str, rows: int, keys: int, repeat: int) -> dict[str, object]:
+    rng = np.random.default_rng(SEED)
+    t = lineage.create_table(
+        f"bench.orders_{rows}", SCHEMA, key=["order_id"], warehouse=root, properties={"lineage.key-index.enabled": "false"}
+    )
+    step = -(-rows // APPENDS)
+    load_time = 0.0
+    for start in range(0, rows, step):
+        dt_, _ = timed(lambda: t.append(generate(start, min(step, rows - start), rng)))
+        load_time += dt_
+    next_key = rows
+    before, after = [], []
+    for _ in range(repeat):
+        batch = upsert_batch(rng, rows, next_key, keys)
+        next_key += keys
+        dt_, info = timed(lambda: t.upsert(batch))
+        assert info.updated == keys // 2 and info.inserted == keys - keys // 2, info
+        before.append(dt_)
+    assert t.state().lineage.key_index is None
+    with t.iceberg.transaction() as tx:
+        tx.set_properties({"lineage.key-index.enabled": "true"})
+    t.refresh()
+    build_mem, built = timed(lambda: KeyIndex.build(t.state()))
+    del built
+    reindex_time, _ = timed(t.reindex)
+    index_bytes = size_of(t.state().lineage.key_index)
+    for _ in range(repeat):
+        batch = upsert_batch(rng, rows, next_key, keys)
+        next_key += keys
+        dt_, info = timed(lambda: t.upsert(batch))
+        assert info.updated == keys // 2 and info.inserted == keys - keys // 2, info
+        after.append(dt_)
+    probe = pa.table({"order_id": rng.choice(rows, keys, replace=False)})
+    lookups = []
+    state = t.state()
+    for _ in range(repeat):
+        dt_, found = timed(lambda: KeyIndex.open(state).lookup(probe))
+        assert found.num_rows == keys
+        lookups.append(dt_)
+    return {
+        "rows": rows,
+        "load_s": round(load_time, 2),
+        "before_s": before,
+        "after_s": after,
+        "build_in_memory_s": round(build_mem, 3),
+        "reindex_commit_s": round(reindex_time, 3),
+        "index_bytes": index_bytes,
+        "index_bytes_per_key": round(index_bytes / max(1, t.count()), 1),
+        "index_segments_at_end": len(state.lineage.key_index or ()),
+        "lookup_s": lookups,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--dir", default=None, help="where the tables go (default: a temporary folder, removed at the end)")
+    ap.add_argument("--out", default="benchmarks/results/key_index.json")
+    args = ap.parse_args()
+    root = args.dir or tempfile.mkdtemp(prefix="lineage-key-index-")
+    load_before = os.getloadavg()
+    results = []
+    try:
+        for rows in args.rows:
+            r = run_size(root, rows, args.keys, args.repeat)
+            results.append(r)
+            print(
+                f"{rows:>11,} rows: upsert of {args.keys:,} keys before {statistics.median(r['before_s']) * 1000:7.0f} ms "
+                f"(min {min(r['before_s']) * 1000:.0f}), after {statistics.median(r['after_s']) * 1000:7.0f} ms "
+                f"(min {min(r['after_s']) * 1000:.0f}); lookup {statistics.median(r['lookup_s']) * 1000:.1f} ms; "
+                f"build {r['build_in_memory_s']:.2f} s in memory, reindex commit {r['reindex_commit_s']:.2f} s; "
+                f"index {r['index_bytes'] / 1e6:.1f} MB ({r['index_bytes_per_key']} B/key)",
+                flush=True,
+            )
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    if len(results) >= 2:
+        small, big = results[0], results[-1]
+        for what in ("before_s", "after_s", "lookup_s"):
+            ratio = statistics.median(big[what]) / statistics.median(small[what])
+            print(f"{what[:-2]}: {big['rows']:,} / {small['rows']:,} rows = {ratio:.2f}x (medians)")
+    record = {
+        "keys": args.keys,
+        "repeat": args.repeat,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": load_before, "load_after": os.getloadavg()},
+        "results": results,
+    }
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs); results in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
