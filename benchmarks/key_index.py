@@ -1,7 +1,8 @@
 """What the key index buys: a 1,000-key upsert on 1M and 10M-row keyed tables, before and after.
 
-For each table size, one keyed table (``order_id``) is built from generated
-rows in ten appends (ten data files), with the key index switched off
+For each table size, one keyed table (``order_id``) is built from the rows
+``write_cost.py`` generates, in ten appends (ten data files), with the key
+index switched off
 (``lineage.key-index.enabled=false``, the key-scan path). Then:
 
 1. **before**: ``--repeat`` upserts of ``--keys`` rows each (half update
@@ -39,39 +40,18 @@ import numpy as np
 import pyarrow as pa
 
 import lineage
+import write_cost  # the same generated orders as the write-cost benchmark
 from index.key_index import KeyIndex
 
 SEED = 7
-APPENDS = 10
-SCHEMA = pa.schema(
-    [
-        pa.field("order_id", pa.int64(), nullable=False),
-        pa.field("customer_id", pa.int64()),
-        pa.field("status", pa.string()),
-        pa.field("amount", pa.float64()),
-    ]
-)
 
 
-def generate(start: int, n: int, rng: np.random.Generator) -> pa.Table:
-    """``n`` orders with order ids ``start..start+n-1``."""
-    return pa.table(
-        {
-            "order_id": np.arange(start, start + n, dtype=np.int64),
-            "customer_id": rng.integers(0, 50_000, n),
-            "status": np.array(["new", "paid", "shipped", "cancelled"])[rng.integers(0, 4, n)],
-            "amount": np.round(rng.uniform(1.0, 1000.0, n), 2),
-        },
-        schema=SCHEMA,
-    )
-
-
-def upsert_batch(rng: np.random.Generator, live_max: int, next_key: int, keys: int) -> pa.Table:
-    """Half updates of random live keys, half inserts of new keys."""
+def upsert_batch(data: pa.Table, rng: np.random.Generator, live_max: int, next_key: int, keys: int) -> pa.Table:
+    """Half updates of random live keys, half inserts of new keys (values taken from generated rows)."""
     updates = rng.choice(live_max, keys // 2, replace=False)
-    batch = generate(0, keys, rng)
     ids = np.concatenate([updates, np.arange(next_key, next_key + keys - keys // 2)])
-    return batch.set_column(0, pa.field("order_id", pa.int64(), nullable=False), pa.array(ids, pa.int64()))
+    batch = data.slice(int(rng.integers(0, max(1, data.num_rows - keys))), keys)
+    return batch.set_column(0, batch.schema.field("order_id"), pa.array(ids, pa.int64()))
 
 
 def size_of(paths: tuple[str, ...] | None) -> int:
@@ -86,22 +66,25 @@ def timed(fn) -> tuple[float, object]:  # type: ignore[no-untyped-def]
 
 def run_size(root: str, rows: int, keys: int, repeat: int) -> dict[str, object]:
     rng = np.random.default_rng(SEED)
+    data = write_cost.generate(rows)
     t = lineage.create_table(
-        f"bench.orders_{rows}", SCHEMA, key=["order_id"], warehouse=root, properties={"lineage.key-index.enabled": "false"}
+        f"bench.orders_{rows}", data.schema, key=["order_id"], warehouse=root, properties={"lineage.key-index.enabled": "false"}
     )
-    step = -(-rows // APPENDS)
-    load_time = 0.0
-    for start in range(0, rows, step):
-        dt_, _ = timed(lambda: t.append(generate(start, min(step, rows - start), rng)))
-        load_time += dt_
+    load_time = sum(timed(lambda b=b: t.append(b))[0] for b in write_cost.batches(data))
     next_key = rows
-    before, after = [], []
-    for _ in range(repeat):
-        batch = upsert_batch(rng, rows, next_key, keys)
-        next_key += keys
-        dt_, info = timed(lambda: t.upsert(batch))
-        assert info.updated == keys // 2 and info.inserted == keys - keys // 2, info
-        before.append(dt_)
+
+    def upserts() -> list[float]:
+        nonlocal next_key
+        out = []
+        for _ in range(repeat):
+            batch = upsert_batch(data, rng, rows, next_key, keys)
+            next_key += keys
+            took, info = timed(lambda: t.upsert(batch))
+            assert info.updated == keys // 2 and info.inserted == keys - keys // 2, info
+            out.append(took)
+        return out
+
+    before = upserts()
     assert t.state().lineage.key_index is None
     with t.iceberg.transaction() as tx:
         tx.set_properties({"lineage.key-index.enabled": "true"})
@@ -110,12 +93,7 @@ def run_size(root: str, rows: int, keys: int, repeat: int) -> dict[str, object]:
     del built
     reindex_time, _ = timed(t.reindex)
     index_bytes = size_of(t.state().lineage.key_index)
-    for _ in range(repeat):
-        batch = upsert_batch(rng, rows, next_key, keys)
-        next_key += keys
-        dt_, info = timed(lambda: t.upsert(batch))
-        assert info.updated == keys // 2 and info.inserted == keys - keys // 2, info
-        after.append(dt_)
+    after = upserts()
     probe = pa.table({"order_id": rng.choice(rows, keys, replace=False)})
     lookups = []
     state = t.state()

@@ -320,6 +320,7 @@ class KeyIndex:
         keys = self.conform_keys(keys)
         hashes = key_hash(keys)
         unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
+        resolved = np.zeros(keys.num_rows, bool)
         parts: list[pa.Table] = []
         for seg in reversed(self.segments):
             if not len(unresolved):
@@ -331,7 +332,8 @@ class KeyIndex:
             live = ~dead
             if live.any():
                 parts.append(seg.take(records[live]).append_column(INPUT, pa.array(rows[live], pa.int64())))
-            unresolved = unresolved[~np.isin(unresolved, rows)]
+            resolved[rows] = True
+            unresolved = unresolved[~resolved[unresolved]]
         schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
         if not parts:
             return schema.empty_table()

@@ -191,13 +191,19 @@ def make_segment(
     if dictionary is None:
         files = files.dictionary_encode() if n_live else pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
         dictionary = files.dictionary
-    indices = np.concatenate([files.indices.to_numpy(zero_copy_only=False).astype(np.int32), np.zeros(n_dead, np.int32)])
-    ints = {c: np.concatenate([entries.column(c).to_numpy().astype(np.int64), np.zeros(n_dead, np.int64)]) for c in _INT_ENTRIES}
+    indices = _padded(files.indices.to_numpy(zero_copy_only=False), np.int32, n_dead)
+    ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in _INT_ENTRIES}
     tomb = np.concatenate([np.zeros(n_live, bool), np.ones(n_dead, bool)])
     hashes = key_hash(keys)
-    order = np.argsort(hashes, kind="stable")
+    order = np.argsort(hashes)  # keys are unique: the order among equal hashes does not matter
     return _assemble(key, hashes[order], keys.take(pa.array(order)), tomb[order], indices[order], dictionary.cast(pa.string()),
-                     {c: v[order] for c, v in ints.items()}, level, base)
+                     {c: np.take(v, order) for c, v in ints.items()}, level, base)
+
+
+def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
+    """``values`` as ``dtype`` followed by ``zeros`` zeros (no copy when there is nothing to add or convert)."""
+    values = values if values.dtype == dtype else values.astype(dtype)
+    return np.concatenate([values, np.zeros(zeros, dtype)]) if zeros else values
 
 
 def _key_schema(key: Sequence[KeyField]) -> pa.Schema:
