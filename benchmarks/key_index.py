@@ -17,31 +17,35 @@ index switched off
    state already read).
 
 Times are wall-clock per call; the median and the fastest of the repeats
-are printed, with the 10M/1M ratio. The machine's load average is recorded
-(the figures are noisy on a shared machine). Tables live under ``--dir``
-(default: a temporary folder, removed at the end); JSON goes to ``--out``.
+are printed, with the 10M/1M ratio, and written to a record
+(``benchmarks/record.py``, with the machine's load: the figures are noisy on
+a shared machine; ``--publish`` puts it in ``benchmarks/results/`` for
+``benchmarks/report.py``). Tables live under ``--workdir`` (default: a
+temporary folder, removed at the end).
 
-    .venv/bin/python benchmarks/key_index.py                       # 1M and 10M rows
+    .venv/bin/python benchmarks/key_index.py --publish             # 1M and 10M rows
     .venv/bin/python benchmarks/key_index.py --rows 1000000 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
 import numpy as np
 import pyarrow as pa
 
-import lineage
-import write_cost  # the same generated orders as the write-cost benchmark
-from index.key_index import KeyIndex
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import lineage  # noqa: E402
+import record  # noqa: E402
+import write_cost  # noqa: E402  (the same generated orders as the write-cost benchmark)
+from index.key_index import KeyIndex  # noqa: E402
 
 SEED = 7
 
@@ -115,21 +119,23 @@ def run_size(root: str, rows: int, keys: int, repeat: int) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    ap.add_argument("--keys", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--dir", default=None, help="where the tables go (default: a temporary folder, removed at the end)")
-    ap.add_argument("--out", default="benchmarks/results/key_index.json")
-    args = ap.parse_args()
-    root = args.dir or tempfile.mkdtemp(prefix="lineage-key-index-")
-    load_before = os.getloadavg()
-    results = []
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000], help="table sizes (default 1M and 10M)")
+    ap.add_argument("--keys", type=int, default=1000, help="rows per upsert: half updates, half inserts (default 1,000)")
+    ap.add_argument("--repeat", type=int, default=5, help="upserts (and lookups) timed per table and mode (default 5)")
+    ap.add_argument("--workdir", default=None, help="where the tables go (default: a temporary folder, removed at the end)")
+    record.add_arguments(ap)
+    args = ap.parse_args(argv)
+    if args.keys < 2 or args.repeat < 1 or min(args.rows) <= args.keys:
+        ap.error("need --keys >= 2, --repeat >= 1 and every --rows above --keys")
+    rec = record.Recorder("key_index", scale=max(args.rows), argv=argv, settings=vars(args))
+    root = args.workdir or tempfile.mkdtemp(prefix="lineage-key-index-")
+    sizes = []
     try:
-        for rows in args.rows:
+        for rows in sorted(args.rows):
             r = run_size(root, rows, args.keys, args.repeat)
-            results.append(r)
+            sizes.append(r)
             print(
                 f"{rows:>11,} rows: upsert of {args.keys:,} keys before {statistics.median(r['before_s']) * 1000:7.0f} ms "
                 f"(min {min(r['before_s']) * 1000:.0f}), after {statistics.median(r['after_s']) * 1000:7.0f} ms "
@@ -139,24 +145,16 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        if args.dir is None:
+        if args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)
-    if len(results) >= 2:
-        small, big = results[0], results[-1]
-        for what in ("before_s", "after_s", "lookup_s"):
-            ratio = statistics.median(big[what]) / statistics.median(small[what])
-            print(f"{what[:-2]}: {big['rows']:,} / {small['rows']:,} rows = {ratio:.2f}x (medians)")
-    record = {
-        "keys": args.keys,
-        "repeat": args.repeat,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": load_before, "load_after": os.getloadavg()},
-        "results": results,
-    }
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs); results in {args.out}")
+    for what in ("before_s", "after_s", "lookup_s"):
+        if len(sizes) >= 2:
+            ratio = statistics.median(sizes[-1][what]) / statistics.median(sizes[0][what])
+            print(f"{what[:-2]}: {sizes[-1]['rows']:,} / {sizes[0]['rows']:,} rows = {ratio:.2f}x (medians)")
+    path = rec.finish({"keys": args.keys, "repeat": args.repeat, "sizes": sizes}, publish=args.publish, out=args.out)
+    print(f"record: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
