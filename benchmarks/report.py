@@ -587,9 +587,9 @@ def _readme_key_index(records: Records) -> str:
     parts = [f"{rows_label(x['rows'])} rows {_ms(median(x['after_s']))} ms (with the key scan {_ms(median(x['before_s']))} ms)"
              for x in r["sizes"]]
     big = r["sizes"][-1]
-    return (f"An upsert of {r['keys']:,} keys (half updates, half inserts) took, median of {r['repeat']}: {_and(parts)}; building the index "
-            f"of {rows_label(big['rows'])} rows took {fmt_s(big['reindex_commit_s'])} s (`reindex`) and "
-            f"{mb(big['index_bytes'])} ({load_words(doc)}; `benchmarks/results/{doc['_file']}`).")
+    return (f"An upsert of {r['keys']:,} keys (half updates, half inserts) took, median of {r['repeat']}: {_and(parts)}. Building the index "
+            f"of {rows_label(big['rows'])} rows (`reindex`) took {fmt_s(big['reindex_commit_s'])} s; it holds {mb(big['index_bytes'])} "
+            f"({load_words(doc)}; `benchmarks/results/{doc['_file']}`).")
 
 
 # --------------------------------------------------------------------------- the documents
