@@ -80,6 +80,7 @@ bench-all: $(BENCH_STAMP) java
 	$(PY) benchmarks/spark_cdf.py --rows 5000000 --publish
 	$(PY) benchmarks/mv_refresh.py --publish
 	$(PY) benchmarks/maintenance_report.py --publish
+	$(PY) benchmarks/key_index.py --publish
 	$(PY) benchmarks/report.py
 
 clean:

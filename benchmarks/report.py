@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from statistics import median
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -559,6 +560,52 @@ def _expression_guard(records: Records) -> str:
         "", (f"The largest sealed/unsealed ratio is {worst:.2f}. Checking one predicate took {r['check_cold_ms']:g} ms cold "
              f"and {r['check_cached_us']:g} us when cached (median of 50)."),
     ])
+# --------------------------------------------------------------------------- key_index.py
+def _key_index_doc(records: Records) -> dict[str, Any] | None:
+    return records.latest("key_index")
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1000:,.0f}"
+
+
+@section("key-index")
+def _key_index(records: Records) -> str:
+    doc = _key_index_doc(records)
+    if doc is None:
+        return missing("key_index.py", "python benchmarks/key_index.py --publish")
+    r = doc["results"]
+    rows = [[fmt_int(x["rows"]), f"{_ms(median(x['before_s']))} ({_ms(min(x['before_s']))})", f"{_ms(median(x['after_s']))} ({_ms(min(x['after_s']))})",
+             f"{median(x['lookup_s']) * 1000:.1f}", fmt_s(x["build_in_memory_s"]), fmt_s(x["reindex_commit_s"]), mb(x["index_bytes"]),
+             f"{x['index_bytes_per_key']:g}"] for x in r["sizes"]]
+    out = [provenance(doc), "",
+           f"An upsert of {r['keys']:,} rows (half updates of random live keys, half inserts), {r['repeat']} times per table and mode; "
+           "milliseconds, median (fastest):", "",
+           md_table(["table rows", "upsert, key scan (index off)", "upsert, key index", f"lookup of {r['keys']:,} keys, ms", "build in memory, s",
+                     "reindex commit, s", "index size", "bytes per key"], rows)]
+    if len(r["sizes"]) > 1:
+        a, z = r["sizes"][0], r["sizes"][-1]
+        grow = z["rows"] / a["rows"]
+        before = median(z["before_s"]) / median(a["before_s"])
+        after = median(z["after_s"]) / median(a["after_s"])
+        out += ["", (f"{grow:g} times the rows made the upsert {before:.2f} times slower with the key scan and {after:.2f} times "
+                     f"with the key index (medians); at {rows_label(z['rows'])} rows the index made it "
+                     f"{median(z['before_s']) / median(z['after_s']):.1f}x faster.")]
+    return "\n".join(out)
+
+
+@section("readme-key-index")
+def _readme_key_index(records: Records) -> str:
+    doc = _key_index_doc(records)
+    if doc is None:
+        return missing("key_index.py", "python benchmarks/key_index.py --publish")
+    r = doc["results"]
+    parts = [f"{rows_label(x['rows'])} rows {_ms(median(x['after_s']))} ms (with the key scan {_ms(median(x['before_s']))} ms)"
+             for x in r["sizes"]]
+    big = r["sizes"][-1]
+    return (f"An upsert of {r['keys']:,} keys (half updates, half inserts) took, median of {r['repeat']}: {_and(parts)}. Building the index "
+            f"of {rows_label(big['rows'])} rows (`reindex`) took {fmt_s(big['reindex_commit_s'])} s; it holds {mb(big['index_bytes'])} "
+            f"({load_words(doc)}; `benchmarks/results/{doc['_file']}`).")
 
 
 # --------------------------------------------------------------------------- the documents

@@ -11,6 +11,7 @@ A catalog call that fails otherwise is settled by :mod:`lineage.outcome`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, write_index_segment
+from index.key_index import KeyIndexChange, next_key_index
 from lineage.metadata import (
     FORMAT_VERSION,
     SUMMARY_FORMAT_VERSION,
@@ -275,6 +277,7 @@ class CommitRequest:
     transform_list: Callable[[LineageList], LineageList] | None = None  # maintenance edits of the list (index re-pointing)
     properties: dict[str, str] = field(default_factory=dict)  # caller's checkpoint etc.: summary + commit log
     strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
+    key_index: KeyIndexChange | None = None  # keyed tables: how the commit changes the key index (index.key_index)
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,12 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
         created.append(index_path)
         bytes_written += write_index_segment(iceberg.io, index_path, removed_images)
-    segments = surviving_segments(state, [f for f in req.removed_files if f.content == DataFileContent.DATA])
+    removed_data = [f for f in req.removed_files if f.content == DataFileContent.DATA]
+    key_index, key_bytes = next_key_index(
+        state, req.key_index, lineages, req.delete_files, sum(len(r) for r in removed_images), len(removed_data), version, created
+    )
+    bytes_written += key_bytes
+    segments = surviving_segments(state, removed_data)
     if segment_path:
         segments.append(segment_path)
     entry = CommitEntry(
@@ -353,7 +361,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         properties=dict(req.properties),
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
-    new_list = base_list.with_commit(entry, tuple(segments), next_row_id)
+    new_list = dataclasses.replace(base_list.with_commit(entry, tuple(segments), next_row_id), key_index=key_index)
     list_path = f"{meta_dir}/lineage/{tag}-list.json"
     created.append(list_path)
     bytes_written += write_list(iceberg.io, list_path, new_list)

@@ -11,7 +11,7 @@ visible by it (the snapshot summary points at the list):
   commit. It names the segments that still describe live data files, the
   table's next row id, and the commit log (version, snapshot id, timestamp,
   operation, counts, and the commit's deleted-rows index file), so the log
-  outlives snapshot expiry.
+  outlives snapshot expiry, and (keyed tables) the key index segments.
 """
 
 from __future__ import annotations
@@ -218,6 +218,7 @@ class LineageList:
     segments: tuple[str, ...] = ()
     commits: tuple[CommitEntry, ...] = field(default_factory=tuple)
     purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
+    key_index: tuple[str, ...] | None = None  # key index segments, oldest first (index.key_index); None: no index
 
     @staticmethod
     def empty() -> LineageList:
@@ -242,6 +243,7 @@ def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
             "segments": list(lst.segments),
             "commits": [c.to_json() for c in lst.commits],
             **({"purged": lst.purged} if lst.purged else {}),
+            **({"key-index": list(lst.key_index)} if lst.key_index is not None else {}),
         },
     )
 
@@ -268,6 +270,7 @@ def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
             segments=tuple(obj["segments"]),
             commits=tuple(CommitEntry.from_json(c) for c in obj["commits"]),
             purged=obj.get("purged"),
+            key_index=tuple(obj["key-index"]) if obj.get("key-index") is not None else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LineageMetadataError(f"lineage list {path} is malformed: {exc!r}") from exc

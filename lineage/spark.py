@@ -208,9 +208,9 @@ def check_spark_keys(df: Any, key: list[str]) -> str | None:
 def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tuple[list[LiveFile], pa.Table, list[WrittenFile], int, int]:
     """Match a Spark batch with the live rows by key on executors.
 
-    Returns the live files, the removed images' pointers (metadata), the
-    written files (new images with kept row ids, and inserts), and the update
-    and insert counts.
+    Returns the live files, the removed images' pointers (metadata, with
+    their key values for the key index), the written files (new images with
+    kept row ids, and inserts), and the update and insert counts.
     """
     from pyspark.sql import functions as F
 
@@ -234,7 +234,9 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
     )
     matched = matched.persist()
     try:
-        pointers = matched.select("__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version").toArrow()
+        pointers = matched.select(
+            "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", *[_col(k) for k in key]
+        ).toArrow()
         images = matched.select(*[_col(c) for c in columns], F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED))
         inserts = b.join(live, cond, "left_anti")
         # ~2M rows per written file; images sorted by row id so their lineage compresses into runs.
@@ -248,11 +250,11 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
     finally:
         matched.unpersist()
     inserted = sum(w.data_file.record_count for w in new)
-    return files, removed_images(files, pointers), written + new, pointers.num_rows, inserted
+    return files, removed_images(files, pointers, key), written + new, pointers.num_rows, inserted
 
 
-def removed_images(files: list[LiveFile], pointers: pa.Table) -> pa.Table:
-    """Pointers collected from executors (``__path``, ``__pos``, lineage) as the write loop's removed images (``__file_id``)."""
+def removed_images(files: list[LiveFile], pointers: pa.Table, key: list[str]) -> pa.Table:
+    """Pointers collected from executors (``__path``, ``__pos``, lineage, ``key`` values) as the write loop's removed images (``__file_id``)."""
     index_of = {local_path(f.path): i for i, f in enumerate(files)}
     missing = [p for p in set(pointers.column("__path").to_pylist()) if p not in index_of]
     if missing:
@@ -264,6 +266,7 @@ def removed_images(files: list[LiveFile], pointers: pa.Table) -> pa.Table:
             "_row_id": pointers.column("_row_id"),
             "_row_created_at_version": pointers.column("_row_created_at_version"),
             "_row_last_updated_at_version": pointers.column("_row_last_updated_at_version"),
+            **{k: pointers.column(k) for k in key},
         }
     )
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
@@ -30,6 +31,7 @@ from pyiceberg.exceptions import TableAlreadyExistsError as _IceExists
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
+from index.key_index import KeyIndex, KeyIndexChange, index_enabled
 from lineage import duck
 from lineage.catalog import identifier, resolve_catalog
 from lineage.duck import duckdb_types
@@ -56,8 +58,9 @@ from lineage.schema import (
     to_arrow_table,
 )
 from lineage.spark import is_spark_dataframe
-from lineage.state import TableState, state_at
+from lineage.state import LiveFile, TableState, state_at
 from lineage.writer import CREATED, ROW_ID, WrittenFile
+from lineage.writes import keyed
 from lineage.writes import spark as spark_writes
 from lineage.writes.checks import check_expression, check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
@@ -77,6 +80,7 @@ from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 
 PROP_LINEAGE = "lineage.enabled"
 PROP_KEY_ENFORCE = "lineage.key.enforce"
+_APPEND_HINT = f"use upsert to update existing rows (or set table property {PROP_KEY_ENFORCE}=false to skip this check)"
 
 __all__ = [
     "COPY_ON_WRITE",
@@ -173,8 +177,9 @@ class Table:
 
     @property
     def key(self) -> list[str]:
-        """The table's key columns (its Iceberg identifier fields)."""
-        return list(self._iceberg.schema().identifier_field_names())
+        """The table's key columns (its Iceberg identifier fields, in schema order)."""
+        schema = self._iceberg.schema()
+        return [schema.find_column_name(fid) for fid in schema.identifier_field_ids]
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -293,16 +298,17 @@ class Table:
         written: list[WrittenFile] = []
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+            index = KeyIndex.open(state) if check_keys else None
+            if index is not None:
+                keyed.reject_live_keys(index, batch.select(key), _APPEND_HINT)
+                return Plan("append", inserts=batch, inserted=batch.num_rows, key_index=KeyIndexChange(index=index))
             if check_keys:
                 con.register("batch", batch.select(key))
                 register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids(), keys=("batch", key))
                 names = ", ".join(quote_ident(k) for k in key)
                 clash = duck.fetch_arrow(con, f"SELECT {names} FROM live LIMIT 3")
                 if clash.num_rows:
-                    raise KeyViolationError(
-                        f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; use upsert to update "
-                        f"existing rows (or set table property {PROP_KEY_ENFORCE}=false to skip this check)"
-                    )
+                    raise KeyViolationError(f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; {_APPEND_HINT}")
             return Plan("append", inserts=batch, inserted=batch.num_rows)
 
         return run_write(self, plan, mode=MERGE_ON_READ, reuse_inserts=written)
@@ -317,8 +323,11 @@ class Table:
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
             duck.seal(con, register_live_view(con, "live", files, self.arrow_schema, self._field_ids()))
-            removed = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS} FROM live WHERE {pred.sql}")
-            return Plan("delete", files=files, removed=removed, deleted=removed.num_rows)
+            key = self.key if index_enabled(state.iceberg) else []
+            rows = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{keyed.select_list(key)} FROM live WHERE ({pred.sql})")
+            removed = rows.select(REMOVED_COLS.split(", "))
+            change = KeyIndexChange(removed_keys=rows.select(key)) if key else None
+            return Plan("delete", files=files, removed=removed, deleted=removed.num_rows, key_index=change)
 
         return run_write(self, plan, mode=mode)
 
@@ -349,19 +358,30 @@ class Table:
         )
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            files = state.live_files(pred.prune)
+            index = KeyIndex.open(state) if key_set else None
+            # Without an index the key check scans every file, so the plan must not prune any.
+            files = state.live_files(pred.prune if index is not None or not key_set else None)
             duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()))
+            key = self.key if index_enabled(state.iceberg) else []
+            old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_{i}')}" for i, k in enumerate(key))
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                f"{REMOVED_COLS} FROM live WHERE {pred.sql}"
+                f"{REMOVED_COLS}{old_keys} FROM live WHERE ({pred.sql})"
             )
             removed = con.execute(f"SELECT {REMOVED_COLS} FROM matched").to_arrow_table()
             names = ", ".join(quote_ident(c) for c in schema.names)
             images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
             images = conform_images(images, self._iceberg.schema(), self.key, "update")
-            if key_set:
+            if index is not None:
+                new_keys = duck.fetch_arrow(con, f"SELECT {keyed.select_list(self.key)[2:]}, __file_id, __pos FROM matched")
+                keyed.reject_clashing_keys(index, files, new_keys)
+            elif key_set:
                 check_updated_keys(con, self.key)
-            return Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows)
+            change = None
+            if key:
+                gone = con.execute(f"SELECT {', '.join(quote_ident(f'__old_{i}') for i in range(len(key)))} FROM matched").to_arrow_table()
+                change = KeyIndexChange(removed_keys=gone.rename_columns(key), index=index)
+            return Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows, key_index=change)
 
         return run_write(self, plan, mode=mode)
 
@@ -428,19 +448,9 @@ class Table:
         bcols = ", ".join(f"b.{quote_ident(c)}" for c in schema.names)
         keys = ", ".join(quote_ident(k) for k in key)
 
-        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            files = state.live_files()
-            con.register("batch", batch)
-            probe = f"SELECT {keys} FROM batch"
-            if dkeys is not None:
-                con.register("dkeys", dkeys)
-                both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
-                if both.num_rows:
-                    raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
-                probe += f" UNION ALL SELECT {keys} FROM dkeys"
-            # One scan of the key columns finds every live row the batch touches;
+        def scan_plan(files: list[LiveFile], con: duckdb.DuckDBPyConnection, index: KeyIndex | None) -> Plan:
+            # One scan of the key columns of ``files`` finds every live row the batch touches;
             # everything below joins with that small set, never with the table again.
-            con.execute(f"CREATE TEMP TABLE probe AS {probe}")
             register_live_view(con, "live", files, schema, self._field_ids(), keys=("probe", key))
             con.execute("CREATE TEMP TABLE hits AS SELECT * FROM live")
             skip = f" AND NOT ({same})" if skip_unchanged else ""
@@ -449,19 +459,45 @@ class Table:
                 "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version "
                 f"FROM batch b JOIN hits l ON {on}{skip}"
             )
-            removed = con.execute(f"SELECT {REMOVED_COLS} FROM matched").to_arrow_table()
+            removed = con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)} FROM matched").to_arrow_table()
             images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
             inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
             images = conform_images(images, self._iceberg.schema(), key, "upsert")
             inserts = inserts.cast(schema)
             deleted = 0
             if dkeys is not None:
-                gone = con.execute(f"SELECT {REMOVED_COLS} FROM hits l SEMI JOIN dkeys b ON {on}").to_arrow_table()
+                gone = con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)} FROM hits l SEMI JOIN dkeys b ON {on}").to_arrow_table()
                 deleted = gone.num_rows
                 removed = pa.concat_tables([removed, gone.cast(removed.schema)])
+            change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
             return Plan(
-                _operation, files=files, removed=removed, new_images=images, inserts=inserts,
-                inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra,
+                _operation, files=files, removed=removed.select(REMOVED_COLS.split(", ")), new_images=images, inserts=inserts,
+                inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra, key_index=change,
+            )
+
+        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+            con.register("batch", batch)
+            probe = f"SELECT {keys} FROM batch"
+            if dkeys is not None:
+                con.register("dkeys", dkeys)
+                both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
+                if both.num_rows:
+                    raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
+                probe += f" UNION ALL SELECT {keys} FROM dkeys"
+            con.execute(f"CREATE TEMP TABLE probe AS {probe}")
+            files = state.live_files()
+            index = KeyIndex.open(state)
+            if index is None:
+                return scan_plan(files, con, None)
+            if skip_unchanged:
+                # Old values are needed to compare: scan only the files the index says hold a batch key.
+                hit = np.unique(keyed.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
+                return scan_plan([files[i] for i in hit], con, index)
+            m = keyed.match_upserts(index, files, batch, dkeys)
+            images = m.images.append_column(pa.field(ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(CREATED, pa.int64(), False), m.created)
+            return Plan(
+                _operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
+                updated=m.updated, deleted=m.deleted, properties=extra, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),
             )
 
         return run_write(self, plan, mode=mode, expected_version=expected_version)
@@ -529,6 +565,18 @@ class Table:
         from lineage.maintenance import rehome
 
         return rehome(self, max_live_fraction)
+
+    def reindex(self) -> Any:
+        """Rebuild the key index from a scan of the key columns (a maintenance commit; see index.key_index)."""
+        from lineage.maintenance import reindex
+
+        return reindex(self)
+
+    def merge_key_index(self, full: bool = False) -> Any:
+        """Merge key index segments per the table's merge policy (all into one with ``full``)."""
+        from lineage.maintenance import merge_key_index
+
+        return merge_key_index(self, full)
 
     def purge(self, where: str | BooleanExpression) -> Any:
         """Erase matching rows for good (GDPR): live data, pinned files, archives; see lineage.maintenance.purge."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -46,6 +49,19 @@ def assert_interop(table: lineage.Table) -> None:
     finally:
         con.close()
     assert rows(ddb, names) == rows(ours, names), "DuckDB iceberg_scan differs from ours"
+
+
+@contextlib.contextmanager
+def key_hash_mask(mask: np.uint64):  # noqa: ANN201
+    """Narrow the key index's hash for a block (forces hash collisions; see index/key_hash.py)."""
+    from index import key_hash
+
+    old = key_hash._MASK
+    key_hash._MASK = mask
+    try:
+        yield
+    finally:
+        key_hash._MASK = old
 
 
 def local_spark_builder(app: str):  # type: ignore[no-untyped-def]

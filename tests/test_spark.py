@@ -11,6 +11,7 @@ import cdf
 import cdf.spark
 import lineage
 from conftest import SCHEMA, assert_interop, rows
+from lineage.maintenance.key_index import check_key_index
 
 pytestmark = pytest.mark.spark
 
@@ -88,6 +89,9 @@ def test_writes_from_spark_keep_row_ids_and_interop(spark, warehouse):
     assert after[2]["_row_id"] == before[2] and after[2]["_row_created_at_version"] == c1.version
     assert after[2]["_row_last_updated_at_version"] == c2.version and after[2]["name"] == "B"
     assert after[4]["_row_id"] not in before.values()
+    # The key index follows Spark writes (keys of new rows read from the files the executors wrote).
+    assert t.state().lineage.key_index is not None
+    assert check_key_index(t.state())[0] == []
     assert_interop(t)
     feed = cdf.changes(t, c1.version)
     assert sorted(feed.column("_change_type").to_pylist()) == ["insert", "update_postimage", "update_preimage"]
@@ -105,6 +109,9 @@ def test_bad_spark_batches_are_refused(spark, warehouse):
         t.append(extra)
     with pytest.raises(lineage.InvalidArgumentError, match="merge-on-read"):
         t.upsert(dup, mode="copy-on-write")
+    live = spark.createDataFrame(pa.table({"id": [7, 1], "name": ["x", "y"], "amount": [1.0, 2.0]}, schema=SCHEMA))
+    with pytest.raises(lineage.KeyViolationError, match="already in the table"):
+        t.append(live)  # checked through the key index after the executors wrote; their files are removed
     assert t.refresh().iceberg.metadata.current_snapshot_id == snapshot
 
 

@@ -1,4 +1,4 @@
-"""``lineage compact``, ``rewrite-deletes``, ``expire``, ``vacuum``, ``rehome``, ``purge`` and ``verify``."""
+"""``lineage compact``, ``rewrite-deletes``, ``expire``, ``vacuum``, ``rehome``, ``reindex``, ``purge`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -92,6 +92,14 @@ def cmd_rehome(ctx: Context) -> int:
     if not 0 < fraction <= 1:
         raise InvalidArgumentError(f"--max-live-fraction must be in (0, 1], got {fraction}")
     return _run_maintenance(ctx, "re-homing pinned files of", lambda t: t.rehome(fraction))
+
+
+def cmd_reindex(ctx: Context) -> int:
+    if ctx.args.merge:
+        return _run_maintenance(ctx, "merging the key index of", lambda t: t.merge_key_index(full=ctx.args.full))
+    if ctx.args.full:
+        raise InvalidArgumentError("--full goes with --merge (a rebuild always writes one segment)")
+    return _run_maintenance(ctx, "rebuilding the key index of", lambda t: t.reindex())
 
 
 def cmd_purge(ctx: Context) -> int:

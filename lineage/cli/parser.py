@@ -13,6 +13,7 @@ from lineage.cli.maintenance import (
     cmd_expire,
     cmd_purge,
     cmd_rehome,
+    cmd_reindex,
     cmd_rewrite_deletes,
     cmd_vacuum,
     cmd_verify,
@@ -245,12 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-home files whose needed images are at most F of their rows (default 0.1)",
     )
 
+    p = sub("reindex", cmd_reindex, "rebuild the key index of a keyed table from its key columns (or merge its segments)")
+    table_arg(p)
+    p.add_argument("--merge", action="store_true", help="merge the index's segments per its merge policy instead of rebuilding")
+    p.add_argument("--full", action="store_true", help="with --merge: merge every segment into one")
+
     p = sub("purge", cmd_purge, "erase rows for good, with every earlier image of them (GDPR)")
     table_arg(p)
     p.add_argument("--where", required=True, metavar="SQL", help="the live rows to erase")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
 
-    p = sub("verify", cmd_verify, "check that lineage, the deleted-rows index and the snapshot agree and every file exists")
+    p = sub("verify", cmd_verify, "check that lineage, the deleted-rows and key indexes and the snapshot agree and every file exists")
     table_arg(p)
     p.add_argument("--skip-row-ids", action="store_true", help="skip the row-id uniqueness check (it reads every delete file)")
 

@@ -2,9 +2,13 @@
 
 from lineage.maintenance._common import MaintenanceResult
 from lineage.maintenance.compaction import compact, rewrite_deletes
+from lineage.maintenance.key_index import merge_key_index, reindex
 from lineage.maintenance.purge import purge
 from lineage.maintenance.rehome import rehome
 from lineage.maintenance.vacuum import expire_snapshots, referenced_files, vacuum
 from lineage.maintenance.verify import VerifyReport, verify
 
-__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "purge", "referenced_files", "rehome", "rewrite_deletes", "vacuum", "verify", "VerifyReport"]
+__all__ = [
+    "MaintenanceResult", "compact", "expire_snapshots", "merge_key_index", "purge", "referenced_files", "rehome", "reindex",
+    "rewrite_deletes", "vacuum", "verify", "VerifyReport",
+]

@@ -25,6 +25,7 @@ from pyiceberg.table import TableProperties
 from pyiceberg.table.snapshots import Operation
 
 from lineage import duck
+from index.key_index import MAINTENANCE, KeyIndexChange
 from lineage.commit import CommitRequest
 from lineage.deletes import read_position_deletes
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, referenced_data_path, snapshot_files
@@ -162,6 +163,7 @@ def compact(table, target_file_size_bytes: int | None = None, min_file_size_byte
             written=written,
             removed_files=removed + removed_deletes,
             data_sequence_number=state.version,
+            key_index=KeyIndexChange(merge=MAINTENANCE),  # rows move to new files; new entries replace the old
         )
 
     _, result = commit_with_retries(table, plan, "compact")

@@ -39,6 +39,7 @@ from pyroaring import BitMap64
 
 from cdf.pointers import fetch_values
 from index.deleted_rows import RemovedImages, read_index_segment
+from index.key_index import FULL, KeyIndexChange, index_enabled
 from index.purged import read_purged, write_purged
 from lineage import duck
 from lineage.commit import CommitRequest
@@ -48,7 +49,7 @@ from lineage.maintenance._common import MaintenanceResult, commit_with_retries, 
 from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
 from lineage.metadata import LineageList
-from lineage.predicate import parse_predicate
+from lineage.predicate import parse_predicate, quote_ident
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import projection_field_ids
@@ -128,10 +129,12 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
     def plan(state: TableState, created: list[str]) -> CommitRequest | None:
         io = state.iceberg.io
         files = state.live_files()
+        key = table.key if index_enabled(state.iceberg) else []
         con = duck.connect()
         try:
             duck.seal(con, register_live_view(con, "live", files, schema, field_ids))
-            hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id FROM live WHERE {pred.sql}")
+            keys = "".join(f", {quote_ident(k)}" for k in key)
+            hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id{keys} FROM live WHERE ({pred.sql})")
         finally:
             con.close()
         if hits.num_rows == 0:
@@ -247,6 +250,8 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
             deleted=len(new_ids),
             transform_list=transform,
             strip_removed_stats=True,
+            # One new base without the purged keys: no segment still referenced holds their values.
+            key_index=KeyIndexChange(removed_keys=hits.select(key), merge=FULL) if key else None,
         )
 
     started = time.time()

@@ -1,7 +1,8 @@
 """Snapshot expiry and vacuum that never lose change-feed history inside the retention window.
 
 ``vacuum`` keeps every file that is referenced by a retained snapshot (its
-metadata, manifests, data and delete files, lineage list and segments), by
+metadata, manifests, data and delete files, lineage list and segments, key
+index segments), by
 the deleted-rows index inside the retention window (index segments and every
 data or archive file they point into: *pinned* files), or that is younger
 than ``older_than`` (it may belong to a commit in flight). Everything else
@@ -88,6 +89,7 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
         refs.update(local_path(seg) for seg in lst.segments)
         if lst.purged:
             refs.add(local_path(lst.purged))
+        refs.update(local_path(seg) for seg in lst.key_index or ())
 
 
 def pinned_files(state: TableState) -> tuple[set[str], set[str]]:

@@ -1,4 +1,4 @@
-"""Consistency check of a table's lineage, index and Iceberg snapshot."""
+"""Consistency check of a table's lineage, indexes (deleted rows, keys) and Iceberg snapshot."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from lineage.deletes import positions_for
 from lineage.errors import LineageError
 from lineage.fileio import local_path
 from lineage.maintenance._common import snapshot_files
+from lineage.maintenance.key_index import check_key_index
 from lineage.metadata import read_segment
 from lineage.rle import decode_sequence
 from lineage.state import TableState, state_at
@@ -128,4 +129,7 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
             read_segment(table.iceberg.io, seg)
         except LineageError as exc:
             p.append(str(exc))
+    key_problems, key_checked = check_key_index(state)
+    p.extend(key_problems)
+    report.checked.update(key_checked)
     return report

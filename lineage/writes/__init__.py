@@ -4,6 +4,7 @@
   commit race), :class:`~lineage.writes.loop.Plan` and :class:`~lineage.writes.loop.CommitInfo`;
 - :mod:`~lineage.writes.rows`: removed images by file, kept rows of copy-on-write, new row images;
 - :mod:`~lineage.writes.checks`: update expressions against column types, user commit properties;
+- :mod:`~lineage.writes.keyed`: key lookups of keyed writes through the key index;
 - :mod:`~lineage.writes.properties`: write modes, delete granularity, commit retries;
 - :mod:`~lineage.writes.spark`: appends and upserts of Spark DataFrames;
 - :mod:`~lineage.writes.changelog`: change-stream ingest (Flink RowKind / Debezium batches), with the collapse

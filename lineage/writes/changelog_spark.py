@@ -170,7 +170,7 @@ def apply_spark_changelog(
         finally:
             spark.catalog.dropTempView(ev_view)
             spark.catalog.dropTempView(start_view)
-        removed = spark_io.removed_images(files, pointers) if pointers.num_rows else None
+        removed = spark_io.removed_images(files, pointers, []) if pointers.num_rows else None
         return Plan(
             OPERATION, files=files, removed=removed, prewritten=written + new, properties=dict(properties),
             inserted=n_inserts, updated=n_updates, deleted=pointers.num_rows - n_updates, ignored=ignored,

@@ -31,6 +31,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages
+from index.key_index import KeyIndexChange
 from lineage import duck
 from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
@@ -90,6 +91,7 @@ class Plan:
     prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
     reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
     properties: dict[str, str] = field(default_factory=dict)  # extra snapshot summary / commit log properties
+    key_index: KeyIndexChange | None = None  # keyed tables: the keys of removed images (and the index planned with)
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
@@ -233,6 +235,7 @@ def _materialize_and_commit(
         updated=plan.updated,
         deleted=plan.deleted,
         properties=plan.properties,
+        key_index=plan.key_index,
     )
 
     def info(result: CommitResult) -> CommitInfo:

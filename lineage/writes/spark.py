@@ -5,13 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import duckdb
+import pyarrow as pa
 
+from index.key_index import KeyIndex, KeyIndexChange, index_enabled, read_file_keys
 from lineage import spark as spark_io
 from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.state import TableState
 from lineage.writer import WrittenFile
+from lineage.writes import keyed
 from lineage.writes.loop import CommitInfo, Plan, run_write
 from lineage.writes.properties import MERGE_ON_READ
+from lineage.writes.rows import REMOVED_COLS
 
 if TYPE_CHECKING:  # pragma: no cover
     from lineage.table import Table
@@ -23,14 +27,22 @@ def append(table: Table, df: Any, check_keys: bool) -> CommitInfo:
     cache: list[WrittenFile] = []
 
     def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-        if check_keys:
+        index = KeyIndex.open(state) if check_keys else None
+        if check_keys and index is None:
             clash = spark_io.existing_keys(df.sparkSession, state, df, table.key)
             if clash:
                 raise KeyViolationError(f"append rejected: key value(s) already in the table, e.g. {clash}; use upsert")
         if not cache:
             cache.extend(spark_io.write_with_executors(table, df))
         rows = sum(w.data_file.record_count for w in cache)
-        return Plan("append", prewritten=list(cache), reusable=True, inserted=rows)
+        change = None
+        if index is not None:
+            # Executors wrote the files; their key columns (O(batch)) are checked against the index.
+            written = {w.data_file.file_path: read_file_keys(table.iceberg.io, w.data_file.file_path, table.key) for w in cache}
+            if written:
+                keyed.reject_live_keys(index, pa.concat_tables(written.values()), "use upsert")
+            change = KeyIndexChange(index=index, written_keys=written)
+        return Plan("append", prewritten=list(cache), reusable=True, inserted=rows, key_index=change)
 
     return run_write(table, plan, mode=MERGE_ON_READ, reuse_inserts=cache)
 
@@ -43,6 +55,8 @@ def upsert(table: Table, df: Any, mode: str) -> CommitInfo:
 
     def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
         files, removed, written, updated, inserted = spark_io.plan_upsert(df.sparkSession, table, state, df)
-        return Plan("upsert", files=files, removed=removed, prewritten=written, updated=updated, inserted=inserted)
+        change = KeyIndexChange(removed_keys=removed.select(table.key)) if index_enabled(state.iceberg) else None
+        removed = removed.select(REMOVED_COLS.split(", "))
+        return Plan("upsert", files=files, removed=removed, prewritten=written, updated=updated, inserted=inserted, key_index=change)
 
     return run_write(table, plan, mode=MERGE_ON_READ)

@@ -1,0 +1,533 @@
+"""The key index: for keyed tables, key -> the live image of that key.
+
+An entry is ``key -> (_row_id, __file_path, __pos, _row_created_at_version,
+_row_last_updated_at_version)``. The index is a log-structured list of
+immutable segments (:mod:`index.key_segment`), oldest first, named by the
+``key-index`` field of the lineage list; the Iceberg commit that publishes
+the list is the single atomic point, so a crash leaves a commit with its
+index change or no commit at all. A lookup searches the segments newest
+first; the first record of a key wins (a tombstone means "no live image").
+
+**Maintenance by every commit.** Each commit that changes which image is live
+(writes, compaction, purge) passes a :class:`KeyIndexChange` in its
+``CommitRequest``; :func:`next_key_index` (called by ``commit_change``) then
+writes one *delta* segment: an entry for every live row of every data file
+the commit adds (key values read from the new files' key columns, lineage
+from the commit's own runs; positions that the commit's position deletes
+remove are left out) and a tombstone for every removed key not re-added.
+The cost is O(change). A commit that changes no live image (rewrite of
+delete files, re-homing) keeps the index as it is; one that changes images
+without a ``KeyIndexChange`` drops it (the list then names none), so a write
+path that does not know the index can never leave it stale: the next write
+that needs the index rebuilds it.
+
+**Merge policy** (table properties, see :class:`MergePolicy`). Deltas are
+level 0. When more than ``merge-fanout`` segments of the lowest level sit at
+the tail, they merge into one segment of the next level (tiered, so each
+entry is rewritten O(log) times: amortised O(change) per commit). When the
+segments after the base hold more than ``base-fraction`` of the base's
+entries (the oldest segment stands for the base until there is one), or
+there are more than ``max-segments``, everything merges into a new base
+(tombstones dropped). A merge that includes the oldest segment
+always yields a base. Writers do merges of at most ``writer-merge-limit``
+records (bounded work per commit; the ``max-segments`` cap overrides it),
+maintenance (:func:`lineage.maintenance.merge_key_index`) does the rest.
+
+**Missing or stale index.** A table created before the key index, a list
+without an index reference, or segments written for another key definition
+or hash function: :meth:`KeyIndex.open` builds the index in memory from one
+scan of the key columns, and the write that asked for it commits it. The
+index is disabled (and dropped by writes) with the table property
+``lineage.key-index.enabled=false``, and when ``lineage.key.enforce=false``
+(a table that may hold duplicate keys cannot map a key to one image).
+
+**API** (stable; the change-stream writer builds on it)::
+
+    idx = KeyIndex.open(state)            # KeyIndex | None (no key / disabled)
+    hits = idx.lookup(keys)               # pa.Table: key columns, _row_id, __file_path, __pos,
+                                          # _row_created_at_version, _row_last_updated_at_version,
+                                          # __input (row of ``keys``); absent keys have no row
+    CommitRequest(..., key_index=KeyIndexChange(removed_keys=..., index=idx))
+
+``removed_keys`` holds the key values of every live image the commit removes
+(one row per removed image); new entries come from the commit's new data
+files. :func:`delta_segment` builds the delta from explicit entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import Table as IcebergTable
+
+from index.key_hash import hash_name, key_hash
+from index.key_segment import (
+    CREATED,
+    FILE_PATH,
+    POS,
+    ROW_ID,
+    UPDATED,
+    KeyField,
+    Segment,
+    distinct_keys,
+    entry_schema,
+    keys_equal,
+    make_segment,
+    merge_segments,
+    read_key_segment,
+    with_path,
+    write_key_segment,
+)
+from lineage import duck
+from lineage.deletes import read_position_deletes
+from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
+from lineage.metadata import FileLineage
+from lineage.predicate import quote_ident
+from lineage.rle import decode_sequence, decode_values
+from lineage.scan import register_live_view
+from lineage.schema import arrow_schema, projection_field_ids
+from lineage.state import TableState
+
+log = logging.getLogger(__name__)
+
+PROP_ENABLED = "lineage.key-index.enabled"
+PROP_FANOUT = "lineage.key-index.merge-fanout"
+PROP_BASE_FRACTION = "lineage.key-index.base-fraction"
+PROP_WRITER_LIMIT = "lineage.key-index.writer-merge-limit"
+PROP_MAX_SEGMENTS = "lineage.key-index.max-segments"
+_PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
+INPUT = "__input"
+
+WRITER, MAINTENANCE, FULL = "writer", "maintenance", "full"
+
+
+# ---------------------------------------------------------------- table facts
+
+
+def table_key(iceberg: IcebergTable) -> tuple[KeyField, ...]:
+    """The table's key columns as the index records them (empty for a table without a key)."""
+    schema = iceberg.schema()
+    arrow = arrow_schema(schema)
+    # identifier_field_ids is an ordered list in the table metadata (identifier_field_names is a set, its
+    # order differs between processes): the order fixes how a multi-column key is hashed.
+    names = [schema.find_column_name(fid) for fid in schema.identifier_field_ids]
+    return tuple(KeyField(fid, name, arrow.field(name).type) for fid, name in zip(schema.identifier_field_ids, names, strict=True))
+
+
+def index_enabled(iceberg: IcebergTable) -> bool:
+    """Whether the table keeps a key index: it has a key, enforces it, and the index is not switched off."""
+    props = iceberg.metadata.properties
+    if not iceberg.schema().identifier_field_ids:
+        return False
+    return _flag(props, PROP_ENABLED) and _flag(props, _PROP_KEY_ENFORCE)
+
+
+def _flag(props: Mapping[str, str], name: str) -> bool:
+    raw = props.get(name, "true").lower()
+    if raw not in ("true", "false"):
+        raise InvalidArgumentError(f"table property {name} must be 'true' or 'false', got {raw!r}")
+    return raw == "true"
+
+
+@dataclass(frozen=True)
+class MergePolicy:
+    """When segments merge (table properties ``lineage.key-index.*``)."""
+
+    fanout: int = 8
+    base_fraction: float = 0.25
+    writer_limit: int = 1_000_000
+    max_segments: int = 32
+
+    @staticmethod
+    def of(props: Mapping[str, str]) -> MergePolicy:
+        """The policy a table's properties ask for (defaults where unset)."""
+        d = MergePolicy()
+        try:
+            policy = MergePolicy(
+                fanout=int(props.get(PROP_FANOUT, d.fanout)),
+                base_fraction=float(props.get(PROP_BASE_FRACTION, d.base_fraction)),
+                writer_limit=int(props.get(PROP_WRITER_LIMIT, d.writer_limit)),
+                max_segments=int(props.get(PROP_MAX_SEGMENTS, d.max_segments)),
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(f"a lineage.key-index.* table property is not a number: {exc}") from None
+        if policy.fanout < 1 or policy.base_fraction <= 0 or policy.writer_limit < 0 or policy.max_segments < 1:
+            raise InvalidArgumentError(
+                f"key index properties out of range: {PROP_FANOUT} >= 1, {PROP_BASE_FRACTION} > 0, "
+                f"{PROP_WRITER_LIMIT} >= 0, {PROP_MAX_SEGMENTS} >= 1 (got {policy})"
+            )
+        return policy
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """What the merge policy knows of a segment."""
+
+    level: int
+    base: bool
+    entries: int
+
+
+def next_merge(segs: Sequence[SegmentInfo], policy: MergePolicy, mode: str) -> tuple[int, int] | None:
+    """The next merge to do, as (first segment index, level of the result), or None.
+
+    The merge always covers the segments from that index to the newest.
+    ``mode`` is ``writer`` (merges bounded by ``writer_limit`` unless the
+    segment count exceeds ``max_segments``), ``maintenance`` (unbounded) or
+    ``full`` (everything into one base).
+    """
+    if not segs:
+        return None
+    if mode == FULL:
+        return (0, 0) if len(segs) > 1 or not segs[0].base else None
+
+    def allowed(start: int) -> bool:
+        return mode != WRITER or sum(s.entries for s in segs[start:]) <= policy.writer_limit
+
+    last = segs[-1]
+    if not last.base:
+        start = len(segs)
+        while start > 0 and not segs[start - 1].base and segs[start - 1].level == last.level:
+            start -= 1
+        if len(segs) - start > policy.fanout and allowed(start):
+            return start, 0 if start == 0 else last.level + 1
+    if len(segs) > 1:  # the oldest segment stands for the base until a merge makes one
+        rest = sum(s.entries for s in segs[1:])
+        if rest > policy.base_fraction * segs[0].entries and allowed(0):
+            return 0, 0
+    if len(segs) > policy.max_segments:
+        return 0, 0
+    return None
+
+
+def _info(s: Segment) -> SegmentInfo:
+    return SegmentInfo(s.level, s.base, s.entries)
+
+
+# ---------------------------------------------------------------- the index
+
+
+class KeyIndex:
+    """The key index of one table state (see the module docstring)."""
+
+    def __init__(self, key: tuple[KeyField, ...], segments: Sequence[Segment], version: int = 0, source: tuple[str, ...] | None = None) -> None:
+        self.key = key
+        self.segments = tuple(segments)  # oldest first
+        self.version = version  # the table version it describes
+        self.source = source  # the lineage list's reference it was opened from (None: built in memory)
+
+    @property
+    def names(self) -> list[str]:
+        """The key column names."""
+        return [k.name for k in self.key]
+
+    @property
+    def pending(self) -> bool:
+        """Whether some segment (a fresh build) is not written yet; the next commit that carries this index writes it."""
+        return any(s.path is None for s in self.segments)
+
+    @staticmethod
+    def open(state: TableState, *, build: bool = True) -> KeyIndex | None:
+        """The index of ``state``; built in memory when missing or stale (unless ``build`` is False).
+
+        Returns None for tables without a key index (no key, disabled, or a
+        table whose live rows hold duplicate keys: then callers fall back to
+        scanning the key columns).
+        """
+        if not index_enabled(state.iceberg):
+            return None
+        key = table_key(state.iceberg)
+        ref = state.lineage.key_index
+        if ref is not None:
+            segments = [read_key_segment(state.iceberg.io, p) for p in ref]
+            stale = [s.path for s in segments if not _compatible(s, key)]
+            if not stale:
+                return KeyIndex(key, segments, state.version, ref)
+            log.info("key index of %s is stale (written for another key or hash): %s", ".".join(state.iceberg.name()), stale[:3])
+        if not build:
+            return None
+        try:
+            return KeyIndex.build(state)
+        except KeyViolationError as exc:
+            log.warning("no key index for %s: %s", ".".join(state.iceberg.name()), exc)
+            return None
+
+    @staticmethod
+    def build(state: TableState) -> KeyIndex:
+        """Build the index from one scan of the live key columns (in memory; committed by the next commit that carries it)."""
+        key = table_key(state.iceberg)
+        if not key:
+            raise InvalidArgumentError(f"table {'.'.join(state.iceberg.name())} has no key, so it has no key index")
+        files = state.live_files()
+        names = [k.name for k in key]
+        schema = pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
+        con = duck.connect()
+        try:
+            register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata))
+            cols = ", ".join(quote_ident(n) for n in names)
+            found = duck.fetch_arrow(
+                con, f"SELECT {cols}, _row_id, __file_id, __pos, _row_created_at_version, _row_last_updated_at_version FROM live"
+            )
+        finally:
+            con.close()
+        paths = pa.array([f.path for f in files], pa.string())
+        entries = found.select(names).cast(schema)
+        file_ids = found.column("__file_id").combine_chunks().cast(pa.int32()) if found.num_rows else pa.array([], pa.int32())
+        entries = (
+            entries.append_column(ROW_ID, found.column("_row_id").cast(pa.int64()))
+            .append_column(FILE_PATH, pa.DictionaryArray.from_arrays(file_ids, paths))
+            .append_column(POS, found.column("__pos").cast(pa.int64()))
+            .append_column(CREATED, found.column("_row_created_at_version").cast(pa.int64()))
+            .append_column(UPDATED, found.column("_row_last_updated_at_version").cast(pa.int64()))
+        )
+        segment = make_segment(key, entries, level=0, base=True)
+        dup = _duplicate_keys(segment)
+        if dup:
+            raise KeyViolationError(
+                f"the table holds several live rows with the same key, e.g. {dup}; the key index needs unique keys "
+                "(delete the duplicates, or keep lineage.key.enforce=false)"
+            )
+        return KeyIndex(key, [segment], state.version, state.lineage.key_index)
+
+    def conform_keys(self, keys: pa.Table) -> pa.Table:
+        """``keys``' key columns, cast to the table's key types (other columns ignored)."""
+        missing = [n for n in self.names if n not in keys.column_names]
+        if missing:
+            raise KeyViolationError(f"lookup keys must carry the key column(s) {missing}")
+        out = []
+        for k in self.key:
+            col = keys.column(k.name)
+            if col.null_count:
+                raise KeyViolationError(f"key column {k.name!r} is null in {col.null_count} row(s)")
+            out.append(col if col.type.equals(k.type) else col.cast(k.type))
+        return pa.Table.from_arrays(out, schema=pa.schema([pa.field(k.name, k.type, nullable=False) for k in self.key]))
+
+    def lookup(self, keys: pa.Table) -> pa.Table:
+        """Live images of ``keys``: one row per input row whose key is live, in input order.
+
+        Columns: the key columns, ``_row_id``, ``__file_path``, ``__pos``,
+        ``_row_created_at_version``, ``_row_last_updated_at_version`` and
+        ``__input`` (the row of ``keys``). Cost: O(k log n) per segment.
+        """
+        keys = self.conform_keys(keys)
+        hashes = key_hash(keys)
+        unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
+        resolved = np.zeros(keys.num_rows, bool)
+        parts: list[pa.Table] = []
+        for seg in reversed(self.segments):
+            if not len(unresolved):
+                break
+            rows, records = seg.probe(hashes, keys, unresolved)
+            if not len(rows):
+                continue
+            dead = seg.batch.column("__tombstone").take(pa.array(records)).to_numpy(zero_copy_only=False)
+            live = ~dead
+            if live.any():
+                parts.append(seg.take(records[live]).append_column(INPUT, pa.array(rows[live], pa.int64())))
+            resolved[rows] = True
+            unresolved = unresolved[~resolved[unresolved]]
+        schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
+        if not parts:
+            return schema.empty_table()
+        found = pa.concat_tables(parts)
+        return found.take(pa.array(np.argsort(found.column(INPUT).to_numpy(), kind="stable")))
+
+    def live_entries(self) -> pa.Table:
+        """Every live entry (all segments merged in memory: O(n), for verify and tests)."""
+        if not self.segments:
+            return entry_schema(self.key).empty_table()
+        merged = self.segments[0] if len(self.segments) == 1 else merge_segments(self.segments, base=True, level=0)
+        return merged.live()
+
+
+def _compatible(segment: Segment, key: tuple[KeyField, ...]) -> bool:
+    return segment.hash == hash_name() and len(segment.key) == len(key) and all(
+        a.field_id == b.field_id and a.name == b.name and a.type.equals(b.type) for a, b in zip(segment.key, key, strict=True)
+    )
+
+
+def _duplicate_keys(segment: Segment) -> list[dict[str, object]]:
+    """Up to three keys that occur more than once in a (just built) segment."""
+    h = segment.hashes
+    if len(h) < 2:
+        return []
+    same = np.flatnonzero(h[1:] == h[:-1])
+    if not len(same):
+        return []
+    names = segment.names
+    # Equal hashes are adjacent, equal keys need not be (collisions): compare every pair of a hash group.
+    starts = np.concatenate(([0], np.flatnonzero(h[1:] != h[:-1]) + 1))
+    ends = np.append(starts[1:], len(h))
+    left, right = [], []
+    for s, e in zip(starts[ends - starts > 1], ends[ends - starts > 1], strict=True):
+        for i in range(s, e):
+            for j in range(i + 1, e):
+                left.append(i)
+                right.append(j)
+    eq = keys_equal(segment.batch, np.array(left, np.int64), segment.batch, np.array(right, np.int64), names)
+    hits = np.array(left, np.int64)[eq][:3]
+    return segment.take(hits).select(names).to_pylist() if len(hits) else []
+
+
+# ---------------------------------------------------------------- commits
+
+
+@dataclass
+class KeyIndexChange:
+    """How one commit changes the key index (``CommitRequest.key_index``).
+
+    ``removed_keys``: key values of every live image the commit removes, one
+    row per removed image (None when it removes none). ``index``: the index
+    the commit was planned with (a fresh build is written by this commit);
+    None opens the base state's index (and the commit drops the index when
+    the state has none). ``merge``: ``writer``, ``maintenance`` or ``full``
+    (see :func:`next_merge`). ``written_keys``: optional key columns of new
+    data files by path, when the planner has them (saves reading them back).
+    """
+
+    removed_keys: pa.Table | None = None
+    index: KeyIndex | None = None
+    merge: str = WRITER
+    written_keys: dict[str, pa.Table] = field(default_factory=dict)
+
+
+def next_key_index(
+    state: TableState,
+    change: KeyIndexChange | None,
+    written: Sequence[FileLineage],
+    delete_files: Sequence[DataFile],
+    removed_images: int,
+    removed_data_files: int,
+    version: int,
+    created: list[str],
+) -> tuple[tuple[str, ...] | None, int]:
+    """The key-index reference of the commit at ``version`` on top of ``state``, and bytes written.
+
+    ``written`` is the lineage of every data file the commit adds;
+    ``delete_files`` its new position delete files; ``removed_images`` and
+    ``removed_data_files`` count the images and data files it removes.
+    Paths of files written are appended to ``created``.
+    """
+    if not index_enabled(state.iceberg):
+        return None, 0
+    moves = bool(written) or removed_images > 0 or removed_data_files > 0
+    if change is None:
+        return (None if moves else state.lineage.key_index), 0
+    index = change.index if change.index is not None else KeyIndex.open(state, build=False)
+    if index is None:
+        return None, 0
+    if index.version != state.version or (not index.pending and index.source != state.lineage.key_index):
+        raise LineageMetadataError(f"internal: the key index was opened at version {index.version}, the commit is based on {state.version}")
+    io = state.iceberg.io
+    removed = change.removed_keys
+    if removed_images and (removed is None or removed.num_rows != removed_images):
+        raise LineageMetadataError(
+            f"internal: the commit removes {removed_images} image(s) but names the keys of {0 if removed is None else removed.num_rows}"
+        )
+    segments = list(index.segments)
+    if moves:
+        entries = _written_entries(io, index, written, delete_files, change.written_keys)
+        delta = delta_segment(index, entries, removed)
+        if delta is not None:
+            segments.append(delta)
+    policy = MergePolicy.of(state.iceberg.metadata.properties)
+    while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
+        start, level = step
+        segments[start:] = [merge_segments(segments[start:], base=start == 0, level=level)]
+    size = 0
+    location = state.iceberg.metadata.location
+    segments = [s for s in segments if s.entries]  # an empty index is no segment at all
+    for i, seg in enumerate(segments):
+        if seg.path is None:
+            path = f"{location}/metadata/index/{version:09d}-{uuid.uuid4()}-keys.arrow"
+            created.append(path)
+            size += write_key_segment(io, path, seg, version)
+            segments[i] = with_path(seg, path)
+    return tuple(s.path for s in segments if s.path), size
+
+
+def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | None) -> Segment | None:
+    """A level-0 segment: ``entries`` (key + entry columns, unique keys) and tombstones for
+    the ``removed_keys`` not among them. None when both are empty."""
+    tombstones = None
+    if removed_keys is not None and removed_keys.num_rows:
+        removed = index.conform_keys(removed_keys)
+        if entries.num_rows:
+            added = make_segment(index.key, entries.select(entry_schema(index.key).names))
+            rows, _ = added.probe(key_hash(removed), removed, np.arange(removed.num_rows))
+            keep = np.ones(removed.num_rows, bool)
+            keep[rows] = False
+            removed = removed.filter(pa.array(keep))
+        tombstones = distinct_keys(removed)
+    if not entries.num_rows and (tombstones is None or not tombstones.num_rows):
+        return None
+    segment = make_segment(index.key, entries.select(entry_schema(index.key).names), tombstones, level=0, base=False)
+    dup = _duplicate_keys(segment)
+    if dup:
+        raise KeyViolationError(f"the commit would leave several live rows with the same key, e.g. {dup}")
+    return segment
+
+
+def _written_entries(
+    io: FileIO, index: KeyIndex, written: Sequence[FileLineage], delete_files: Sequence[DataFile], known: Mapping[str, pa.Table]
+) -> pa.Table:
+    """Entries for the live rows of the commit's new data files."""
+    schema = entry_schema(index.key)
+    if not written:
+        return schema.empty_table()
+    dead = _deleted_now([fl.file_path for fl in written], delete_files)
+    parts = []
+    for fl in written:
+        keys = known.get(fl.file_path)
+        if keys is None:
+            keys = read_file_keys(io, fl.file_path, index.names)
+        if keys.num_rows != fl.record_count:
+            raise LineageMetadataError(f"{fl.file_path} has {keys.num_rows} rows, its lineage {fl.record_count}")
+        keep = np.ones(fl.record_count, bool)
+        gone = dead.get(fl.file_path)
+        if gone is not None:
+            keep[gone[gone < fl.record_count]] = False
+        pos = np.flatnonzero(keep)
+        keys = index.conform_keys(keys)
+        cols = {k.name: keys.column(k.name).take(pa.array(pos)) for k in index.key}
+        cols[ROW_ID] = pa.array(decode_sequence(fl.row_ids)[pos], pa.int64())
+        cols[FILE_PATH] = pa.array(np.full(len(pos), fl.file_path, dtype=object), pa.string())
+        cols[POS] = pa.array(pos, pa.int64())
+        cols[CREATED] = pa.array(decode_values(fl.created)[pos], pa.int64())
+        cols[UPDATED] = pa.array(decode_values(fl.updated)[pos], pa.int64())
+        parts.append(pa.table(cols, schema=schema))
+    return pa.concat_tables(parts)
+
+
+def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
+    """Key columns of a data file a commit writes (by name: it was written with the current schema)."""
+    with io.new_input(path).open() as f:
+        return pq.ParquetFile(f).read(columns=names, use_threads=False)
+
+
+def _deleted_now(paths: list[str], delete_files: Sequence[DataFile]) -> dict[str, np.ndarray]:
+    """Positions of ``paths`` removed by the commit's own position delete files."""
+    from lineage.writer import PATH_FIELD_ID
+
+    wanted = set(paths)
+    lo_all, hi_all = min(wanted), max(wanted)
+    out: dict[str, np.ndarray] = {}
+    for d in delete_files:
+        if d.content != DataFileContent.POSITION_DELETES:
+            continue
+        lo = (d.lower_bounds or {}).get(PATH_FIELD_ID)
+        hi = (d.upper_bounds or {}).get(PATH_FIELD_ID)
+        if lo is not None and hi is not None and (hi.decode() < lo_all or lo.decode() > hi_all):
+            continue  # its path range misses every new file
+        for p, pos in read_position_deletes(d.file_path).items():
+            if p in wanted:
+                out[p] = np.union1d(out.get(p, np.zeros(0, np.int64)), pos)
+    return out

@@ -1,0 +1,132 @@
+"""Key index maintenance: rebuild, merge, and check against a scan of the key columns.
+
+* :func:`reindex` rebuilds the index from one scan of the live key columns;
+* :func:`merge_key_index` runs the merge policy without the writers' bound
+  (or, with ``full``, merges everything into one base), so lookups touch few
+  segments. It is what a periodic maintenance job calls;
+* :func:`check_key_index` compares the index with a key scan (``verify``).
+
+Both commits are maintenance commits (Iceberg operation ``replace``, no data
+or delete file changed, no change events), published atomically with the
+lineage list like every other commit.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.table.snapshots import Operation
+
+from index.key_index import FULL, MAINTENANCE, KeyIndex, KeyIndexChange, MergePolicy, SegmentInfo, index_enabled, next_merge
+from index.key_segment import ENTRY_COLUMNS
+from lineage.commit import CommitRequest
+from lineage.errors import InvalidArgumentError, KeyViolationError, LineageError
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries
+from lineage.state import TableState
+
+
+def _require_index(table) -> None:  # type: ignore[no-untyped-def]
+    if not table.key:
+        raise KeyViolationError(f"table {table.name} has no key, so it has no key index")
+    if not index_enabled(table.iceberg):
+        raise InvalidArgumentError(
+            f"the key index of {table.name} is switched off (table properties lineage.key-index.enabled / lineage.key.enforce)"
+        )
+
+
+def _summary(index_paths: tuple[str, ...] | None, table) -> str:  # type: ignore[no-untyped-def]
+    index = KeyIndex.open(table.state(), build=False)
+    entries = sum(s.entries for s in index.segments) if index else 0
+    return f"key index: {len(index_paths or ())} segment(s), {entries} record(s)"
+
+
+def reindex(table) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Rebuild the key index from a scan of the key columns and commit it (no change events)."""
+    _require_index(table)
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest:
+        return CommitRequest("reindex", Operation.REPLACE, key_index=KeyIndexChange(index=KeyIndex.build(state), merge=FULL))
+
+    _, result = commit_with_retries(table, plan, "reindex")
+    assert result is not None
+    return MaintenanceResult("reindex", result.version, bytes_added=result.bytes_written,
+                             detail=f"rebuilt the {_summary(table.state().lineage.key_index, table)}")
+
+
+def merge_key_index(table, full: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+    """Merge key index segments as the policy asks (all of them into one base with ``full``).
+
+    Builds the index first when the table has none. Commits nothing when
+    there is nothing to merge.
+    """
+    _require_index(table)
+    mode = FULL if full else MAINTENANCE
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        index = KeyIndex.open(state)
+        if index is None:
+            raise KeyViolationError(f"the live rows of {table.name} hold duplicate keys; the key index cannot be built")
+        policy = MergePolicy.of(state.iceberg.metadata.properties)
+        infos = [SegmentInfo(s.level, s.base, s.entries) for s in index.segments]
+        if not index.pending and next_merge(infos, policy, mode) is None:
+            return None
+        return CommitRequest("merge-key-index", Operation.REPLACE, key_index=KeyIndexChange(index=index, merge=mode))
+
+    _, result = commit_with_retries(table, plan, "merge-key-index")
+    if result is None:
+        return MaintenanceResult("merge-key-index", None, detail=f"nothing to merge; {_summary(table.state().lineage.key_index, table)}")
+    return MaintenanceResult("merge-key-index", result.version, bytes_added=result.bytes_written,
+                             detail=f"merged the {_summary(table.state().lineage.key_index, table)}")
+
+
+def check_key_index(state: TableState, limit: int = 5) -> tuple[list[str], dict[str, int]]:
+    """Differences between the key index of ``state`` and a scan of its key columns, and counts checked.
+
+    A missing index is no problem (writers build it on first use); every
+    live key must be in the index with the right row id, data file,
+    position and versions, and the index must hold nothing else.
+    """
+    if not index_enabled(state.iceberg) or state.snapshot is None:
+        return [], {}
+    try:
+        index = KeyIndex.open(state, build=False)
+    except LineageError as exc:
+        return [f"key index: {exc}"], {}
+    if index is None:
+        return [], {"key_index_segments": 0}
+    try:
+        truth = KeyIndex.build(state)
+    except KeyViolationError as exc:
+        return [f"key index: {exc}"], {}
+    except (duckdb.Error, OSError, LineageError) as exc:  # e.g. a data file is missing (reported above)
+        return [f"key index not checked: the key columns could not be scanned ({exc})"], {}
+    expected = truth.live_entries()
+    actual = index.live_entries()
+    names = index.names
+    problems: list[str] = []
+    found = index.lookup(expected.select(names))
+    hit = found.column("__input").to_numpy()
+    missing = np.setdiff1d(np.arange(expected.num_rows), hit)
+    if len(missing):
+        sample = expected.take(pa.array(missing[:limit])).select(names).to_pylist()
+        problems.append(f"key index lacks {len(missing)} live key(s), e.g. {sample}")
+    want = expected.take(pa.array(hit))
+    differs = np.zeros(len(hit), bool)
+    for c in ENTRY_COLUMNS:
+        differs |= ~pc.equal(found.column(c), want.column(c)).to_numpy(zero_copy_only=False)
+    if differs.any():
+        rows = np.flatnonzero(differs)[:limit]
+        sample = [{"key": k, "index": a, "table": b} for k, a, b in zip(
+            found.take(pa.array(rows)).select(names).to_pylist(),
+            found.take(pa.array(rows)).select(list(ENTRY_COLUMNS)).to_pylist(),
+            want.take(pa.array(rows)).select(list(ENTRY_COLUMNS)).to_pylist(), strict=True)]
+        problems.append(f"key index entries of {int(differs.sum())} key(s) disagree with the table, e.g. {sample}")
+    extra = truth.lookup(actual.select(names))
+    if extra.num_rows < actual.num_rows:
+        gone = np.setdiff1d(np.arange(actual.num_rows), extra.column("__input").to_numpy())
+        sample = actual.take(pa.array(gone[:limit])).select(names).to_pylist()
+        problems.append(f"key index holds {len(gone)} key(s) that are not live, e.g. {sample}")
+    checked = {"key_index_segments": len(index.segments), "key_index_entries": actual.num_rows}
+    return problems, checked

@@ -1,0 +1,314 @@
+"""The key index on real tables: first use, staleness, damage, crashes, races, maintenance, the lookup API.
+
+The random-sequence property (every path keeps the index equal to a key
+scan) is tests/test_key_index_property.py; the format itself is
+tests/test_key_index.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.snapshots import Operation
+
+import lineage
+from conftest import SCHEMA
+from index import key_segment
+from index.key_index import KeyIndex
+from lineage.commit import CommitRequest, commit_change
+from lineage.outcome import Attempt
+from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError, UnsupportedFormatError
+from lineage.fileio import ImmutableFileCache, local_path
+from lineage.maintenance import verify
+from lineage.maintenance.key_index import check_key_index
+from lineage.writer import write_data_files
+
+commit_module = importlib.import_module("lineage.commit")
+
+
+def _batch(ids: list[int], name: str = "x", amount: float = 1.0) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": [name] * len(ids), "amount": [amount] * len(ids)}, schema=SCHEMA)
+
+
+def _consistent(t: lineage.Table) -> None:
+    state = t.state()
+    assert state.lineage.key_index is not None, "the table has no key index"
+    problems, checked = check_key_index(state)
+    assert not problems, problems
+    assert checked["key_index_entries"] == t.count()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_segment_cache(monkeypatch):
+    """Segments are cached per process by path; tests that damage files must not see a cached copy."""
+    monkeypatch.setattr(key_segment, "_CACHE", ImmutableFileCache(256))
+
+
+def test_a_table_from_before_the_index_gets_one_on_first_use(warehouse):
+    t = lineage.create_table("s.old", SCHEMA, key=["id"], warehouse=warehouse, properties={"lineage.key-index.enabled": "false"})
+    t.append(_batch([1, 2, 3]))
+    t.delete("id = 2")
+    assert t.state().lineage.key_index is None  # what a table written before the key index looks like
+    with t.iceberg.transaction() as tx:
+        tx.set_properties({"lineage.key-index.enabled": "true"})
+    t.refresh()
+    t.delete("id = 3")  # a delete does not need the index, so it does not build it
+    assert t.state().lineage.key_index is None
+    info = t.upsert(_batch([1, 4], "u"))
+    assert (info.inserted, info.updated) == (1, 1)
+    _consistent(t)  # built by the upsert's scan and committed with it
+    found = KeyIndex.open(t.state(), build=False).lookup(pa.table({"id": [4, 2, 1]}))
+    assert found.column("id").to_pylist() == [4, 1] and found.column("__input").to_pylist() == [0, 2]
+
+
+def test_a_commit_that_does_not_know_the_index_drops_it(warehouse):
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch([1, 2]))
+    _consistent(t)
+    # A write path that moves images without a KeyIndexChange (as a future one might): the index is dropped, never stale.
+    state = t.state()
+    written = write_data_files(t.iceberg, _batch([3]))
+    commit_change(t.iceberg, state, CommitRequest("append", Operation.APPEND, written=written, inserted=1), Attempt())
+    t.refresh()
+    assert t.state().lineage.key_index is None
+    assert verify(t).ok
+    t.rewrite_deletes()  # nothing moves: nothing to maintain, still none
+    with pytest.raises(KeyViolationError, match="already in the table"):
+        t.append(_batch([3]))  # the append's check rebuilt the index in memory and found key 3
+    t.append(_batch([4]))
+    _consistent(t)
+
+
+def test_tables_without_a_key_index(warehouse):
+    keyless = lineage.create_table("s.keyless", SCHEMA, warehouse=warehouse)
+    keyless.append(_batch([1, 1]))
+    assert keyless.state().lineage.key_index is None
+    with pytest.raises(KeyViolationError, match="no key"):
+        keyless.reindex()
+    off = lineage.create_table("s.off", SCHEMA, key=["id"], warehouse=warehouse, properties={"lineage.key-index.enabled": "false"})
+    off.append(_batch([1]))
+    off.upsert(_batch([1, 2]))
+    assert off.state().lineage.key_index is None
+    with pytest.raises(InvalidArgumentError, match="switched off"):
+        off.reindex()
+    loose = lineage.create_table("s.loose", SCHEMA, key=["id"], warehouse=warehouse, properties={"lineage.key.enforce": "false"})
+    loose.append(_batch([1]))
+    loose.append(_batch([1]))  # duplicate keys are allowed here, so no index could map a key to one row
+    assert loose.state().lineage.key_index is None
+    assert loose.upsert(_batch([1], "u")).updated == 2  # today's semantics: both rows of the key are updated
+    bad = lineage.create_table("s.bad", SCHEMA, key=["id"], warehouse=warehouse, properties={"lineage.key-index.enabled": "maybe"})
+    with pytest.raises(InvalidArgumentError, match="lineage.key-index.enabled"):
+        bad.append(_batch([1]))
+
+
+def test_an_update_cannot_create_a_duplicate_key_in_another_partition(warehouse):
+    """The key check covers the whole table, not only the files the update's predicate prunes to."""
+    for props in ({}, {"lineage.key-index.enabled": "false"}):
+        name = f"s.p{len(props)}"
+        t = lineage.create_table(name, SCHEMA, key=["id"], partition_by=["bucket(8, id)"], warehouse=warehouse, properties=props)
+        t.append(_batch(list(range(20))))
+        with pytest.raises(KeyViolationError, match="same key"):
+            t.update("id = 1", {"id": "2"})
+        with pytest.raises(KeyViolationError, match="same key"):
+            t.update("id IN (1, 2)", {"id": "5"})
+        assert t.update("id IN (1, 2)", {"id": "id + 100"}).updated == 2
+        assert t.update("id IN (101, 102)", {"id": "203 - id"}).updated == 2  # 101 <-> 102 swap keys: no clash
+        assert sorted(t.scan(columns=["id"]).column("id").to_pylist()) == [0] + list(range(3, 20)) + [101, 102]
+        if not props:
+            _consistent(t)
+
+
+def test_a_stale_index_is_rebuilt(warehouse):
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch([1, 2]))
+    old = t.state().lineage.key_index
+    with t.iceberg.update_schema() as upd:
+        upd.rename_column("id", "ident")
+    t.refresh()
+    assert KeyIndex.open(t.state(), build=False) is None  # written for a key named "id": stale
+    t.upsert(pa.table({"ident": pa.array([2, 3], pa.int64()), "name": ["u", "u"], "amount": [0.0, 0.0]}))
+    assert t.state().lineage.key_index != old
+    _consistent(t)
+    assert KeyIndex.open(t.state()).names == ["ident"]
+
+
+def test_a_damaged_index_is_reported_and_reindex_repairs_it(warehouse, monkeypatch):
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch([1, 2, 3]))
+    t.upsert(_batch([3, 4], "u"))
+    (segment,) = t.state().lineage.key_index
+    os.remove(local_path(segment))
+    report = verify(t)
+    assert not report.ok and any("missing" in p and "reindex" in p for p in report.problems)
+    with pytest.raises(LineageMetadataError, match="reindex"):
+        t.upsert(_batch([5]))
+    assert t.reindex().version == 3
+    assert verify(t).ok
+    t.upsert(_batch([5]))
+    _consistent(t)
+
+    # A newer format version is refused, not misread (a new file replaces the old inode: a mapped copy stays valid).
+    segment = local_path(t.state().lineage.key_index[-1])
+    reader = pa.ipc.open_file(pa.memory_map(segment))
+    meta = {**{k.decode(): v.decode() for k, v in reader.schema.metadata.items()}, "lineage.format-version": "2"}
+    batch = reader.get_batch(0).replace_schema_metadata(meta)
+    with pa.OSFile(segment + ".new", "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    os.replace(segment + ".new", segment)
+    monkeypatch.setattr(key_segment, "_CACHE", ImmutableFileCache(256))
+    with pytest.raises(UnsupportedFormatError):
+        t.upsert(_batch([6]))
+
+
+def test_verify_reports_entries_that_disagree(warehouse, monkeypatch):
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch([1, 2, 3]))
+    t.delete("id = 2")
+    state = t.state()
+    good = KeyIndex.open(state)
+    # An index that misses key 1, points key 3 at the wrong row id and still holds the deleted key 2.
+    rows = [{**r, "_row_id": 99} for r in good.live_entries().to_pylist() if r["id"] == 3]
+    fake = pa.Table.from_pylist(rows + [{**rows[0], "id": 2}], schema=good.live_entries().schema)
+    bogus = KeyIndex(good.key, [key_segment.make_segment(good.key, fake, base=True)], state.version, state.lineage.key_index)
+    monkeypatch.setattr(KeyIndex, "open", staticmethod(lambda s, build=True: bogus))
+    problems, _ = check_key_index(state)
+    text = "\n".join(problems)
+    assert "lacks 1 live key" in text and "{'id': 1}" in text
+    assert "disagree" in text and "99" in text
+    assert "not live" in text and "{'id': 2}" in text
+
+
+def test_a_crash_leaves_the_commit_with_its_index_delta_or_nothing(warehouse, monkeypatch):
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch([1, 2]))
+    before = (t.version, t.state().lineage.key_index)
+    index_dir = os.path.join(local_path(t.iceberg.metadata.location), "metadata", "index")
+    files_before = set(os.listdir(index_dir))
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("the process died during the catalog commit")
+
+    monkeypatch.setattr(commit_module, "commit_files", crash)
+    with pytest.raises(RuntimeError):
+        t.upsert(_batch([2, 3], "u"))
+    t.refresh()
+    assert (t.version, t.state().lineage.key_index) == before
+    assert set(os.listdir(index_dir)) == files_before  # the delta written for it was removed again
+    _consistent(t)
+
+    monkeypatch.undo()
+
+    # A process killed right after the catalog accepted its commit: the commit stands, with its delta.
+    child = (
+        "import os, importlib, pyarrow as pa, lineage\n"
+        "cm = importlib.import_module('lineage.commit'); real = cm.commit_files\n"
+        "def dies(*a, **k):\n    real(*a, **k)\n    os._exit(3)\n"
+        "cm.commit_files = dies\n"
+        f"t = lineage.open_table('s.t', warehouse={warehouse!r})\n"
+        "t.upsert(pa.table({'id': [2, 3], 'name': ['k', 'k'], 'amount': [0.0, 0.0]}))\n"
+    )
+    assert subprocess.run([sys.executable, "-c", child], timeout=300).returncode == 3
+    t.refresh()
+    assert t.version == before[0] + 1
+    _consistent(t)
+    assert {r["id"]: r["name"] for r in t.scan().to_pylist()} == {1: "x", 2: "k", 3: "k"}
+
+
+def test_a_writer_that_loses_the_race_replans_with_the_winners_index(warehouse, monkeypatch):
+    loser = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    loser.append(_batch([1, 2]))
+    winner = lineage.open_table("s.t", warehouse=warehouse)
+    real = commit_module.commit_files
+    race = {"winner_key": 50, "lost": 0}
+
+    def racing(*args, **kwargs):
+        if race["winner_key"] is not None:
+            key, race["winner_key"] = race["winner_key"], None
+            winner.append(_batch([key], "winner"))  # lands between the loser's plan and its commit
+        try:
+            return real(*args, **kwargs)
+        except CommitFailedException:
+            race["lost"] += 1
+            raise
+
+    monkeypatch.setattr(commit_module, "commit_files", racing)
+    with pytest.raises(KeyViolationError, match="50"):
+        loser.append(_batch([50], "loser"))  # planned when 50 was absent; the re-plan sees the winner's key
+    assert race["lost"] == 1
+    race["winner_key"] = 60
+    info = loser.upsert(_batch([60], "loser"))
+    assert (info.attempts, info.inserted, info.updated) == (2, 0, 1)  # updates the winner's row, no duplicate key
+    rows = {r["id"]: (r["name"], r["_row_created_at_version"]) for r in loser.scan().to_pylist()}
+    assert rows[60] == ("loser", 3)
+    _consistent(loser)
+
+
+def test_merge_key_index_and_the_cli(warehouse):
+    props = {"lineage.key-index.writer-merge-limit": "0", "lineage.key-index.max-segments": "100"}
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+    for i in range(5):
+        t.upsert(_batch([i, i + 100], "u"))
+    # Writers may not merge (limit 0): one base of the first build, then a delta per commit.
+    assert len(t.state().lineage.key_index) == 5
+    result = t.merge_key_index()
+    assert result.version == 6 and len(t.state().lineage.key_index) < 5
+    _consistent(t)
+    assert t.history()[-1].operation == "merge-key-index"
+    t.upsert(_batch([7]))
+    cli = [sys.executable, "-m", "lineage.cli", "--warehouse", warehouse]
+    merged = subprocess.run([*cli, "reindex", "s.t", "--merge", "--full"], capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 0, merged.stderr
+    assert "merge-key-index: committed version 8" in merged.stdout and "1 segment(s)" in merged.stdout
+    rebuilt = subprocess.run([*cli, "reindex", "s.t"], capture_output=True, text=True, timeout=300)
+    assert rebuilt.returncode == 0 and "reindex: committed version 9" in rebuilt.stdout, rebuilt
+    t.refresh()
+    assert len(t.state().lineage.key_index) == 1
+    _consistent(t)
+    assert t.vacuum(older_than=dt.timedelta(0)).files_removed >= 0
+    _consistent(t)  # vacuum keeps the current list's segments
+
+
+def test_lookup_api_with_a_multi_column_key(warehouse):
+    schema = pa.schema([("region", pa.string()), ("day", pa.date32()), ("n", pa.int64())])
+    t = lineage.create_table("s.multi", schema, key=["region", "day"], warehouse=warehouse)
+    days = [dt.date(2024, 1, d) for d in (1, 2, 3)]
+    t.append(pa.table({"region": ["eu", "eu", "us"], "day": days, "n": [1, 2, 3]}, schema=schema))
+    t.upsert(pa.table({"region": ["us", "us"], "day": [days[2], days[0]], "n": [30, 10]}, schema=schema))
+    idx = KeyIndex.open(t.state())
+    probe = pa.table({"region": ["us", "eu", "eu", "us"], "day": [days[0], days[1], days[2], days[2]]})
+    found = idx.lookup(probe)
+    assert found.column_names == ["region", "day", "_row_id", "__file_path", "__pos", "_row_created_at_version",
+                                  "_row_last_updated_at_version", "__input"]
+    assert found.column("__input").to_pylist() == [0, 1, 3]
+    live = {(r["region"], r["day"]): r for r in t.scan().to_pylist()}
+    for r in found.to_pylist():
+        row = live[(r["region"], r["day"])]
+        assert (r["_row_id"], r["_row_created_at_version"], r["_row_last_updated_at_version"]) == (
+            row["_row_id"], row["_row_created_at_version"], row["_row_last_updated_at_version"])
+    assert found.to_pylist()[2]["_row_created_at_version"] == 1 and found.to_pylist()[2]["_row_last_updated_at_version"] == 2
+    with pytest.raises(KeyViolationError, match="day"):
+        idx.lookup(pa.table({"region": ["eu"]}))
+    with pytest.raises(KeyViolationError, match="null"):
+        idx.lookup(pa.table({"region": ["eu", None], "day": days[:2]}))
+    assert idx.lookup(pa.table({"region": pa.array([], pa.string()), "day": pa.array([], pa.date32())})).num_rows == 0
+
+    # Other processes (other string-hash seeds) hash the multi-column key the same way.
+    for seed in ("1", "2"):
+        child = (
+            "import datetime as dt, pyarrow as pa, lineage\n"
+            f"t = lineage.open_table('s.multi', warehouse={warehouse!r})\n"
+            f"t.upsert(pa.table({{'region': ['us', 'eu'], 'day': [dt.date(2024, 1, 1), dt.date(2024, 2, {seed})], 'n': [{seed}, 0]}}))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", child], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    t.refresh()
+    assert t.count() == 6  # four, plus ('eu', 2024-02-01) and ('eu', 2024-02-02)
+    problems, _ = check_key_index(t.state())
+    assert not problems, problems
