@@ -28,6 +28,32 @@ def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
     )
 
 
+def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...]) -> str | None:
+    """Where the catalog's pointer for a table is now, read without loading the metadata.
+
+    Only pyiceberg's ``SqlCatalog`` can be asked this cheaply (one indexed
+    row); for other catalogs, and a table the catalog does not have, None.
+    Refreshing a table whose pointer did not move can then skip reading and
+    parsing a metadata file whose size grows with the number of snapshots.
+    """
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    from pyiceberg.catalog.sql import IcebergTables
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
+    name = Catalog.table_name_from(table_identifier)
+    with Session(catalog.engine) as session:
+        return session.scalar(
+            select(IcebergTables.metadata_location).where(
+                IcebergTables.catalog_name == catalog.name,
+                IcebergTables.table_namespace == namespace,
+                IcebergTables.table_name == name,
+            )
+        )
+
+
 def resolve_catalog(warehouse: str | os.PathLike[str] | None, catalog: Catalog | None) -> Catalog:
     """The catalog to use: the one given, or the default one in ``warehouse``."""
     if catalog is not None:

@@ -20,14 +20,14 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
 from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, write_index_segment
 from lineage.metadata import (
-    FORMAT_VERSION,
+    LIST_FORMAT_VERSION,
     SUMMARY_FORMAT_VERSION,
     SUMMARY_LIST,
     SUMMARY_NEXT_ROW_ID,
@@ -36,12 +36,14 @@ from lineage.metadata import (
     CommitEntry,
     FileLineage,
     LineageList,
-    read_segment,
+    remember_list,
     write_list,
     write_segment,
 )
+from lineage.merging import MergeSettings, plan_merge, plan_rewrite
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
-from lineage.state import TableState
+from lineage.segment_merge import next_segments
+from lineage.state import SnapshotFiles, TableState
 from lineage.writer import WrittenFile
 
 
@@ -70,10 +72,30 @@ def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
     )
 
 
+class _BaseMetadata:
+    """What pyiceberg's snapshot producer needs of a Transaction: the table and its base metadata.
+
+    A real ``Transaction`` recomputes (and deep-copies) the whole table
+    metadata on every ``table_metadata`` access, about fifteen times per
+    commit, which costs time proportional to the number of snapshots. The
+    producer only reads the base metadata, so one shared reference is enough.
+    """
+
+    def __init__(self, iceberg: IcebergTable) -> None:
+        self._table = iceberg
+        self.table_metadata = iceberg.metadata
+
+
 class _LineageSnapshotProducer(_OverwriteFiles):
-    """Adds data and delete files and removes data or delete files, in one snapshot."""
+    """Adds data and delete files and removes data or delete files, in one snapshot.
+
+    Manifests are merged on commit by Iceberg's rule (:mod:`lineage.merging`),
+    data and delete manifests separately; with ``rewrite_all`` every bin of
+    two or more manifests is merged (``rewrite_manifests``).
+    """
 
     strip_removed_stats = False
+    rewrite_all = False
 
     def __init__(  # type: ignore[no-untyped-def]
         self, operation: Operation, transaction, io, properties: dict[str, str], timestamp_ms: int, snapshot_id: int, data_sequence_number: int | None
@@ -82,6 +104,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self._timestamp_ms = timestamp_ms
         self._snapshot_id = snapshot_id
         self._data_sequence_number = data_sequence_number
+        self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
@@ -105,7 +128,63 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                 for f in deletes:
                     writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
             manifests.append(writer.to_manifest_file())
-        return manifests + self._carried_manifests()
+        carried = self._carried_manifests()
+        out: list[ManifestFile] = []
+        for content in (ManifestContent.DATA, ManifestContent.DELETES):
+            # Newest first, as Iceberg orders them: this commit's manifest, then the parent's.
+            group = [m for m in manifests if m.content == content] + [m for m in carried if m.content == content]
+            out.extend(self._merged(group, content))
+        return out
+
+    def _merged(self, manifests: list[ManifestFile], content: ManifestContent) -> list[ManifestFile]:
+        """``manifests`` of one content after merge-on-commit, partition spec by spec (highest id first)."""
+        if not manifests:
+            return []
+        first = manifests[0]
+        by_spec: dict[int, list[ManifestFile]] = {}
+        for m in manifests:
+            by_spec.setdefault(m.partition_spec_id, []).append(m)
+        out: list[ManifestFile] = []
+        for spec_id in sorted(by_spec, reverse=True):
+            group = by_spec[spec_id]
+            if self.rewrite_all:
+                bins = plan_rewrite(group, _manifest_weight, self._merge_settings.target_bytes)
+            else:
+                bins = plan_merge(group, _manifest_weight, self._merge_settings, first)
+            for members, merge in bins:
+                if not merge:
+                    out.extend(members)
+                    continue
+                merged = self._merge_manifests(spec_id, content, members)
+                if merged is not None:
+                    out.append(merged)
+        return out
+
+    def _merge_manifests(self, spec_id: int, content: ManifestContent, members: list[ManifestFile]) -> ManifestFile | None:
+        """One manifest with the entries of ``members`` (Iceberg's ManifestMergeManager rule).
+
+        Files added by this snapshot stay ADDED and files it deletes stay
+        DELETED; every other live entry becomes EXISTING with its snapshot id
+        and data and file sequence numbers unchanged; DELETED entries of
+        earlier snapshots are dropped. None when nothing is left.
+        """
+        spec = self.spec(spec_id)
+        writer = self._delete_writer(spec) if content == ManifestContent.DELETES else self.new_manifest_writer(spec)
+        count = 0
+        with writer:
+            for manifest in members:
+                for entry in manifest.fetch_manifest_entry(self._io, discard_deleted=False):
+                    if entry.status == ManifestEntryStatus.DELETED:
+                        if entry.snapshot_id == self._snapshot_id:
+                            writer.delete(entry)
+                            count += 1
+                    elif entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == self._snapshot_id:
+                        writer.add(entry)
+                        count += 1
+                    else:
+                        writer.existing(entry)
+                        count += 1
+        return writer.to_manifest_file() if count else None
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
         return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
@@ -200,6 +279,10 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         return list(self._written_manifests) + list(self._written_manifest_lists)
 
 
+def _manifest_weight(manifest: ManifestFile) -> int:
+    return int(manifest.manifest_length or 0)
+
+
 def commit_files(
     iceberg: IcebergTable,
     *,
@@ -212,6 +295,7 @@ def commit_files(
     written: list[str],
     data_sequence_number: int | None = None,
     strip_removed_stats: bool = False,
+    rewrite_manifests: bool = False,
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -220,16 +304,17 @@ def commit_files(
     them up. Raises ``CommitFailedException`` when the branch moved; the
     caller then re-plans against the new snapshot.
     """
-    tx = iceberg.transaction()
-    producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
+    base = _BaseMetadata(iceberg)
+    producer = _LineageSnapshotProducer(operation, base, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
     producer.strip_removed_stats = strip_removed_stats
+    producer.rewrite_all = rewrite_manifests
     for f in added:
         producer.append_data_file(f)
     for f in removed:
         producer.delete_data_file(f)
     try:
-        tx._apply(*producer.updates_and_requirements())
-        tx.commit_transaction()
+        updates, requirements = producer.updates_and_requirements()
+        iceberg._do_commit(updates, requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),))
     except CommitFailedException:
         written.extend(producer.written_files())
         raise
@@ -274,6 +359,7 @@ class CommitRequest:
     transform_list: Callable[[LineageList], LineageList] | None = None  # maintenance edits of the list (index re-pointing)
     properties: dict[str, str] = field(default_factory=dict)  # caller's checkpoint etc.: summary + commit log
     strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
+    rewrite_manifests: bool = False  # merge every bin of the snapshot's manifests (Table.rewrite_manifests)
 
 
 @dataclass(frozen=True)
@@ -284,6 +370,7 @@ class CommitResult:
     snapshot_id: int
     timestamp_ms: int
     bytes_written: int
+    files: SnapshotFiles | None = None  # the new snapshot's live files, when derivable from the base's (see lineage.state)
 
 
 def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Runs:
@@ -324,17 +411,19 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     tag = f"{version:09d}-{uuid.uuid4()}"
     bytes_written = sum(w.data_file.file_size_in_bytes for w in req.written) + sum(f.file_size_in_bytes for f in req.delete_files)
     segment_path = index_path = None
+    segment_size = 0
     if lineages:
         segment_path = f"{meta_dir}/lineage/{tag}-segment.parquet"
         created.append(segment_path)
-        bytes_written += write_segment(iceberg.io, segment_path, lineages)
+        segment_size = write_segment(iceberg.io, segment_path, lineages)
+        bytes_written += segment_size
     if removed_images:
         index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
         created.append(index_path)
         bytes_written += write_index_segment(iceberg.io, index_path, removed_images)
-    segments = surviving_segments(state, [f for f in req.removed_files if f.content == DataFileContent.DATA])
-    if segment_path:
-        segments.append(segment_path)
+    removed_data = [f for f in req.removed_files if f.content == DataFileContent.DATA]
+    nxt = next_segments(state, removed_data, segment_path, segment_size, lineages, lambda i: f"{meta_dir}/lineage/{tag}-{i}-merged-segment.parquet", created)
+    bytes_written += nxt.bytes_written
     entry = CommitEntry(
         version=version,
         snapshot_id=snapshot_id,
@@ -348,16 +437,17 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         properties=dict(req.properties),
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
-    new_list = base_list.with_commit(entry, tuple(segments), next_row_id)
+    new_list = base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes)
+    new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{meta_dir}/lineage/{tag}-{i}-log.json", created)
     list_path = f"{meta_dir}/lineage/{tag}-list.json"
     created.append(list_path)
-    bytes_written += write_list(iceberg.io, list_path, new_list)
+    bytes_written += log_bytes + write_list(iceberg.io, list_path, new_list)
     properties = {
         SUMMARY_LIST: list_path,
         SUMMARY_VERSION: str(version),
         SUMMARY_NEXT_ROW_ID: str(next_row_id),
         SUMMARY_OPERATION: req.operation,
-        SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
+        SUMMARY_FORMAT_VERSION: str(LIST_FORMAT_VERSION),
         **req.properties,
     }
     commit_files(
@@ -371,14 +461,19 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         written=created,
         data_sequence_number=req.data_sequence_number,
         strip_removed_stats=req.strip_removed_stats,
+        rewrite_manifests=req.rewrite_manifests,
     )
-    return CommitResult(version, snapshot_id, timestamp_ms, bytes_written)
+    remember_list(list_path, new_list)
+    return CommitResult(version, snapshot_id, timestamp_ms, bytes_written, _next_files(state, snapshot_id, req, lineages, segment_path, nxt.moved))
 
 
-def surviving_segments(state: TableState, removed_data_files: list[DataFile]) -> list[str]:
-    """Segments of the base list that still describe at least one live data file."""
-    segments = list(state.lineage.segments)
-    if not removed_data_files:
-        return segments
-    live = state.all_data_file_paths() - {f.file_path for f in removed_data_files}
-    return [s for s in segments if any(fl.file_path in live for fl in read_segment(state.iceberg.io, s))]
+def _next_files(
+    state: TableState, snapshot_id: int, req: CommitRequest, lineages: list[FileLineage], segment: str | None, moved: dict[str, str]
+) -> SnapshotFiles | None:
+    """The committed snapshot's live files, derived from the base's when it has them (None: plan afresh)."""
+    known = state.files_if_known()
+    if known is None:
+        return None
+    by_path = {fl.file_path: fl for fl in lineages}
+    added = [(w.data_file, by_path[w.data_file.file_path]) for w in req.written]
+    return known.advance(snapshot_id, added, segment, req.delete_files, req.removed_files, moved)

@@ -82,11 +82,12 @@ def _one_iceberg_connection():
 def _drop_caches() -> None:
     """Forget parsed lineage/index files, so reads after a vacuum really go to disk."""
     from index import deleted_rows, purged
-    from lineage import metadata
+    from lineage import commit_log, metadata, state
 
-    for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, deleted_rows._CACHE, purged._CACHE):
+    for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, commit_log._CHUNK_CACHE, deleted_rows._CACHE, purged._CACHE):
         with cache._lock:
             cache._items.clear()
+    state.forget_planned_files()  # tables keep their current snapshot's live files in memory
 
 
 def _root(t: lineage.Table) -> str:
