@@ -58,8 +58,8 @@ def removed_images(state: TableState, after: int, upto: int | None = None) -> li
     """Index entries of images removed by commits with version in ``(after, upto]``."""
     upto = state.version if upto is None else upto
     out: list[RemovedImages] = []
-    for c in state.lineage.commits:
-        if after < c.version <= upto and c.index:
+    for c in state.lineage.log.since(after):
+        if c.version <= upto and c.index:
             out.extend(read_index_segment(state.iceberg.io, c.index))
     return out
 

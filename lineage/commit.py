@@ -475,5 +475,9 @@ def _next_files(
     if known is None:
         return None
     by_path = {fl.file_path: fl for fl in lineages}
+    default_spec = state.iceberg.metadata.default_spec_id
+    for f in [w.data_file for w in req.written] + req.delete_files:
+        if getattr(f, "_spec_id", None) is None:
+            f.spec_id = default_spec  # fresh from the writer; a manifest read sets it, later commits need it
     added = [(w.data_file, by_path[w.data_file.file_path]) for w in req.written]
     return known.advance(snapshot_id, added, segment, req.delete_files, req.removed_files, moved)

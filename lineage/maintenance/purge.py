@@ -197,8 +197,8 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         # current snapshot's files keep their contents; all other pinned files are re-homed.
         in_snapshots = {local_path(f.path) for f in files}
         needed: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
-        for c in state.lineage.commits:
-            if c.version > oldest and c.index:
+        for c in state.lineage.log.since(oldest):
+            if c.index:
                 for e in read_index_segment(io, c.index):
                     if e.file_path not in rewritten and local_path(e.file_path) not in in_snapshots:
                         needed[e.file_path].append((e.positions, e.row_ids))

@@ -67,6 +67,8 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
         refs.add(local_path(summary[SUMMARY_LIST]))
         lst = read_list(io, summary[SUMMARY_LIST])
         refs.update(local_path(seg) for seg in lst.segments)
+        # chunks of the commit log; lists share older chunks, so stop where an earlier list's walk went
+        refs.update(local_path(p) for p in lst.log.chunk_paths(stop=lambda p: local_path(p) in refs))
         if lst.purged:
             refs.add(local_path(lst.purged))
 
@@ -77,8 +79,8 @@ def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
 
     oldest = window(state).oldest
     segments, files = set(), set()
-    for c in state.lineage.commits:
-        if c.version > oldest and c.index:
+    for c in state.lineage.log.since(oldest):
+        if c.index:
             segments.add(local_path(c.index))
             for r in read_index_segment(state.iceberg.io, c.index):
                 files.add(local_path(r.file_path))
