@@ -104,7 +104,8 @@ def _check_version(win: Window, v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidArgumentError(f"{what} must be an integer version, got {v!r}")
     floor = win.log.floor.version if win.log.floor else 0
-    known = v in (0, floor) or (v <= win.current and win.log.find(v) is not None)
+    # versions up to the floor of an expired log were commits; a range starting there is refused by retention
+    known = 0 <= v <= floor or (v <= win.current and win.log.find(v) is not None)
     if not known or v > win.current:
         raise UnknownVersionError(
             f"{what}={v} is not a version of this table; versions run from 0 to {win.current} "

@@ -13,6 +13,7 @@ makes the table's cache stale and it is rebuilt from the manifests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.manifest import DataFile
@@ -129,7 +130,7 @@ class TableState:
                 self.memo["files"] = SnapshotFiles(0, {}, {})
             else:
                 by_file = self.lineage_by_file()
-                files = self._attach(_plan(self.iceberg, self.snapshot.snapshot_id, None), by_file)
+                files = self._attach(_plan(self.iceberg, self.snapshot.snapshot_id), by_file)
                 self.memo["files"] = SnapshotFiles(
                     self.snapshot.snapshot_id, {f.path: f for f in files}, {f.path: by_file[f.path][0] for f in files}
                 )
@@ -143,9 +144,10 @@ class TableState:
         """Data files of the snapshot that may hold rows matching ``prune``, with deletes and lineage."""
         if self.snapshot is None:
             return []
+        files = list(self.files().files.values())
         if prune is None or isinstance(prune, AlwaysTrue):
-            return list(self.files().files.values())
-        return self._attach(_plan(self.iceberg, self.snapshot.snapshot_id, prune), self.lineage_by_file())
+            return files
+        return _pruned(self.iceberg, files, prune)
 
     def _attach(self, tasks: list, by_file: dict[str, tuple[str, FileLineage]]) -> list[LiveFile]:
         out = []
@@ -178,13 +180,34 @@ class TableState:
         return paths
 
 
-def _plan(table: IcebergTable, snapshot_id: int, prune: BooleanExpression | None) -> list:
-    if prune is not None and not isinstance(prune, AlwaysTrue):
-        try:
-            return list(table.scan(row_filter=prune, snapshot_id=snapshot_id, case_sensitive=False).plan_files())
-        except Exception:
-            pass  # the expression did not bind (e.g. it uses lineage columns); plan without pruning
+def _plan(table: IcebergTable, snapshot_id: int) -> list:
+    """pyiceberg's scan tasks of every live data file of the snapshot (reads every manifest)."""
     return list(table.scan(snapshot_id=snapshot_id).plan_files())
+
+
+def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression) -> list[LiveFile]:
+    """The files pyiceberg's planning would keep for ``prune`` (partition values and column statistics).
+
+    Uses the evaluators of pyiceberg's planner on files already known; if the
+    expression does not bind (it names lineage columns) every file is kept,
+    as planning without a filter does.
+    """
+    from pyiceberg.table import ManifestGroupPlanner
+
+    try:
+        planner = ManifestGroupPlanner(table.metadata, table.io, prune, case_sensitive=False)
+        metrics = planner._build_metrics_evaluator()
+        partitions: dict[int, Any] = {}
+        out = []
+        for f in files:
+            spec_id = f.data_file.spec_id
+            if spec_id not in partitions:
+                partitions[spec_id] = planner._build_partition_evaluator(spec_id)
+            if partitions[spec_id](f.data_file) and metrics(f.data_file):
+                out.append(f)
+        return out
+    except Exception:
+        return files
 
 
 def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageList:

@@ -470,6 +470,25 @@ class Table:
 
         return expire_snapshots(self, older_than, retain_last)
 
+    def rewrite_manifests(self, dry_run: bool = False) -> Any:
+        """Merge the current snapshot's manifests (for tables that already have many); see lineage.maintenance.upkeep."""
+        from lineage.maintenance import rewrite_manifests
+
+        return rewrite_manifests(self, dry_run)
+
+    def maintain(self, dry_run: bool = False) -> Any:
+        """Run the upkeep a long-lived table needs, as its properties say (see lineage.maintenance.upkeep).
+
+        Returns a ``MaintenanceReport`` (``print`` it for a summary). With
+        ``dry_run`` nothing changes and the report says what would run.
+        """
+        from lineage.maintenance import maintain
+
+        report = maintain(self, dry_run)
+        if not dry_run:
+            self.state().files()  # plan the new snapshot's files now, not in the next write
+        return report
+
     def vacuum(self, older_than: Any = None, dry_run: bool = False) -> Any:
         """Delete files nothing needs any more (pinned files inside the retention window are kept)."""
         from lineage.maintenance import vacuum

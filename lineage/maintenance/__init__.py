@@ -4,7 +4,8 @@ from lineage.maintenance._common import MaintenanceResult
 from lineage.maintenance.compaction import compact, rewrite_deletes
 from lineage.maintenance.purge import purge
 from lineage.maintenance.rehome import rehome
+from lineage.maintenance.upkeep import MaintenanceReport, expire_log, maintain, rewrite_manifests
 from lineage.maintenance.vacuum import expire_snapshots, referenced_files, vacuum
 from lineage.maintenance.verify import VerifyReport, verify
 
-__all__ = ["MaintenanceResult", "compact", "expire_snapshots", "purge", "referenced_files", "rehome", "rewrite_deletes", "vacuum", "verify", "VerifyReport"]
+__all__ = ["MaintenanceReport", "MaintenanceResult", "compact", "expire_log", "expire_snapshots", "maintain", "rewrite_manifests", "purge", "referenced_files", "rehome", "rewrite_deletes", "vacuum", "verify", "VerifyReport"]

@@ -26,12 +26,15 @@ from lineage.state import TableState, main_branch_snapshots, state_at
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
 
 
-def expire_snapshots(table, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def expire_snapshots(  # type: ignore[no-untyped-def]
+    table, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1, dry_run: bool = False
+) -> MaintenanceResult:
     """Expire main-branch snapshots beyond the last ``retain_last`` (and older than ``older_than``).
 
     The change feed does not need old snapshots (it reads the deleted-rows
     index); ``scan(as_of=v)`` does, so expired versions can no longer be
     time-travelled to. Run :func:`vacuum` afterwards to delete the files.
+    ``dry_run`` only counts them.
     """
     if not isinstance(retain_last, int) or isinstance(retain_last, bool) or retain_last < 1:
         raise InvalidArgumentError(f"retain_last must be an integer >= 1, got {retain_last!r}")
@@ -50,6 +53,8 @@ def expire_snapshots(table, older_than: _dt.datetime | _dt.timedelta | None = No
     ]
     if not expire:
         return MaintenanceResult("expire", None, detail="no snapshot to expire")
+    if dry_run:
+        return MaintenanceResult("expire", None, detail=f"would expire {len(expire)} snapshot(s)")
     table.iceberg.maintenance.expire_snapshots().by_ids(expire).commit()
     table.refresh()
     return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
