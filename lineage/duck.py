@@ -10,6 +10,7 @@ import glob
 import importlib.util
 import itertools
 import os
+import threading
 
 import duckdb
 
@@ -29,16 +30,38 @@ def extension_path(name: str) -> str:
 
 
 def connect(*extensions: str) -> duckdb.DuckDBPyConnection:
-    """A new in-memory DuckDB connection with ``extensions`` loaded from their wheels."""
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    # DuckDB 1.5 runs small-looking ASOF joins as nested loops (rows x runs); lineage runs need the sort-merge plan.
-    con.execute("SET asof_loop_join_threshold = 0")
+    """A new connection to an in-memory DuckDB database with ``extensions`` loaded from their wheels.
+
+    Connections are cursors of one database per process and set of
+    extensions: opening a database costs tens of milliseconds (a large share
+    of a small commit), a cursor much less. Everything this project creates
+    in DuckDB is TEMP or registered, hence private to its connection, and
+    closing the connection drops it.
+    """
     needed = list(extensions)
     if "iceberg" in needed and "avro" not in needed:
         needed.insert(0, "avro")  # the iceberg extension reads manifests through avro
-    for name in needed:
-        con.execute(f"LOAD '{extension_path(name)}'")
+    con = _database(tuple(needed)).cursor()
+    # DuckDB 1.5 runs small-looking ASOF joins as nested loops (rows x runs); lineage runs need the sort-merge plan.
+    con.execute("SET asof_loop_join_threshold = 0")
     return con
+
+
+_DATABASES: dict[tuple[int, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_DATABASES_LOCK = threading.Lock()
+
+
+def _database(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
+    """The process's database with ``extensions`` loaded (a forked child opens its own)."""
+    key = (os.getpid(), extensions)
+    with _DATABASES_LOCK:
+        db = _DATABASES.get(key)
+        if db is None:
+            db = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+            for name in extensions:
+                db.execute(f"LOAD '{extension_path(name)}'")
+            _DATABASES[key] = db
+        return db
 
 
 def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> "pa.Table":
@@ -66,7 +89,7 @@ def duckdb_types(schema: "pa.Schema") -> list[tuple[str, str]]:
     """``(column, DuckDB type)`` for each field of an Arrow schema."""
     import pyarrow as pa
 
-    scratch = duckdb.connect()
+    scratch = connect()
     try:
         scratch.register("probe", pa.Table.from_batches([], schema=schema))
         return [(row[0], row[1]) for row in scratch.execute("DESCRIBE probe").fetchall()]

@@ -38,6 +38,7 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.expressions import parser as iceberg_parser
 
+from lineage import duck
 from lineage.errors import BadPredicateError, UnknownColumnError
 
 
@@ -157,7 +158,7 @@ def expression_type(expr: str, schema: pa.Schema) -> str | None:
     ``None`` when ``expr`` is not a single expression (e.g. ``1); DROP ...``);
     DuckDB's own errors (unknown column, syntax) propagate as ``duckdb.Error``.
     """
-    con = duckdb.connect()
+    con = duck.connect()
     try:
         con.register("__probe", pa.Table.from_batches([], schema=schema))
         statement = f"SELECT ({expr}) AS p FROM __probe"
