@@ -14,10 +14,13 @@ import datetime as _dt
 import os
 import time
 
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 
 from index.deleted_rows import read_index_segment
-from lineage.errors import InvalidArgumentError
+from lineage.catalog import commit_metadata
+from lineage.errors import CommitConflictError, InvalidArgumentError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
@@ -42,20 +45,36 @@ def expire_snapshots(  # type: ignore[no-untyped-def]
         older_than = _dt.datetime.now(_dt.timezone.utc) - older_than
     if older_than is not None and not isinstance(older_than, _dt.datetime):
         raise InvalidArgumentError(f"older_than must be a datetime or timedelta, got {older_than!r}")
-    table.refresh()
-    meta = table.iceberg.metadata
-    keep = {s.snapshot_id for s in main_branch_snapshots(table.iceberg)[-retain_last:]}
     cutoff_ms = int(older_than.timestamp() * 1000) if older_than else None
-    expire = [
-        s.snapshot_id
-        for s in meta.snapshots
-        if s.snapshot_id not in keep and (cutoff_ms is None or s.timestamp_ms < cutoff_ms)
-    ]
+
+    def due() -> list[int]:
+        meta = table.iceberg.metadata
+        keep = {s.snapshot_id for s in main_branch_snapshots(table.iceberg)[-retain_last:]}
+        keep |= {ref.snapshot_id for ref in meta.refs.values()}  # heads of branches and tags stay
+        return [s.snapshot_id for s in meta.snapshots if s.snapshot_id not in keep and (cutoff_ms is None or s.timestamp_ms < cutoff_ms)]
+
+    table.refresh()
+    expire = due()
     if not expire:
         return MaintenanceResult("expire", None, detail="no snapshot to expire")
     if dry_run:
         return MaintenanceResult("expire", None, detail=f"would expire {len(expire)} snapshot(s)")
-    table.iceberg.maintenance.expire_snapshots().by_ids(expire).commit()
+    retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    for attempt in range(retries + 1):
+        uuid = table.iceberg.metadata.table_uuid
+        try:
+            # Straight to the catalog (lineage.catalog.commit_metadata): pyiceberg's ExpireSnapshots goes
+            # through a Transaction, which copies the whole metadata several times.
+            commit_metadata(table.iceberg, (RemoveSnapshotsUpdate(snapshot_ids=expire),), (AssertTableUUID(uuid=uuid),))
+            break
+        except CommitFailedException:
+            time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)))
+            table.refresh()
+            expire = due()
+            if not expire:
+                return MaintenanceResult("expire", None, detail="no snapshot to expire")
+    else:
+        raise CommitConflictError(f"expiring snapshots gave up after {retries + 1} attempts: writers kept committing to {table.name}")
     table.refresh()
     return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
 
@@ -64,7 +83,10 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
     io = table.iceberg.io
     refs.add(local_path(snap.manifest_list))
     for manifest in snap.manifests(io):
-        refs.add(local_path(manifest.manifest_path))
+        path = local_path(manifest.manifest_path)
+        if path in refs:
+            continue  # manifests are immutable and shared by snapshots: its files are in already
+        refs.add(path)
         for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
             refs.add(local_path(entry.data_file.file_path))
     summary = snap.summary.additional_properties if snap.summary else {}
