@@ -99,8 +99,11 @@ def change_pointers(state: TableState, a: int, b: int) -> pa.Table:
     """Pointers to every image that starts or ends in ``(a, b]`` (see module docstring)."""
     parts: list[pa.Table] = []
     if b > a:
+        # Files whose images all start outside (a, b] are skipped here, before any work is queued:
+        # a table with a long history has many files and a short range touches few of them.
+        touched = [f for f in state.live_files() if f.lineage.max_updated > a and f.lineage.min_updated <= b]
         with ThreadPoolExecutor(max_workers=4) as pool:
-            for t in pool.map(lambda f: _live_pointers(f, a, b), state.live_files()):
+            for t in pool.map(lambda f: _live_pointers(f, a, b), touched):
                 if t is not None:
                     parts.append(t)
         for r in removed_images(state, a):

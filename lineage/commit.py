@@ -40,7 +40,7 @@ from lineage.metadata import (
     write_list,
     write_segment,
 )
-from lineage.catalog import commit_metadata
+from lineage import catalog
 from lineage.merging import MergeSettings, plan_merge, plan_rewrite
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.segment_merge import next_segments
@@ -315,7 +315,7 @@ def commit_files(
         producer.delete_data_file(f)
     try:
         updates, requirements = producer.updates_and_requirements()
-        commit_metadata(iceberg, updates, requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),))
+        catalog.commit_metadata(iceberg, updates, requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),))
     except CommitFailedException:
         written.extend(producer.written_files())
         raise

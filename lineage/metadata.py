@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -116,12 +117,12 @@ class FileLineage:
                     f"lineage of {self.file_path}: {name} covers {getattr(self, name).total} rows, file has {self.record_count}"
                 )
 
-    @property
+    @cached_property
     def min_updated(self) -> int:
         """Smallest valid-from version of any image in the file."""
         return int(self.updated.values.min()) if len(self.updated) else 0
 
-    @property
+    @cached_property
     def max_updated(self) -> int:
         """Largest valid-from version of any image in the file."""
         return int(self.updated.values.max()) if len(self.updated) else 0

@@ -19,7 +19,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 
 from index.deleted_rows import read_index_segment
-from lineage.catalog import commit_metadata
+from lineage import catalog
 from lineage.errors import CommitConflictError, InvalidArgumentError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
@@ -65,7 +65,7 @@ def expire_snapshots(  # type: ignore[no-untyped-def]
         try:
             # Straight to the catalog (lineage.catalog.commit_metadata): pyiceberg's ExpireSnapshots goes
             # through a Transaction, which copies the whole metadata several times.
-            commit_metadata(table.iceberg, (RemoveSnapshotsUpdate(snapshot_ids=expire),), (AssertTableUUID(uuid=uuid),))
+            catalog.commit_metadata(table.iceberg, (RemoveSnapshotsUpdate(snapshot_ids=expire),), (AssertTableUUID(uuid=uuid),))
             break
         except CommitFailedException:
             time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)))
