@@ -195,11 +195,9 @@ class Lineage(System):
 
     def _instrument(self) -> None:
         """Time the planning step (the key lookup) of each write apart from the rest."""
-        from lineage.table import Table
+        import lineage.table as table_module
 
-        if not hasattr(Table, "_write"):
-            return
-        original = Table._write
+        original = table_module.run_write
         spent = self.plan_s
 
         def timed(table, plan_fn, **kw):  # type: ignore[no-untyped-def]
@@ -212,7 +210,7 @@ class Lineage(System):
 
             return original(table, plan, **kw)
 
-        Table._write = timed  # type: ignore[method-assign]
+        table_module.run_write = timed
 
     def upsert(self, batch: pa.Table) -> None:
         self.t.upsert(batch)

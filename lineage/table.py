@@ -31,7 +31,7 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
 from lineage import duck
-from lineage.catalog import identifier, resolve_catalog
+from lineage.catalog import current_metadata_location, identifier, resolve_catalog
 from lineage.duck import duckdb_types
 from lineage.errors import (
     BadPredicateError,
@@ -55,7 +55,7 @@ from lineage.schema import (
     to_arrow_table,
 )
 from lineage.spark import is_spark_dataframe
-from lineage.state import TableState, state_at
+from lineage.state import SnapshotFiles, TableState, carried_memo, state_at
 from lineage.writer import CREATED, ROW_ID, WrittenFile
 from lineage.writes import spark as spark_writes
 from lineage.writes.checks import check_expression, check_user_properties
@@ -153,6 +153,9 @@ class Table:
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
         self._iceberg = iceberg
         self._catalog = catalog
+        # Files of the current snapshot planned or derived by this object (lineage.state.state_at);
+        # a commit by anyone else changes the snapshot id and empties it.
+        self._memo: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ facts
     @property
@@ -186,8 +189,10 @@ class Table:
         return dict(self._iceberg.metadata.properties)
 
     def refresh(self) -> Table:
-        """Reload the table's metadata from the catalog."""
-        self._iceberg = self._iceberg.refresh()
+        """Reload the table's metadata from the catalog (only a look at the catalog's pointer when nothing moved)."""
+        location = current_metadata_location(self._iceberg.catalog, self._iceberg.name())
+        if location is None or location != self._iceberg.metadata_location:
+            self._iceberg = self._iceberg.refresh()
         return self
 
     @property
@@ -200,7 +205,7 @@ class Table:
     def state(self, as_of: int | None = None) -> TableState:
         """The table's state at a version (current by default), for engines and tools."""
         self.refresh()
-        return state_at(self._iceberg, as_of)
+        return state_at(self._iceberg, as_of, memo=self._memo)
 
     def history(self) -> list[CommitInfo]:
         """Every commit, oldest first, from the lineage commit log (survives snapshot expiry)."""
@@ -469,6 +474,14 @@ class Table:
         from lineage.maintenance import expire_snapshots
 
         return expire_snapshots(self, older_than, retain_last)
+
+    def carry_files(self, snapshot_id: int, files: SnapshotFiles | None) -> None:
+        """Keep the live files a commit of this object derived for its snapshot, so the next write does not plan them.
+
+        Called by the write loop after each commit; they are dropped as soon
+        as the table's current snapshot is another one (see :func:`lineage.state.state_at`).
+        """
+        self._memo = carried_memo(snapshot_id, files)
 
     def rewrite_manifests(self, dry_run: bool = False) -> Any:
         """Merge the current snapshot's manifests (for tables that already have many); see lineage.maintenance.upkeep."""

@@ -37,7 +37,7 @@ from lineage import duck
 from lineage.commit import CommitRequest, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.schema import projection_field_ids
-from lineage.state import LiveFile, TableState, state_at
+from lineage.state import LiveFile, TableState
 from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
 from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
@@ -120,8 +120,7 @@ def run_write(
         raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
     retries = int(table.iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
     for attempt in range(1, retries + 2):
-        table.refresh()
-        state = state_at(table.iceberg)
+        state = table.state()  # refreshed; carries the live files of the table's own last commit
         if expected_version is not None and state.version != expected_version:
             if reuse_inserts:
                 _cleanup(table.iceberg, [w.data_file.file_path for w in reuse_inserts])
@@ -238,6 +237,7 @@ def _materialize_and_commit(
         properties=plan.properties,
     )
     result = commit_change(ice, state, request, created)
+    table.carry_files(result.snapshot_id, result.files)
     try:
         table.refresh()
     except Exception as exc:  # the commit landed; never clean up its files
