@@ -262,6 +262,8 @@ def maintain(table, dry_run: bool = False) -> MaintenanceReport:  # type: ignore
             steps.append(MaintenanceStep(name, "nothing to do", "the table has no key index" if name == "merge-key-index" else ""))
             return
         detail = result.detail.splitlines()[0] if result.detail else ""
+        if not detail and result.version is not None:
+            detail = f"version {result.version}: {result.files_removed} file(s) rewritten into {result.files_added}"
         if dry_run:
             status = "would run" if detail.startswith("would") else "nothing to do"
         else:
