@@ -26,7 +26,7 @@ Systems:
   times), and the properties recommended for a streaming table (README, "Long-lived
   tables"): snapshots expire by age (``history.expire.max-snapshot-age-ms``,
   here 1 s because the benchmark compresses hours of commits into minutes)
-  keeping the newest 100 (``history.expire.min-snapshots-to-keep``), a
+  keeping the newest 10 (``history.expire.min-snapshots-to-keep``), a
   change-feed retention of 1,000 versions, vacuum of files older than 1 s.
 * ``delta``: delta-rs ``merge`` (matched: update all, not matched: insert
   all), change data feed enabled, default checkpoint interval;
@@ -42,10 +42,12 @@ Every system runs in a child process, one after the other, and stops after
 upsert: probing every live file's key column, which the key index replaces)
 and the rest (writing files, lineage and the Iceberg commit).
 
-    .venv/bin/python benchmarks/history.py                          # 1M rows, 10,000 commits, every system
+    .venv/bin/python benchmarks/history.py --publish                # 1M rows, 10,000 commits, every system
     .venv/bin/python benchmarks/history.py --rows 100000 --commits 1000 --window 100 --systems lineage,lineage-maintain
 
-Writes ``benchmarks/results/history-<rows>-<commits>.json`` and prints the tables.
+Writes a benchmark record (``benchmarks/record.py``: to ``results/scratch/``, or with ``--publish`` to
+``benchmarks/results/history-<commits>-commits-<rows>-<date>-<machine>.json``, rendered into the READMEs by
+``benchmarks/report.py``) and prints the table.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # noqa: E402  (benchmarks/record.py)
 
 SCHEMA = pa.schema(
     [
@@ -180,7 +185,7 @@ class Lineage(System):
             return {}
         return {
             "history.expire.max-snapshot-age-ms": "1000",
-            "history.expire.min-snapshots-to-keep": "100",
+            "history.expire.min-snapshots-to-keep": "10",
             "lineage.cdf.retention.versions": "1000",
             "lineage.maintain.vacuum.min-age-ms": "1000",
         }
@@ -339,7 +344,7 @@ def _timed_feed(system: System) -> dict | None:
 
 
 def run_child(name: str, args: argparse.Namespace) -> dict:
-    root = os.path.join(args.root, name)
+    root = os.path.join(args.workdir, name)
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     system = CLASSES[name](root, args)
@@ -349,6 +354,7 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
     out["load_seconds"] = time.perf_counter() - start
     disk = Disk(root)
     times: list[float] = []
+    cpu: list[float] = []  # CPU seconds of the process (all threads): the work, without waiting for a loaded machine
     bytes_: dict[int, int] = {}
     maintain_s: list[float] = []
     feeds: dict[str, Any] = {}
@@ -364,9 +370,10 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
         measured = i < first_end or i >= last_start
         if measured:
             disk.written()  # files written by upkeep or earlier commits are not this commit's
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         system.upsert(batch)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         if measured:
             bytes_[i] = disk.written()
         done = i + 1
@@ -384,9 +391,10 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
     out["commits_done"] = done
     first = list(range(0, min(first_end, done)))
     last = list(range(max(last_start, first_end), done)) if done > first_end else []
-    out["first"] = {"range": [1, len(first)], "time": _stats([times[i] for i in first]), "bytes": _stats([bytes_[i] for i in first if i in bytes_])}
+    out["first"] = {"range": [1, len(first)], "time": _stats([times[i] for i in first]), "cpu": _stats([cpu[i] for i in first]),
+                    "bytes": _stats([bytes_[i] for i in first if i in bytes_])}
     out["last"] = {"range": [last[0] + 1, last[-1] + 1] if last else None, "time": _stats([times[i] for i in last]),
-                   "bytes": _stats([bytes_[i] for i in last if i in bytes_])}
+                   "cpu": _stats([cpu[i] for i in last]), "bytes": _stats([bytes_[i] for i in last if i in bytes_])}
     if isinstance(system, Lineage) and len(system.plan_s) == len(times) + 0 and system.plan_s:
         plan = system.plan_s
         out["plan_split"] = {
@@ -458,7 +466,7 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--commits", type=int, default=10_000)
@@ -466,11 +474,11 @@ def main() -> None:
     parser.add_argument("--maintain-every", type=int, default=100)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--cap", type=float, default=3 * 3600, help="seconds of commits per system before it stops")
-    parser.add_argument("--root", default=None, help="scratch folder (default: a new folder under the system temp dir)")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a new folder under the system temp dir, removed after)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
     if args.child:
         with open(args.child_out, "w") as f:
             json.dump(run_child(args.child, args), f)
@@ -479,14 +487,18 @@ def main() -> None:
     unknown = [s for s in systems if s not in CLASSES]
     if unknown:
         parser.error(f"unknown systems {unknown}; choose from {list(CLASSES)}")
-    own_root = args.root is None
-    args.root = args.root or tempfile.mkdtemp(prefix="history-bench-")
+    settings = {k: v for k, v in vars(args).items() if k not in ("child", "child_out", "workdir")}
+    rec = record.Recorder("history", scale=args.rows, argv=argv, settings=settings, variant=f"{record.scale_label(args.commits)}-commits",
+                          peers=["deltalake", "duckdb-extension-ducklake"])
+    own_root = args.workdir is None
+    args.root = args.workdir or tempfile.mkdtemp(prefix="history-bench-")
+    os.makedirs(args.root, exist_ok=True)
     results: dict[str, dict] = {}
     try:
         for name in systems:
             print(f"{name}: {args.rows:,} rows, {args.commits:,} commits", flush=True)
             child_out = os.path.join(args.root, f"{name}.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", child_out, "--root", args.root,
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", child_out, "--workdir", args.root,
                    "--rows", str(args.rows), "--commits", str(args.commits), "--window", str(args.window),
                    "--maintain-every", str(args.maintain_every), "--cap", str(args.cap)]
             try:
@@ -494,17 +506,16 @@ def main() -> None:
                 with open(child_out) as f:
                     results[name] = json.load(f)
             except (subprocess.SubprocessError, OSError, ValueError) as exc:
-                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                results[name] = {"error": record.scrub_paths(f"{type(exc).__name__}: {exc}")}
             shutil.rmtree(os.path.join(args.root, name), ignore_errors=True)
     finally:
         if own_root:
             shutil.rmtree(args.root, ignore_errors=True)
     text = report(results, args)
     print(text)
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"history-{args.rows}-{args.commits}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("child", "child_out", "root")}, "results": results, "report": text}, f, indent=1)
+    path = rec.finish({"rows": args.rows, "commits": args.commits, "window": args.window, "maintain_every": args.maintain_every,
+                       "feed_commits": FEED_COMMITS, "systems": results}, publish=args.publish, out=args.out)
+    print(f"record: {path}")
 
 
 if __name__ == "__main__":

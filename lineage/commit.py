@@ -41,6 +41,7 @@ from lineage.metadata import (
     write_segment,
 )
 from lineage import catalog
+from lineage.fileio import ImmutableFileCache
 from lineage.merging import MergeSettings, plan_merge, plan_rewrite
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.segment_merge import next_segments
@@ -198,7 +199,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         removed = self._deleted_data_files
         out: list[ManifestFile] = []
         found: set[str] = set()
-        for manifest in parent.manifests(io=self._io):
+        for manifest in manifests_of(parent, self._io):
             live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
                 continue  # only DELETED entries of an earlier commit: nothing to carry
@@ -253,6 +254,8 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             avro_compression=self._compression,
         ) as writer:
             writer.add_manifests(new_manifests)
+            listed = tuple(writer.prepare_manifest(m) for m in new_manifests)  # as a reader of the list will see them
+        _WRITTEN_LISTS.get(location, lambda: listed)
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,
             parent_snapshot_id=self._parent_snapshot_id,
@@ -278,6 +281,16 @@ class _LineageSnapshotProducer(_OverwriteFiles):
     def written_files(self) -> list[str]:
         """Manifests and manifest lists this producer wrote (to clean up after a lost race)."""
         return list(self._written_manifests) + list(self._written_manifest_lists)
+
+
+# Manifest lists this process wrote, by location: the next commit of the same table carries them
+# without reading the list back (pyiceberg re-reads a manifest list on every Snapshot.manifests call).
+_WRITTEN_LISTS: ImmutableFileCache[tuple[ManifestFile, ...]] = ImmutableFileCache(64)
+
+
+def manifests_of(snapshot: Snapshot, io) -> tuple[ManifestFile, ...]:  # type: ignore[no-untyped-def]
+    """The manifests of ``snapshot`` (from memory when this process wrote its manifest list)."""
+    return _WRITTEN_LISTS.get(snapshot.manifest_list, lambda: tuple(snapshot.manifests(io)))
 
 
 def _manifest_weight(manifest: ManifestFile) -> int:
