@@ -474,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maintain-every", type=int, default=100)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--cap", type=float, default=3 * 3600, help="seconds of commits per system before it stops")
+    parser.add_argument("--cap-for", action="append", default=[], metavar="SYSTEM=SECONDS", help="another cap for one system (repeatable)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new folder under the system temp dir, removed after)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -487,6 +488,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [s for s in systems if s not in CLASSES]
     if unknown:
         parser.error(f"unknown systems {unknown}; choose from {list(CLASSES)}")
+    caps = {}
+    for item in args.cap_for:
+        name, _, seconds = item.partition("=")
+        if name not in CLASSES or not seconds:
+            parser.error(f"--cap-for takes SYSTEM=SECONDS with a system of {list(CLASSES)}, got {item!r}")
+        caps[name] = float(seconds)
     settings = {k: v for k, v in vars(args).items() if k not in ("child", "child_out", "workdir")}
     rec = record.Recorder("history", scale=args.rows, argv=argv, settings=settings, variant=f"{record.scale_label(args.commits)}-commits",
                           peers=["deltalake", "duckdb-extension-ducklake"])
@@ -500,9 +507,9 @@ def main(argv: list[str] | None = None) -> None:
             child_out = os.path.join(args.root, f"{name}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", child_out, "--workdir", args.root,
                    "--rows", str(args.rows), "--commits", str(args.commits), "--window", str(args.window),
-                   "--maintain-every", str(args.maintain_every), "--cap", str(args.cap)]
+                   "--maintain-every", str(args.maintain_every), "--cap", str(caps.get(name, args.cap))]
             try:
-                subprocess.run(cmd, check=True, timeout=args.cap + 3600)
+                subprocess.run(cmd, check=True, timeout=caps.get(name, args.cap) + 3600)
                 with open(child_out) as f:
                     results[name] = json.load(f)
             except (subprocess.SubprocessError, OSError, ValueError) as exc:
