@@ -76,6 +76,7 @@ from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 
 PROP_LINEAGE = "lineage.enabled"
 PROP_KEY_ENFORCE = "lineage.key.enforce"
+PROP_METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"  # Iceberg's
 
 __all__ = [
     "COPY_ON_WRITE",
@@ -116,7 +117,10 @@ def create_table(
     ns, tbl = identifier(name)
     ischema = iceberg_schema(schema, key)
     spec = partition_spec(ischema, partition_by)
-    props = {PROP_LINEAGE: "true", "format-version": "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ}
+    props = {PROP_LINEAGE: "true", "format-version": "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ,
+             # Each commit writes the whole metadata JSON: keep only the last write.metadata.previous-versions-max (100)
+             # of them on disk, or a table with N commits keeps O(N^2) bytes of old metadata files.
+             PROP_METADATA_DELETE_AFTER_COMMIT: "true"}
     for k, v in (properties or {}).items():
         props[str(k)] = str(v)
     if props.get("format-version") != "2":
