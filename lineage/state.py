@@ -192,9 +192,9 @@ def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression
     expression does not bind (it names lineage columns) every file is kept,
     as planning without a filter does.
     """
-    from pyiceberg.table import ManifestGroupPlanner
-
     try:
+        from pyiceberg.table import ManifestGroupPlanner
+
         planner = ManifestGroupPlanner(table.metadata, table.io, prune, case_sensitive=False)
         metrics = planner._build_metrics_evaluator()
         partitions: dict[int, Any] = {}
