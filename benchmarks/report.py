@@ -609,6 +609,109 @@ def _readme_key_index(records: Records) -> str:
 
 
 # --------------------------------------------------------------------------- the documents
+# --------------------------------------------------------------------------- history.py: long histories
+HISTORY_NAMES = {"lineage": "ours, no upkeep", "lineage-maintain": "ours, with maintain()", "delta": "delta-rs merge",
+                 "ducklake": "DuckLake MERGE INTO", "pyiceberg": "pyiceberg upsert"}
+HISTORY_COMMAND = "python benchmarks/history.py --publish"
+
+
+def _ms_or_dash(v: float | None) -> str:
+    return "—" if v is None else (f"{1000 * v:,.0f}" if v >= 0.1 else f"{1000 * v:.1f}")
+
+
+def _kib(v: float | None) -> str:
+    return "—" if v is None else f"{v / 1024:,.1f}"
+
+
+def _times(a: float | None, b: float | None) -> str:
+    return "—" if not a or b is None else f"{b / a:.2f}x"
+
+
+def _history_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    r = doc["results"]
+    first_feed, last_feed = str(min(r["window"], r["commits"])), str(r["commits"])
+    headers = ["system", "commits", "median ms, first", "p99", "median ms, last", "p99", "last / first", "KiB per commit, first",
+               "last", "last / first", f"feed of {r['feed_commits']} at {int(first_feed):,}, ms", f"at {int(last_feed):,}", "ratio", "on disk MB"]
+    rows = []
+    for name, x in r["systems"].items():
+        label = HISTORY_NAMES.get(name, name)
+        if "error" in x:
+            rows.append([label, "failed", *(["—"] * 12)])
+            continue
+        f, la = x["first"], x["last"]
+        feeds = x.get("feeds") or {}
+        fa, fb = feeds.get(first_feed), feeds.get(last_feed)
+        rows.append([
+            label, f"{x['commits_done']:,}", _ms_or_dash(f["time"]["median"]), _ms_or_dash(f["time"]["p99"]), _ms_or_dash(la["time"]["median"]), _ms_or_dash(la["time"]["p99"]),
+            _times(f["time"]["median"], la["time"]["median"]), _kib(f["bytes"]["median"]), _kib(la["bytes"]["median"]),
+            _times(f["bytes"]["median"], la["bytes"]["median"]), _ms_or_dash(fa["seconds"]) if fa else "—", _ms_or_dash(fb["seconds"]) if fb else "—",
+            _times(fa["seconds"] if fa else None, fb["seconds"] if fb else None), f"{x['size_on_disk'] / 1e6:,.1f}",
+        ])
+    return headers, rows
+
+
+def _history_notes(doc: dict[str, Any]) -> list[str]:
+    r = doc["results"]
+    out = []
+    for name, x in r["systems"].items():
+        label = HISTORY_NAMES.get(name, name)
+        if "error" in x:
+            out.append(f"- {label}: failed ({x['error'][:200]})")
+            continue
+        bits = []
+        ps = x.get("plan_split") or {}
+        if "first" in ps:
+            bits.append(f"median planning (the upsert's key lookup) / the rest of the commit: {_ms_or_dash(ps['first']['plan_median'])} / "
+                        f"{_ms_or_dash(ps['first']['rest_median'])} ms in the first window"
+                        + (f", {_ms_or_dash(ps['last']['plan_median'])} / {_ms_or_dash(ps['last']['rest_median'])} ms in the last" if ps.get("last") else ""))
+        if x["first"].get("cpu", {}).get("median") is not None and x["last"].get("cpu", {}).get("median") is not None:
+            bits.append(f"median CPU per commit {_ms_or_dash(x['first']['cpu']['median'])} then {_ms_or_dash(x['last']['cpu']['median'])} ms")
+        if x.get("maintain"):
+            m = x["maintain"]
+            bits.append(f"`maintain()` ran {m['runs']} times, median {m['median']:.1f} s, {m['total_seconds']:,.0f} s in all (not in the commit times)")
+        if x.get("extra"):
+            bits.append("at the end " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in x["extra"].items()))
+        if x.get("stopped"):
+            bits.append(x["stopped"])
+        if bits:
+            out.append(f"- {label}: " + "; ".join(bits) + ".")
+    return out
+
+
+@section("history")
+def _history(records: Records) -> str:
+    doc = records.latest("history")
+    if doc is None:
+        return missing("history.py", HISTORY_COMMAND)
+    r = doc["results"]
+    headers, rows = _history_rows(doc)
+    return "\n".join([
+        provenance(doc), "",
+        (f"{r['rows']:,} rows, then {r['commits']:,} upserts of 10 rows (5 updates, 5 inserts). \"first\" is commits 1 to "
+         f"{min(r['window'], r['commits']):,}, \"last\" the last {r['window']:,} commits made; bytes are what appeared on disk per commit."), "",
+        md_table(headers, rows, right=set(range(1, len(headers)))), "", *_history_notes(doc),
+    ])
+
+
+@section("readme-history")
+def _readme_history(records: Records) -> str:
+    doc = records.latest("history")
+    if doc is None:
+        return missing("history.py", HISTORY_COMMAND)
+    r = doc["results"]
+    out = []
+    for name in ("lineage-maintain", "lineage", "delta", "ducklake"):
+        x = r["systems"].get(name)
+        if not x or "error" in x:
+            continue
+        f, la = x["first"], x["last"]
+        out.append(f"{HISTORY_NAMES[name]}: median commit {_ms_or_dash(f['time']['median'])} ms in the first {min(r['window'], r['commits']):,} commits "
+                   f"and {_ms_or_dash(la['time']['median'])} ms in the last {r['window']:,} ({_times(f['time']['median'], la['time']['median'])}), "
+                   f"{_kib(f['bytes']['median'])} then {_kib(la['bytes']['median'])} KiB written per commit")
+    return (f"After {r['rows']:,} rows and {r['commits']:,} small upserts ({doc['date']}, {load_words(doc)}; "
+            f"`benchmarks/results/{doc['_file']}`): " + "; ".join(out) + ".")
+
+
 def render_all(records: Records, names: set[str]) -> dict[str, str]:
     """Render each named section once (the records index last, after the others chose their records)."""
     unknown = sorted(names - set(SECTIONS))

@@ -39,7 +39,7 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
     con = duck.connect()
     try:
         con.register("images", images)
-        con.register("commits", commits_table(state.lineage.commits))
+        con.register("commits", commits_table(state.lineage.log.since(a)))
         result = con.execute(changes_sql(DUCKDB, "images", "commits", data.names, str(a), str(b), net, extra)).to_arrow_table()
     finally:
         con.close()
@@ -50,7 +50,7 @@ def deleted_rows(state: TableState, since: int, until: int, data: pa.Schema) -> 
     """Rows deleted in ``(since, until]`` with their last values."""
     pointers = deletion_pointers(state, since, until)
     images = images_table(pointers, data)
-    commits = commits_table(state.lineage.commits)
+    commits = commits_table(state.lineage.log.since(since))
     con = duck.connect()
     try:
         con.register("images", images)

@@ -85,11 +85,11 @@ def images_df(spark: Any, pointers: pa.Table, data: pa.Schema) -> Any:
     return joined.select(*values, "_row_id", "_row_created_at_version", "_valid_from", "_valid_to", *extra)
 
 
-def _views(spark: Any, images: Any, state: TableState) -> tuple[str, str]:
+def _views(spark: Any, images: Any, state: TableState, after: int) -> tuple[str, str]:
     tag = uuid.uuid4().hex[:12]
     images_view, commits_view = f"__lineage_images_{tag}", f"__lineage_commits_{tag}"
     images.createOrReplaceTempView(images_view)
-    spark.createDataFrame(commits_table(state.lineage.commits)).createOrReplaceTempView(commits_view)
+    spark.createDataFrame(commits_table(state.lineage.log.since(after))).createOrReplaceTempView(commits_view)
     return images_view, commits_view
 
 
@@ -98,7 +98,7 @@ def changes(spark: Any, state: TableState, a: int, b: int, data: pa.Schema, net:
     pointers = change_pointers(state, a, b)
     extra = ["_purged"] if "_purged" in pointers.column_names else []
     images = images_df(spark, pointers, data)
-    images_view, commits_view = _views(spark, images, state)
+    images_view, commits_view = _views(spark, images, state, a)
     df = spark.sql(changes_sql(SPARK, images_view, commits_view, data.names, str(a), str(b), net, extra))
     return df.select(*[f"`{n}`" for n in change_schema(data, bool(extra)).names])
 
@@ -108,7 +108,7 @@ def deleted_rows(spark: Any, state: TableState, since: int, until: int, data: pa
     pointers = deletion_pointers(state, since, until)
     purged = "_purged" in pointers.column_names
     images = images_df(spark, pointers, data)
-    images_view, commits_view = _views(spark, images, state)
+    images_view, commits_view = _views(spark, images, state, since)
     cols = "".join(f"i.`{c}`, " for c in data.names)
     df = spark.sql(
         f"SELECT {cols} i._valid_to AS _row_deleted_at_version, c._commit_timestamp AS _row_deleted_at_timestamp, "

@@ -58,8 +58,8 @@ def removed_images(state: TableState, after: int, upto: int | None = None) -> li
     """Index entries of images removed by commits with version in ``(after, upto]``."""
     upto = state.version if upto is None else upto
     out: list[RemovedImages] = []
-    for c in state.lineage.commits:
-        if after < c.version <= upto and c.index:
+    for c in state.lineage.log.since(after):
+        if c.version <= upto and c.index:
             out.extend(read_index_segment(state.iceberg.io, c.index))
     return out
 
@@ -99,8 +99,11 @@ def change_pointers(state: TableState, a: int, b: int) -> pa.Table:
     """Pointers to every image that starts or ends in ``(a, b]`` (see module docstring)."""
     parts: list[pa.Table] = []
     if b > a:
+        # Files whose images all start outside (a, b] are skipped here, before any work is queued:
+        # a table with a long history has many files and a short range touches few of them.
+        touched = [f for f in state.live_files() if f.lineage.max_updated > a and f.lineage.min_updated <= b]
         with ThreadPoolExecutor(max_workers=4) as pool:
-            for t in pool.map(lambda f: _live_pointers(f, a, b), state.live_files()):
+            for t in pool.map(lambda f: _live_pointers(f, a, b), touched):
                 if t is not None:
                     parts.append(t)
         for r in removed_images(state, a):

@@ -16,8 +16,8 @@ import datetime as _dt
 import time
 from dataclasses import dataclass
 
+from lineage.commit_log import CommitEntry, CommitLog
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownVersionError, VersionRangeError
-from lineage.metadata import CommitEntry
 from lineage.state import TableState
 
 PROP_RETENTION_VERSIONS = "lineage.cdf.retention.versions"
@@ -26,11 +26,19 @@ PROP_RETENTION_DAYS = "lineage.cdf.retention.days"
 
 @dataclass(frozen=True)
 class Window:
-    """The versions a change-feed range may use: start >= ``oldest``, end <= ``current``."""
+    """The versions a change-feed range may use: start >= ``oldest``, end <= ``current``.
+
+    ``log`` is the commit log; it is read only as far back as a question needs.
+    """
 
     oldest: int
     current: int
-    commits: tuple[CommitEntry, ...]
+    log: CommitLog
+
+    @property
+    def commits(self) -> tuple[CommitEntry, ...]:
+        """Every reachable commit log entry, oldest first."""
+        return self.log.entries()
 
 
 def _positive(properties: dict[str, str], name: str, kind: type) -> float | None:
@@ -49,25 +57,23 @@ def _positive(properties: dict[str, str], name: str, kind: type) -> float | None
 def window(state: TableState, now_ms: int | None = None) -> Window:
     """The retention window of ``state``'s table at its current version."""
     props = dict(state.iceberg.metadata.properties)
-    commits = state.lineage.commits
+    log = state.lineage.log
     current = state.version
     n = _positive(props, PROP_RETENTION_VERSIONS, int)
     d = _positive(props, PROP_RETENTION_DAYS, float)
+    # An expired log (Table.maintain) reaches back to its floor: ranges may start there, not before.
+    floor = log.floor.version if log.floor else 0
     if n is None and d is None:
-        return Window(0, current, commits)
+        return Window(floor, current, log)
     candidates = []
     if n is not None:
         candidates.append(max(0, current - int(n)))
     if d is not None:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        horizon = now_ms - d * 86_400_000
+        horizon = int(now_ms - d * 86_400_000)
         # The version current at the horizon: the last commit at or before it.
-        at_horizon = 0
-        for c in commits:
-            if c.timestamp_ms <= horizon:
-                at_horizon = c.version
-        candidates.append(at_horizon)
-    return Window(min(candidates), current, commits)
+        candidates.append(log.version_at(horizon) or 0)
+    return Window(max(floor, min(candidates)), current, log)
 
 
 def _to_ms(ts: object, what: str) -> int:
@@ -88,18 +94,19 @@ def _to_ms(ts: object, what: str) -> int:
 def version_at(win: Window, ts: object, what: str) -> int:
     """The version that was current at timestamp ``ts`` (0 before the first commit)."""
     ms = _to_ms(ts, what)
-    version = 0
-    for c in win.commits:
-        if c.timestamp_ms <= ms:
-            version = c.version
+    version = win.log.version_at(ms)
+    if version is None:  # before every reachable commit: before the table's first, or inside the expired part of the log
+        return win.log.floor.version if win.log.floor else 0
     return version
 
 
 def _check_version(win: Window, v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidArgumentError(f"{what} must be an integer version, got {v!r}")
-    known = {0} | {c.version for c in win.commits}
-    if v not in known or v > win.current:
+    floor = win.log.floor.version if win.log.floor else 0
+    # versions up to the floor of an expired log were commits; a range starting there is refused by retention
+    known = 0 <= v <= floor or (v <= win.current and win.log.find(v) is not None)
+    if not known or v > win.current:
         raise UnknownVersionError(
             f"{what}={v} is not a version of this table; versions run from 0 to {win.current} "
             f"and the oldest available start is {win.oldest}"

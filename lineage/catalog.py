@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.table import Table as IcebergTable
 
 from lineage.errors import InvalidArgumentError
 
@@ -26,6 +28,95 @@ def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
         uri=f"sqlite:///{os.path.join(root, CATALOG_FILE)}?timeout=60",
         warehouse=root,
     )
+
+
+def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...]) -> str | None:
+    """Where the catalog's pointer for a table is now, read without loading the metadata.
+
+    Only pyiceberg's ``SqlCatalog`` can be asked this cheaply (one indexed
+    row); for other catalogs, and a table the catalog does not have, None.
+    Refreshing a table whose pointer did not move can then skip reading and
+    parsing a metadata file whose size grows with the number of snapshots.
+    """
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    from pyiceberg.catalog.sql import IcebergTables
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
+    name = Catalog.table_name_from(table_identifier)
+    with Session(catalog.engine) as session:
+        return session.scalar(
+            select(IcebergTables.metadata_location).where(
+                IcebergTables.catalog_name == catalog.name,
+                IcebergTables.table_namespace == namespace,
+                IcebergTables.table_name == name,
+            )
+        )
+
+
+def commit_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple) -> None:
+    """Commit table metadata updates; on success ``iceberg`` holds the new metadata.
+
+    For pyiceberg's ``SqlCatalog`` (the embedded default) the commit is made
+    here, with the same compare-and-swap on the catalog row that
+    ``SqlCatalog.commit_table`` makes, but from the metadata ``iceberg``
+    already holds: ``commit_table`` re-reads and re-parses the current
+    metadata file and deep-copies the updated metadata, work proportional to
+    the number of snapshots (about 1 ms per snapshot on a 2-core machine).
+    The requirements are checked against that base metadata, and the swap
+    succeeds only if the catalog still points at it, so a commit never lands
+    on top of a change it did not see (``CommitFailedException`` otherwise).
+    Other catalogs go through ``commit_table``.
+    """
+    catalog = iceberg.catalog
+    if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
+        iceberg._do_commit(updates, requirements)
+        return
+    from pyiceberg.catalog.sql import IcebergTables
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table.locations import load_location_provider
+    from pyiceberg.table.update import _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log
+    from sqlalchemy import update as sql_update
+    from sqlalchemy.orm import Session
+
+    base, base_location = iceberg.metadata, iceberg.metadata_location
+    for requirement in requirements:
+        requirement.validate(base)
+    context = _TableMetadataUpdateContext()
+    metadata = base
+    for change in updates:
+        metadata = _apply_table_update(change, metadata, context)
+    metadata = _update_table_metadata_log(metadata, base_location, base.last_updated_ms)
+    if metadata.last_updated_ms == base.last_updated_ms:
+        metadata = metadata.model_copy(update={"last_updated_ms": int(time.time() * 1000)})
+    version = catalog._parse_metadata_version(base_location) + 1
+    location = load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(version)
+    catalog._write_metadata(metadata, iceberg.io, location)
+    table_identifier = iceberg.name()
+    namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
+    name = Catalog.table_name_from(table_identifier)
+    with Session(catalog.engine) as session:
+        result = session.execute(
+            sql_update(IcebergTables)
+            .where(
+                IcebergTables.catalog_name == catalog.name,
+                IcebergTables.table_namespace == namespace,
+                IcebergTables.table_name == name,
+                IcebergTables.metadata_location == base_location,
+            )
+            .values(metadata_location=location, previous_metadata_location=base_location)
+        )
+        if result.rowcount < 1:
+            raise CommitFailedException(f"Table has been updated by another process: {namespace}.{name}")
+        session.commit()
+    try:
+        catalog._delete_old_metadata(iceberg.io, base, metadata)
+    except Exception:  # the commit landed; old metadata files are vacuum's to remove
+        pass
+    iceberg.metadata = metadata
+    iceberg.metadata_location = location
 
 
 def resolve_catalog(warehouse: str | os.PathLike[str] | None, catalog: Catalog | None) -> Catalog:

@@ -21,10 +21,8 @@ import numpy as np
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table import Transaction
-from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
 from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -32,7 +30,7 @@ from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from index.deleted_rows import RemovedImages, write_index_segment
 from index.key_index import KeyIndexChange, next_key_index
 from lineage.metadata import (
-    FORMAT_VERSION,
+    LIST_FORMAT_VERSION,
     SUMMARY_FORMAT_VERSION,
     SUMMARY_LIST,
     SUMMARY_NEXT_ROW_ID,
@@ -41,13 +39,17 @@ from lineage.metadata import (
     CommitEntry,
     FileLineage,
     LineageList,
-    read_segment,
+    remember_list,
     write_list,
     write_segment,
 )
 from lineage.outcome import Attempt, has_commit, send
+from lineage import catalog
+from lineage.fileio import ImmutableFileCache
+from lineage.merging import MergeSettings, plan_merge, plan_rewrite
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
-from lineage.state import TableState
+from lineage.segment_merge import next_segments
+from lineage.state import SnapshotFiles, TableState
 from lineage.writer import WrittenFile
 
 
@@ -76,26 +78,30 @@ def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
     )
 
 
-class _Transaction(Transaction):
-    """A transaction that hands out the base metadata while nothing is staged.
+class _BaseMetadata:
+    """What pyiceberg's snapshot producer needs of a Transaction: the table and its base metadata.
 
-    pyiceberg's ``Transaction.table_metadata`` re-applies the staged updates to
-    a deep copy of the whole table metadata on every access; the snapshot
-    producer reads it a dozen times before it stages anything, so each commit
-    paid a dozen copies of a document that grows with every snapshot.
+    A real ``Transaction`` recomputes (and deep-copies) the whole table
+    metadata on every ``table_metadata`` access, about fifteen times per
+    commit, which costs time proportional to the number of snapshots. The
+    producer only reads the base metadata, so one shared reference is enough.
     """
 
-    @property
-    def table_metadata(self) -> TableMetadata:
-        if not self._updates:
-            return self._table.metadata
-        return super().table_metadata
+    def __init__(self, iceberg: IcebergTable) -> None:
+        self._table = iceberg
+        self.table_metadata = iceberg.metadata
 
 
 class _LineageSnapshotProducer(_OverwriteFiles):
-    """Adds data and delete files and removes data or delete files, in one snapshot."""
+    """Adds data and delete files and removes data or delete files, in one snapshot.
+
+    Manifests are merged on commit by Iceberg's rule (:mod:`lineage.merging`),
+    data and delete manifests separately; with ``rewrite_all`` every bin of
+    two or more manifests is merged (``rewrite_manifests``).
+    """
 
     strip_removed_stats = False
+    rewrite_all = False
 
     def __init__(  # type: ignore[no-untyped-def]
         self, operation: Operation, transaction, io, properties: dict[str, str], timestamp_ms: int, snapshot_id: int, data_sequence_number: int | None
@@ -104,6 +110,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self._timestamp_ms = timestamp_ms
         self._snapshot_id = snapshot_id
         self._data_sequence_number = data_sequence_number
+        self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
@@ -127,7 +134,63 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                 for f in deletes:
                     writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
             manifests.append(writer.to_manifest_file())
-        return manifests + self._carried_manifests()
+        carried = self._carried_manifests()
+        out: list[ManifestFile] = []
+        for content in (ManifestContent.DATA, ManifestContent.DELETES):
+            # Newest first, as Iceberg orders them: this commit's manifest, then the parent's.
+            group = [m for m in manifests if m.content == content] + [m for m in carried if m.content == content]
+            out.extend(self._merged(group, content))
+        return out
+
+    def _merged(self, manifests: list[ManifestFile], content: ManifestContent) -> list[ManifestFile]:
+        """``manifests`` of one content after merge-on-commit, partition spec by spec (highest id first)."""
+        if not manifests:
+            return []
+        first = manifests[0]
+        by_spec: dict[int, list[ManifestFile]] = {}
+        for m in manifests:
+            by_spec.setdefault(m.partition_spec_id, []).append(m)
+        out: list[ManifestFile] = []
+        for spec_id in sorted(by_spec, reverse=True):
+            group = by_spec[spec_id]
+            if self.rewrite_all:
+                bins = plan_rewrite(group, _manifest_weight, self._merge_settings.target_bytes)
+            else:
+                bins = plan_merge(group, _manifest_weight, self._merge_settings, first)
+            for members, merge in bins:
+                if not merge:
+                    out.extend(members)
+                    continue
+                merged = self._merge_manifests(spec_id, content, members)
+                if merged is not None:
+                    out.append(merged)
+        return out
+
+    def _merge_manifests(self, spec_id: int, content: ManifestContent, members: list[ManifestFile]) -> ManifestFile | None:
+        """One manifest with the entries of ``members`` (Iceberg's ManifestMergeManager rule).
+
+        Files added by this snapshot stay ADDED and files it deletes stay
+        DELETED; every other live entry becomes EXISTING with its snapshot id
+        and data and file sequence numbers unchanged; DELETED entries of
+        earlier snapshots are dropped. None when nothing is left.
+        """
+        spec = self.spec(spec_id)
+        writer = self._delete_writer(spec) if content == ManifestContent.DELETES else self.new_manifest_writer(spec)
+        count = 0
+        with writer:
+            for manifest in members:
+                for entry in manifest.fetch_manifest_entry(self._io, discard_deleted=False):
+                    if entry.status == ManifestEntryStatus.DELETED:
+                        if entry.snapshot_id == self._snapshot_id:
+                            writer.delete(entry)
+                            count += 1
+                    elif entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == self._snapshot_id:
+                        writer.add(entry)
+                        count += 1
+                    else:
+                        writer.existing(entry)
+                        count += 1
+        return writer.to_manifest_file() if count else None
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
         return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
@@ -140,7 +203,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         removed = self._deleted_data_files
         out: list[ManifestFile] = []
         found: set[str] = set()
-        for manifest in parent.manifests(io=self._io):
+        for manifest in manifests_of(parent, self._io):
             live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
                 continue  # only DELETED entries of an earlier commit: nothing to carry
@@ -195,6 +258,8 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             avro_compression=self._compression,
         ) as writer:
             writer.add_manifests(new_manifests)
+            listed = tuple(writer.prepare_manifest(m) for m in new_manifests)  # as a reader of the list will see them
+        _WRITTEN_LISTS.get(location, lambda: listed)
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,
             parent_snapshot_id=self._parent_snapshot_id,
@@ -222,6 +287,20 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         return list(self._written_manifests) + list(self._written_manifest_lists)
 
 
+# Manifest lists this process wrote, by location: the next commit of the same table carries them
+# without reading the list back (pyiceberg re-reads a manifest list on every Snapshot.manifests call).
+_WRITTEN_LISTS: ImmutableFileCache[tuple[ManifestFile, ...]] = ImmutableFileCache(64)
+
+
+def manifests_of(snapshot: Snapshot, io) -> tuple[ManifestFile, ...]:  # type: ignore[no-untyped-def]
+    """The manifests of ``snapshot`` (from memory when this process wrote its manifest list)."""
+    return _WRITTEN_LISTS.get(snapshot.manifest_list, lambda: tuple(snapshot.manifests(io)))
+
+
+def _manifest_weight(manifest: ManifestFile) -> int:
+    return int(manifest.manifest_length or 0)
+
+
 def commit_files(
     iceberg: IcebergTable,
     *,
@@ -234,6 +313,7 @@ def commit_files(
     attempt: Attempt,
     data_sequence_number: int | None = None,
     strip_removed_stats: bool = False,
+    rewrite_manifests: bool = False,
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -244,20 +324,26 @@ def commit_files(
     :func:`lineage.outcome.send` (landed: returns; not in the table:
     ``CommitPending``; unknown: ``CommitStateUnknownError``).
     """
-    tx = _Transaction(iceberg)
-    producer = _LineageSnapshotProducer(operation, tx, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
+    base = _BaseMetadata(iceberg)
+    producer = _LineageSnapshotProducer(operation, base, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
     producer.strip_removed_stats = strip_removed_stats
+    producer.rewrite_all = rewrite_manifests
     for f in added:
         producer.append_data_file(f)
     for f in removed:
         producer.delete_data_file(f)
     try:
-        updates = producer.updates_and_requirements()
+        updates, requirements = producer.updates_and_requirements()
     finally:
         attempt.files.extend(producer.written_files())
-    tx._apply(*updates)
+    requirements = requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
     attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True
-    send(iceberg, tx.commit_transaction, lambda ice: has_commit(ice, snapshot_id), f"commit of snapshot {snapshot_id}")
+    send(
+        iceberg,
+        lambda: catalog.commit_metadata(iceberg, updates, requirements),
+        lambda ice: has_commit(ice, snapshot_id),
+        f"commit of snapshot {snapshot_id}",
+    )
 
 
 @dataclass
@@ -278,6 +364,7 @@ class CommitRequest:
     properties: dict[str, str] = field(default_factory=dict)  # caller's checkpoint etc.: summary + commit log
     strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
     key_index: KeyIndexChange | None = None  # keyed tables: how the commit changes the key index (index.key_index)
+    rewrite_manifests: bool = False  # merge every bin of the snapshot's manifests (Table.rewrite_manifests)
 
 
 @dataclass(frozen=True)
@@ -288,6 +375,7 @@ class CommitResult:
     snapshot_id: int
     timestamp_ms: int
     bytes_written: int
+    files: SnapshotFiles | None = None  # the new snapshot's live files, when derivable from the base's (see lineage.state)
 
 
 def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Runs:
@@ -332,10 +420,12 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     tag = f"{version:09d}-{uuid.uuid4()}"
     bytes_written = sum(w.data_file.file_size_in_bytes for w in req.written) + sum(f.file_size_in_bytes for f in req.delete_files)
     segment_path = index_path = None
+    segment_size = 0
     if lineages:
         segment_path = f"{meta_dir}/lineage/{tag}-segment.parquet"
         created.append(segment_path)
-        bytes_written += write_segment(iceberg.io, segment_path, lineages)
+        segment_size = write_segment(iceberg.io, segment_path, lineages)
+        bytes_written += segment_size
     if removed_images:
         index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
         created.append(index_path)
@@ -345,9 +435,8 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         state, req.key_index, lineages, req.delete_files, sum(len(r) for r in removed_images), len(removed_data), version, created
     )
     bytes_written += key_bytes
-    segments = surviving_segments(state, removed_data)
-    if segment_path:
-        segments.append(segment_path)
+    nxt = next_segments(state, removed_data, segment_path, segment_size, lineages, lambda i: f"{meta_dir}/lineage/{tag}-{i}-merged-segment.parquet", created)
+    bytes_written += nxt.bytes_written
     entry = CommitEntry(
         version=version,
         snapshot_id=snapshot_id,
@@ -361,19 +450,21 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         properties=dict(req.properties),
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
-    new_list = dataclasses.replace(base_list.with_commit(entry, tuple(segments), next_row_id), key_index=key_index)
+    new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index)
+    new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{meta_dir}/lineage/{tag}-{i}-log.json", created)
     list_path = f"{meta_dir}/lineage/{tag}-list.json"
     created.append(list_path)
-    bytes_written += write_list(iceberg.io, list_path, new_list)
+    bytes_written += log_bytes + write_list(iceberg.io, list_path, new_list)
     properties = {
         SUMMARY_LIST: list_path,
         SUMMARY_VERSION: str(version),
         SUMMARY_NEXT_ROW_ID: str(next_row_id),
         SUMMARY_OPERATION: req.operation,
-        SUMMARY_FORMAT_VERSION: str(FORMAT_VERSION),
+        SUMMARY_FORMAT_VERSION: str(LIST_FORMAT_VERSION),
         **req.properties,
     }
-    attempt.result = CommitResult(version, snapshot_id, timestamp_ms, bytes_written)
+    files = _next_files(state, snapshot_id, req, lineages, segment_path, nxt.moved)
+    attempt.result = CommitResult(version, snapshot_id, timestamp_ms, bytes_written, files)
     commit_files(
         iceberg,
         operation=req.iceberg_operation,
@@ -385,14 +476,23 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         attempt=attempt,
         data_sequence_number=req.data_sequence_number,
         strip_removed_stats=req.strip_removed_stats,
+        rewrite_manifests=req.rewrite_manifests,
     )
+    remember_list(list_path, new_list)
     return attempt.result
 
 
-def surviving_segments(state: TableState, removed_data_files: list[DataFile]) -> list[str]:
-    """Segments of the base list that still describe at least one live data file."""
-    segments = list(state.lineage.segments)
-    if not removed_data_files:
-        return segments
-    live = state.all_data_file_paths() - {f.file_path for f in removed_data_files}
-    return [s for s in segments if any(fl.file_path in live for fl in read_segment(state.iceberg.io, s))]
+def _next_files(
+    state: TableState, snapshot_id: int, req: CommitRequest, lineages: list[FileLineage], segment: str | None, moved: dict[str, str]
+) -> SnapshotFiles | None:
+    """The committed snapshot's live files, derived from the base's when it has them (None: plan afresh)."""
+    known = state.files_if_known()
+    if known is None:
+        return None
+    by_path = {fl.file_path: fl for fl in lineages}
+    default_spec = state.iceberg.metadata.default_spec_id
+    for f in [w.data_file for w in req.written] + req.delete_files:
+        if getattr(f, "_spec_id", None) is None:
+            f.spec_id = default_spec  # fresh from the writer; a manifest read sets it, later commits need it
+    added = [(w.data_file, by_path[w.data_file.file_path]) for w in req.written]
+    return known.advance(snapshot_id, added, segment, req.delete_files, req.removed_files, moved)

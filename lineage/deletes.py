@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile, DataFileContent
 
 from lineage.fileio import ImmutableFileCache, local_path
+
+PATH_FIELD_ID = 2147483546  # the spec's reserved field id of a position delete file's file_path
 
 _EMPTY = np.zeros(0, np.int64)
 _EMPTY.setflags(write=False)
@@ -48,3 +51,12 @@ def positions_for(data_path: str, delete_paths: list[str]) -> np.ndarray:
     if not parts:
         return _EMPTY
     return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+
+
+def referenced_data_path(delete_file: DataFile) -> str | None:
+    """The single data file a file-scoped position delete file applies to (from its path bounds)."""
+    if delete_file.content != DataFileContent.POSITION_DELETES:
+        return None
+    lo = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
+    hi = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
+    return lo.decode() if lo and lo == hi else None

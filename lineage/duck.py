@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -31,17 +32,51 @@ def extension_path(name: str) -> str:
     return hits[-1]
 
 
-def connect(*extensions: str) -> duckdb.DuckDBPyConnection:
-    """A new in-memory DuckDB connection with ``extensions`` loaded from their wheels."""
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    # DuckDB 1.5 runs small-looking ASOF joins as nested loops (rows x runs); lineage runs need the sort-merge plan.
-    con.execute("SET asof_loop_join_threshold = 0")
+def connect(*extensions: str, isolated: bool = False) -> duckdb.DuckDBPyConnection:
+    """A new connection to an in-memory DuckDB database with ``extensions`` loaded from their wheels.
+
+    By default connections are cursors of one database per process and set
+    of extensions: opening a database costs tens of milliseconds (a large
+    share of a small commit), a cursor much less. Everything this project
+    creates in DuckDB is TEMP or registered, hence private to its connection,
+    and closing the connection drops it. Settings, however, belong to the
+    database: a connection that will be :func:`seal`-ed (it evaluates a
+    user's expression) must be ``isolated``, a database of its own.
+    """
     needed = list(extensions)
     if "iceberg" in needed and "avro" not in needed:
         needed.insert(0, "avro")  # the iceberg extension reads manifests through avro
-    for name in needed:
-        con.execute(f"LOAD '{extension_path(name)}'")
+    if isolated:
+        con = _open(tuple(needed))
+        _ISOLATED.add(con)
+    else:
+        con = _database(tuple(needed)).cursor()
+    # DuckDB 1.5 runs small-looking ASOF joins as nested loops (rows x runs); lineage runs need the sort-merge plan.
+    con.execute("SET asof_loop_join_threshold = 0")
     return con
+
+
+def _open(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
+    """A new in-memory database that loads extensions only from their wheels."""
+    db = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    for name in extensions:
+        db.execute(f"LOAD '{extension_path(name)}'")
+    return db
+
+
+_ISOLATED: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+_DATABASES: dict[tuple[int, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_DATABASES_LOCK = threading.Lock()
+
+
+def _database(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
+    """The process's shared database with ``extensions`` loaded (a forked child opens its own)."""
+    key = (os.getpid(), extensions)
+    with _DATABASES_LOCK:
+        db = _DATABASES.get(key)
+        if db is None:
+            db = _DATABASES[key] = _open(extensions)
+        return db
 
 
 def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = ()) -> None:
@@ -53,8 +88,13 @@ def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = ()) -> None:
     and extension loading, and no ``SET`` can lift that. Expressions are
     validated before they reach DuckDB (:mod:`lineage.expressions`); this is
     the second line, for a gap in the first. DuckDB's temp directory stays
-    usable, so large queries still spill to disk.
+    usable, so large queries still spill to disk. ``con`` must be a database
+    of its own (``connect(isolated=True)``): settings apply to a whole
+    database, and sealing the shared one would lock every other connection out
+    of the table's files.
     """
+    if con not in _ISOLATED:
+        raise LineageError("internal: duck.seal() needs a connection from duck.connect(isolated=True)")
     listed = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(set(paths)))
     con.execute(f"SET allowed_paths = [{listed}]")
     con.execute("SET enable_external_access = false")
@@ -85,7 +125,7 @@ def scratch() -> Iterator[duckdb.DuckDBPyConnection]:
     global _SCRATCH
     with _SCRATCH_LOCK:
         if _SCRATCH is None:
-            con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+            con = connect(isolated=True)
             seal(con)
             _SCRATCH = con
         yield _SCRATCH

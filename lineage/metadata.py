@@ -7,29 +7,38 @@ visible by it (the snapshot summary points at the list):
   file a commit added, the run-length encoded row ids, created versions and
   updated versions by position. A data file's lineage never changes while the
   file exists, so each file is described exactly once;
-* a **lineage list** (JSON, ``lineage-list`` format 1) is written by every
-  commit. It names the segments that still describe live data files, the
-  table's next row id, and the commit log (version, snapshot id, timestamp,
-  operation, counts, and the commit's deleted-rows index file), so the log
-  outlives snapshot expiry, and (keyed tables) the key index segments.
+* a **lineage list** (JSON, ``lineage-list`` format 2; format 1 is still
+  read) is written by every commit. It names the segments that still describe
+  live data files (with their sizes), the table's next row id, and the commit
+  log (version, snapshot id, timestamp, operation, counts, and the commit's
+  deleted-rows index file), so the log outlives snapshot expiry. The log is
+  kept in immutable chunks plus a short tail (:mod:`lineage.commit_log`), so a
+  list does not grow with the number of commits; small segments are merged on
+  commit (:mod:`lineage.merging`), so neither does the segment list.
+  The list also names the key index segments of a keyed table
+  (:mod:`index.key_index`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from pyiceberg.io import FileIO
 
+from lineage.commit_log import CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.fileio import ImmutableFileCache, read_json, read_parquet, write_json, write_parquet
 from lineage.rle import Runs
 
 SEGMENT_FORMAT = "lineage-segment"
 LIST_FORMAT = "lineage-list"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # segments and the tagged Parquet files of the index
+LIST_FORMAT_VERSION = 2  # 1: whole commit log inline; 2: chunked commit log, segment sizes (reads 1 and 2)
 
 # Snapshot summary keys. The list path is the single pointer that makes a
 # commit's lineage visible; the others are there for humans and quick checks.
@@ -53,17 +62,17 @@ _SEGMENT_SCHEMA = pa.schema(
 )
 
 
-def check_format(kind: str, found_kind: str | None, found_version: Any, path: str) -> None:
-    """Refuse files of another kind or of a newer format version than we know."""
+def check_format(kind: str, found_kind: str | None, found_version: Any, path: str, supported: int = FORMAT_VERSION) -> None:
+    """Refuse files of another kind or of a newer format version than ``supported``."""
     if found_kind != kind:
         raise LineageMetadataError(f"{path} is not a {kind} file (format tag {found_kind!r}); the lineage metadata is corrupt")
     try:
         version = int(found_version)
     except (TypeError, ValueError):
         raise LineageMetadataError(f"{path} has no readable format version ({found_version!r})") from None
-    if version > FORMAT_VERSION:
+    if version > supported:
         raise UnsupportedFormatError(
-            f"{path} uses {kind} format version {version}, but this release reads up to {FORMAT_VERSION}; upgrade the library"
+            f"{path} uses {kind} format version {version}, but this release reads up to {supported}; upgrade the library"
         )
 
 
@@ -110,12 +119,12 @@ class FileLineage:
                     f"lineage of {self.file_path}: {name} covers {getattr(self, name).total} rows, file has {self.record_count}"
                 )
 
-    @property
+    @cached_property
     def min_updated(self) -> int:
         """Smallest valid-from version of any image in the file."""
         return int(self.updated.values.min()) if len(self.updated) else 0
 
-    @property
+    @cached_property
     def max_updated(self) -> int:
         """Largest valid-from version of any image in the file."""
         return int(self.updated.values.max()) if len(self.updated) else 0
@@ -130,7 +139,9 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
         for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
             cols[f"{prefix}_{first}"].append(runs.values)
             cols[f"{prefix}_lengths"].append(runs.lengths)
-    return write_tagged_parquet(fileio, path, pa.table(cols, schema=_SEGMENT_SCHEMA), SEGMENT_FORMAT)
+    size = write_tagged_parquet(fileio, path, pa.table(cols, schema=_SEGMENT_SCHEMA), SEGMENT_FORMAT)
+    _SEGMENT_CACHE.get(path, lambda: tuple(files))
+    return size
 
 
 def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
@@ -163,94 +174,85 @@ def read_segment(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
 
 
 @dataclass(frozen=True)
-class CommitEntry:
-    """One line of the commit log kept in every lineage list."""
-
-    version: int
-    snapshot_id: int
-    timestamp_ms: int
-    operation: str
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    segment: str | None = None
-    index: str | None = None
-    properties: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object stored in the list file."""
-        return {
-            "version": self.version,
-            "snapshot-id": self.snapshot_id,
-            "timestamp-ms": self.timestamp_ms,
-            "operation": self.operation,
-            "inserted": self.inserted,
-            "updated": self.updated,
-            "deleted": self.deleted,
-            "segment": self.segment,
-            "index": self.index,
-            **({"properties": self.properties} if self.properties else {}),
-        }
-
-    @staticmethod
-    def from_json(obj: dict[str, Any]) -> CommitEntry:
-        """Parse one commit log entry."""
-        return CommitEntry(
-            version=int(obj["version"]),
-            snapshot_id=int(obj["snapshot-id"]),
-            timestamp_ms=int(obj["timestamp-ms"]),
-            operation=str(obj["operation"]),
-            inserted=int(obj.get("inserted", 0)),
-            updated=int(obj.get("updated", 0)),
-            deleted=int(obj.get("deleted", 0)),
-            segment=obj.get("segment"),
-            index=obj.get("index"),
-            properties={str(k): str(v) for k, v in (obj.get("properties") or {}).items()},
-        )
-
-
-@dataclass(frozen=True)
 class LineageList:
-    """The lineage state of one snapshot."""
+    """The lineage state of one snapshot.
+
+    ``segments`` are oldest first; ``segment_bytes`` gives their sizes where
+    known (format-1 lists did not record them). ``log`` is the commit log
+    (:mod:`lineage.commit_log`); ``commits`` reads all of it, the log's own
+    methods read only what they need. Optional fields are listed in
+    :data:`_OPTIONAL_FIELDS`, so a new one is one dataclass field plus one
+    line there.
+    """
 
     version: int
     next_row_id: int
     segments: tuple[str, ...] = ()
-    commits: tuple[CommitEntry, ...] = field(default_factory=tuple)
+    log: CommitLog = field(default_factory=CommitLog)
     purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
     key_index: tuple[str, ...] | None = None  # key index segments, oldest first (index.key_index); None: no index
+    segment_bytes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @staticmethod
     def empty() -> LineageList:
         """The state of a table with no commits."""
         return LineageList(version=0, next_row_id=0)
 
-    def with_commit(self, entry: CommitEntry, segments: tuple[str, ...], next_row_id: int) -> LineageList:
-        """The list of the next snapshot."""
-        return replace(self, version=entry.version, next_row_id=next_row_id, segments=segments, commits=self.commits + (entry,))
+    @property
+    def commits(self) -> tuple[CommitEntry, ...]:
+        """Every reachable commit log entry, oldest first."""
+        return self.log.entries()
+
+    def with_commit(
+        self, entry: CommitEntry, segments: tuple[str, ...], next_row_id: int, segment_bytes: Mapping[str, int] | None = None
+    ) -> LineageList:
+        """The list of the next snapshot (its log not yet sealed: see :meth:`CommitLog.sealed`)."""
+        named = set(segments)
+        sizes = {s: n for s, n in {**self.segment_bytes, **(segment_bytes or {})}.items() if s in named}
+        return replace(self, version=entry.version, next_row_id=next_row_id, segments=segments, log=self.log.append(entry), segment_bytes=sizes)
+
+    def sealed_log(self, fileio: FileIO, path_of: Callable[[int], str], created: list[str]) -> tuple[LineageList, int]:
+        """The list with its log tail sealed into chunks if it is long enough; and the bytes written."""
+        log, written = self.log.sealed(fileio, path_of, created)
+        return (replace(self, log=log) if written else self), written
+
+    def replace_commits(self, transform: Callable[[CommitEntry], CommitEntry]) -> LineageList:
+        """The list with every log entry passed through ``transform`` (maintenance re-pointing index files)."""
+        return replace(self, log=self.log.rewritten(transform))
+
+
+# Optional list fields: (attribute, JSON key, to JSON, from JSON). Absent or None values are not written.
+_OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], Any]], ...] = (
+    ("purged", "purged", str, str),
+    ("key_index", "key-index", list, tuple),  # key index segments, oldest first; absent: the table has no index
+)
 
 
 def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
-    """Write a lineage list; return its size in bytes."""
-    return write_json(
-        fileio,
-        path,
-        {
-            "format": LIST_FORMAT,
-            "format-version": FORMAT_VERSION,
-            "version": lst.version,
-            "next-row-id": lst.next_row_id,
-            "segments": list(lst.segments),
-            "commits": [c.to_json() for c in lst.commits],
-            **({"purged": lst.purged} if lst.purged else {}),
-            **({"key-index": list(lst.key_index)} if lst.key_index is not None else {}),
-        },
-    )
+    """Write a lineage list in the current format (2); return its size in bytes."""
+    obj: dict[str, Any] = {
+        "format": LIST_FORMAT,
+        "format-version": LIST_FORMAT_VERSION,
+        "version": lst.version,
+        "next-row-id": lst.next_row_id,
+        "segments": [{"path": s, "bytes": int(lst.segment_bytes.get(s, 0))} for s in lst.segments],
+        "log": lst.log.to_json(),
+    }
+    for attr, key, to_json, _ in _OPTIONAL_FIELDS:
+        value = getattr(lst, attr)
+        if value is not None:
+            obj[key] = to_json(value)
+    return write_json(fileio, path, obj)
 
 
 def read_list(fileio: FileIO, path: str) -> LineageList:
-    """Read a lineage list (cached by path: lists are immutable)."""
+    """Read a lineage list of format 1 or 2 (cached by path: lists are immutable)."""
     return _LIST_CACHE.get(path, lambda: _read_list_uncached(fileio, path))
+
+
+def remember_list(path: str, lst: LineageList) -> None:
+    """Put a list this process just wrote into the cache, so reading it back costs nothing."""
+    _LIST_CACHE.get(path, lambda: lst)
 
 
 def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
@@ -262,15 +264,19 @@ def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
         raise LineageMetadataError(f"lineage list {path} is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise LineageMetadataError(f"lineage list {path} is not a JSON object")
-    check_format(LIST_FORMAT, obj.get("format"), obj.get("format-version"), path)
+    check_format(LIST_FORMAT, obj.get("format"), obj.get("format-version"), path, LIST_FORMAT_VERSION)
     try:
+        if int(obj["format-version"]) == 1:
+            # Format 1: segment paths only, the whole commit log inline.
+            segments, sizes = tuple(obj["segments"]), {}
+            log = CommitLog(tail=tuple(CommitEntry.from_json(c) for c in obj["commits"]), io=fileio)
+        else:
+            segments = tuple(str(s["path"]) for s in obj["segments"])
+            sizes = {str(s["path"]): int(s.get("bytes", 0)) for s in obj["segments"]}
+            log = CommitLog.from_json(obj["log"], fileio)
+        optional = {attr: from_json(obj[key]) for attr, key, _, from_json in _OPTIONAL_FIELDS if obj.get(key) is not None}
         return LineageList(
-            version=int(obj["version"]),
-            next_row_id=int(obj["next-row-id"]),
-            segments=tuple(obj["segments"]),
-            commits=tuple(CommitEntry.from_json(c) for c in obj["commits"]),
-            purged=obj.get("purged"),
-            key_index=tuple(obj["key-index"]) if obj.get("key-index") is not None else None,
+            version=int(obj["version"]), next_row_id=int(obj["next-row-id"]), segments=segments, log=log, segment_bytes=sizes, **optional
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LineageMetadataError(f"lineage list {path} is malformed: {exc!r}") from exc

@@ -1,14 +1,26 @@
-"""The state of a table at one version: its snapshot, live files and lineage."""
+"""The state of a table at one version: its snapshot, live files and lineage.
+
+Planning a write needs every live data file with its delete files and
+lineage. Computed from scratch that reads every manifest and every lineage
+segment of the snapshot; :class:`SnapshotFiles` holds the result, and a
+commit made by this process derives the next snapshot's files from the
+previous ones and its own change (:meth:`SnapshotFiles.advance`), so a
+long-lived :class:`lineage.Table` plans a small write in time proportional to
+the change. The files belong to one snapshot id: a commit by anyone else
+makes the table's cache stale and it is rebuilt from the manifests.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
+from lineage.deletes import referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
 from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
 
@@ -27,13 +39,73 @@ class LiveFile:
         return self.data_file.file_path
 
 
+@dataclass
+class SnapshotFiles:
+    """Every live data file of one snapshot, with its delete files, lineage and lineage segment."""
+
+    snapshot_id: int
+    files: dict[str, LiveFile]  # by data file path, in planning order
+    segment_of: dict[str, str]  # data file path -> segment describing it
+
+    def live_segments(self) -> set[str]:
+        """Segments that describe at least one live data file."""
+        return set(self.segment_of.values())
+
+    def advance(
+        self,
+        snapshot_id: int,
+        added: list[tuple[DataFile, FileLineage]],
+        segment: str | None,
+        added_deletes: list[DataFile],
+        removed: list[DataFile],
+        moved: dict[str, str],
+    ) -> SnapshotFiles | None:
+        """The files of the snapshot a commit made on top of this one, or None when they must be planned afresh.
+
+        ``added`` are the new data files with their lineage (described by
+        ``segment``), ``added_deletes`` the new delete files, ``removed`` the
+        data and delete files leaving the snapshot, ``moved`` maps a merged
+        segment to the segment that now describes its files. Only position
+        delete files scoped to one data file can be attached here; any other
+        delete file returns None.
+        """
+        gone = {f.file_path for f in removed}
+        files: dict[str, LiveFile] = {}
+        for path, live in self.files.items():
+            if path in gone:
+                continue
+            if live.deletes and any(d.file_path in gone for d in live.deletes):
+                live = LiveFile(live.data_file, tuple(d for d in live.deletes if d.file_path not in gone), live.lineage)
+            files[path] = live
+        segment_of = {p: moved.get(s, s) for p, s in self.segment_of.items() if p in files}
+        for data_file, lineage in added:
+            if segment is None:
+                return None
+            files[data_file.file_path] = LiveFile(data_file, (), lineage)
+            segment_of[data_file.file_path] = segment
+        for d in added_deletes:
+            target = referenced_data_path(d)
+            if target is None:
+                return None  # a partition-scoped or equality delete file: let pyiceberg match it
+            live = files.get(target)
+            if live is not None:
+                files[target] = LiveFile(live.data_file, live.deletes + (d,), live.lineage)
+        return SnapshotFiles(snapshot_id, files, segment_of)
+
+
 @dataclass(frozen=True)
 class TableState:
-    """One snapshot of a table seen through its lineage."""
+    """One snapshot of a table seen through its lineage.
+
+    The snapshot's files (:class:`SnapshotFiles`) are planned on first use and
+    kept in ``memo``, which a long-lived :class:`lineage.Table` shares between
+    the states of one snapshot (see :func:`state_at`).
+    """
 
     iceberg: IcebergTable
     snapshot: Snapshot | None
     lineage: LineageList
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def version(self) -> int:
@@ -42,18 +114,42 @@ class TableState:
 
     def lineage_by_file(self) -> dict[str, tuple[str, FileLineage]]:
         """Map every data file path described by the list to (segment path, lineage)."""
+        if "files" in self.memo:
+            known = self.files()
+            return {p: (known.segment_of[p], f.lineage) for p, f in known.files.items()}
         out: dict[str, tuple[str, FileLineage]] = {}
         for seg in self.lineage.segments:
             for fl in read_segment(self.iceberg.io, seg):
                 out[fl.file_path] = (seg, fl)
         return out
 
+    def files(self) -> SnapshotFiles:
+        """Every live data file of the snapshot with deletes, lineage and segment (planned once per state)."""
+        if "files" not in self.memo:
+            if self.snapshot is None:
+                self.memo["files"] = SnapshotFiles(0, {}, {})
+            else:
+                by_file = self.lineage_by_file()
+                files = self._attach(_plan(self.iceberg, self.snapshot.snapshot_id), by_file)
+                self.memo["files"] = SnapshotFiles(
+                    self.snapshot.snapshot_id, {f.path: f for f in files}, {f.path: by_file[f.path][0] for f in files}
+                )
+        return self.memo["files"]
+
+    def files_if_known(self) -> SnapshotFiles | None:
+        """The snapshot's files if this state already has them, without planning."""
+        return self.memo.get("files")
+
     def live_files(self, prune: BooleanExpression | None = None) -> list[LiveFile]:
         """Data files of the snapshot that may hold rows matching ``prune``, with deletes and lineage."""
         if self.snapshot is None:
             return []
-        tasks = _plan(self.iceberg, self.snapshot.snapshot_id, prune)
-        by_file = self.lineage_by_file()
+        files = list(self.files().files.values())
+        if prune is None or isinstance(prune, AlwaysTrue):
+            return files
+        return _pruned(self.iceberg, files, prune)
+
+    def _attach(self, tasks: list, by_file: dict[str, tuple[str, FileLineage]]) -> list[LiveFile]:
         out = []
         for task in tasks:
             hit = by_file.get(task.file.file_path)
@@ -73,6 +169,8 @@ class TableState:
         """Paths of every live data file of the snapshot (no pruning, deletes ignored)."""
         if self.snapshot is None:
             return set()
+        if "files" in self.memo:
+            return set(self.files().files)
         paths = set()
         for manifest in self.snapshot.manifests(self.iceberg.io):
             if manifest.content != 0:  # delete manifests
@@ -82,13 +180,34 @@ class TableState:
         return paths
 
 
-def _plan(table: IcebergTable, snapshot_id: int, prune: BooleanExpression | None) -> list:
-    if prune is not None and not isinstance(prune, AlwaysTrue):
-        try:
-            return list(table.scan(row_filter=prune, snapshot_id=snapshot_id, case_sensitive=False).plan_files())
-        except Exception:
-            pass  # the expression did not bind (e.g. it uses lineage columns); plan without pruning
+def _plan(table: IcebergTable, snapshot_id: int) -> list:
+    """pyiceberg's scan tasks of every live data file of the snapshot (reads every manifest)."""
     return list(table.scan(snapshot_id=snapshot_id).plan_files())
+
+
+def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression) -> list[LiveFile]:
+    """The files pyiceberg's planning would keep for ``prune`` (partition values and column statistics).
+
+    Uses the evaluators of pyiceberg's planner on files already known; if the
+    expression does not bind (it names lineage columns) every file is kept,
+    as planning without a filter does.
+    """
+    try:
+        from pyiceberg.table import ManifestGroupPlanner
+
+        planner = ManifestGroupPlanner(table.metadata, table.io, prune, case_sensitive=False)
+        metrics = planner._build_metrics_evaluator()
+        partitions: dict[int, Any] = {}
+        out = []
+        for f in files:
+            spec_id = f.data_file.spec_id
+            if spec_id not in partitions:
+                partitions[spec_id] = planner._build_partition_evaluator(spec_id)
+            if partitions[spec_id](f.data_file) and metrics(f.data_file):
+                out.append(f)
+        return out
+    except Exception:
+        return files
 
 
 def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageList:
@@ -107,19 +226,52 @@ def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageLi
 
 def main_branch_snapshots(table: IcebergTable) -> list[Snapshot]:
     """Snapshots of the main branch, oldest first."""
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     out = []
     snap = table.metadata.current_snapshot()
     while snap is not None:
         out.append(snap)
-        snap = table.metadata.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+        snap = by_id.get(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
     return list(reversed(out))
 
 
-def state_at(table: IcebergTable, version: int | None = None) -> TableState:
-    """The table's state at ``version`` (the current one if None)."""
+_GENERATION = [0]
+
+
+def forget_planned_files() -> None:
+    """Make every table plan its live files afresh from the manifests and segments on disk.
+
+    For tools and tests that change or remove metadata files behind the
+    library's back (the long-lived :class:`lineage.Table` objects keep the
+    live files of their current snapshot in memory).
+    """
+    _GENERATION[0] += 1
+
+
+def carried_memo(snapshot_id: int, files: SnapshotFiles | None) -> dict:
+    """A memo for :func:`state_at` holding the files a commit of this process derived for its snapshot."""
+    return {"snapshot-id": snapshot_id, "generation": _GENERATION[0], **({"files": files} if files is not None else {})}
+
+
+def state_at(table: IcebergTable, version: int | None = None, memo: dict | None = None) -> TableState:
+    """The table's state at ``version`` (the current one if None).
+
+    ``memo`` is a dict the caller keeps between calls: the state of the
+    current snapshot shares it (its contents are dropped first when they
+    belong to another snapshot), so files planned once, or derived by a
+    commit of this process (key ``"files"``), are not planned again.
+    """
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise UnknownVersionError(f"as_of must be an integer version, got {version!r}")
     current = table.metadata.current_snapshot()
-    if version is None:
-        return TableState(table, current, lineage_list_of(table, current))
+    if version is None or (current is not None and version == current.sequence_number):
+        if memo is None:
+            memo = {}
+        current_id = current.snapshot_id if current is not None else None
+        if memo.get("snapshot-id", -1) != current_id or memo.get("generation") != _GENERATION[0]:
+            memo.clear()
+            memo.update({"snapshot-id": current_id, "generation": _GENERATION[0]})
+        return TableState(table, current, lineage_list_of(table, current), memo)
     if isinstance(version, bool) or not isinstance(version, int):
         raise UnknownVersionError(f"as_of must be an integer version, got {version!r}")
     if version == 0:

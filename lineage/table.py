@@ -33,7 +33,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
 from lineage import duck
-from lineage.catalog import identifier, resolve_catalog
+from lineage.catalog import current_metadata_location, identifier, resolve_catalog
 from lineage.duck import duckdb_types
 from lineage.errors import (
     BadPredicateError,
@@ -58,7 +58,7 @@ from lineage.schema import (
     to_arrow_table,
 )
 from lineage.spark import is_spark_dataframe
-from lineage.state import LiveFile, TableState, state_at
+from lineage.state import LiveFile, SnapshotFiles, TableState, carried_memo, state_at
 from lineage.writer import CREATED, ROW_ID, WrittenFile
 from lineage.writes import keyed
 from lineage.writes import spark as spark_writes
@@ -81,6 +81,7 @@ from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 PROP_LINEAGE = "lineage.enabled"
 PROP_KEY_ENFORCE = "lineage.key.enforce"
 _APPEND_HINT = f"use upsert to update existing rows (or set table property {PROP_KEY_ENFORCE}=false to skip this check)"
+PROP_METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"  # Iceberg's
 
 __all__ = [
     "COPY_ON_WRITE",
@@ -121,7 +122,10 @@ def create_table(
     ns, tbl = identifier(name)
     ischema = iceberg_schema(schema, key)
     spec = partition_spec(ischema, partition_by)
-    props = {PROP_LINEAGE: "true", "format-version": "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ}
+    props = {PROP_LINEAGE: "true", "format-version": "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ,
+             # Each commit writes the whole metadata JSON: keep only the last write.metadata.previous-versions-max (100)
+             # of them on disk, or a table with N commits keeps O(N^2) bytes of old metadata files.
+             PROP_METADATA_DELETE_AFTER_COMMIT: "true"}
     for k, v in (properties or {}).items():
         props[str(k)] = str(v)
     if props.get("format-version") != "2":
@@ -158,6 +162,9 @@ class Table:
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
         self._iceberg = iceberg
         self._catalog = catalog
+        # Files of the current snapshot planned or derived by this object (lineage.state.state_at);
+        # a commit by anyone else changes the snapshot id and empties it.
+        self._memo: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ facts
     @property
@@ -192,8 +199,17 @@ class Table:
         return dict(self._iceberg.metadata.properties)
 
     def refresh(self) -> Table:
-        """Reload the table's metadata from the catalog (a transient catalog error is retried a few times)."""
-        error = reload(self._iceberg.refresh, self.name, retry=is_transient)
+        """Reload the table's metadata from the catalog (only a look at the catalog's pointer when nothing moved).
+
+        A transient catalog error is retried a few times.
+        """
+
+        def load() -> None:
+            location = current_metadata_location(self._iceberg.catalog, self._iceberg.name())
+            if location is None or location != self._iceberg.metadata_location:
+                self._iceberg.refresh()
+
+        error = reload(load, self.name, retry=is_transient)
         if error is not None:
             raise error
         return self
@@ -219,7 +235,11 @@ class Table:
     def state(self, as_of: int | None = None) -> TableState:
         """The table's state at a version (current by default), for engines and tools."""
         self.refresh()
-        return state_at(self._iceberg, as_of)
+        return state_at(self._iceberg, as_of, memo=self._memo)
+
+    def state_in_hand(self) -> TableState:
+        """The state of the metadata this object holds, without asking the catalog (write loops refresh themselves)."""
+        return state_at(self._iceberg, memo=self._memo)
 
     def history(self) -> list[CommitInfo]:
         """Every commit, oldest first, from the lineage commit log (survives snapshot expiry)."""
@@ -260,7 +280,7 @@ class Table:
             if unknown:
                 raise UnknownColumnError(f"columns {unknown} are not in the table (columns: {probe.names})")
             wanted = list(columns)
-        con = duck.connect()
+        con = duck.connect(isolated=True)
         try:
             duck.seal(con, register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids()))
             select = ", ".join(quote_ident(c) for c in wanted)
@@ -329,7 +349,7 @@ class Table:
             change = KeyIndexChange(removed_keys=rows.select(key)) if key else None
             return Plan("delete", files=files, removed=removed, deleted=removed.num_rows, key_index=change)
 
-        return run_write(self, plan, mode=mode)
+        return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
 
     def update(self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None) -> CommitInfo:  # noqa: A002
         """Set columns of the rows matching ``where`` to SQL expressions (evaluated on the old row).
@@ -383,7 +403,7 @@ class Table:
                 change = KeyIndexChange(removed_keys=gone.rename_columns(key), index=index)
             return Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows, key_index=change)
 
-        return run_write(self, plan, mode=mode)
+        return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
 
     def upsert(self, data: object, *, skip_unchanged: bool = False, mode: str | None = None) -> CommitInfo:
         """Insert-or-update by the table key.
@@ -552,6 +572,33 @@ class Table:
         from lineage.maintenance import expire_snapshots
 
         return expire_snapshots(self, older_than, retain_last)
+
+    def carry_files(self, snapshot_id: int, files: SnapshotFiles | None) -> None:
+        """Keep the live files a commit of this object derived for its snapshot, so the next write does not plan them.
+
+        Called by the write loop after each commit; they are dropped as soon
+        as the table's current snapshot is another one (see :func:`lineage.state.state_at`).
+        """
+        self._memo = carried_memo(snapshot_id, files)
+
+    def rewrite_manifests(self, dry_run: bool = False) -> Any:
+        """Merge the current snapshot's manifests (for tables that already have many); see lineage.maintenance.upkeep."""
+        from lineage.maintenance import rewrite_manifests
+
+        return rewrite_manifests(self, dry_run)
+
+    def maintain(self, dry_run: bool = False) -> Any:
+        """Run the upkeep a long-lived table needs, as its properties say (see lineage.maintenance.upkeep).
+
+        Returns a ``MaintenanceReport`` (``print`` it for a summary). With
+        ``dry_run`` nothing changes and the report says what would run.
+        """
+        from lineage.maintenance import maintain
+
+        report = maintain(self, dry_run)
+        if not dry_run:
+            self.state().files()  # plan the new snapshot's files now, not in the next write
+        return report
 
     def vacuum(self, older_than: Any = None, dry_run: bool = False) -> Any:
         """Delete files nothing needs any more (pinned files inside the retention window are kept)."""

@@ -27,10 +27,10 @@ from pyiceberg.table import TableProperties, WriteTask
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import LongType, StringType
 
+from lineage.deletes import PATH_FIELD_ID
 from lineage.fileio import write_bytes
 from lineage.rle import Runs
 
-PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
 
 # Hidden columns that carry lineage through partitioning; never written.

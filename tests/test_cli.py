@@ -445,6 +445,26 @@ def test_writes_maintenance_and_verify(tmp_path):
     assert json.loads(ok(after).stdout) == [{"id": 2, "name": "bob"}, {"id": 5, "name": "eve"}]
 
 
+def test_maintain_and_rewrite_manifests(tmp_path):
+    wh = str(tmp_path / "wh")
+    props = {"commit.manifest-merge.enabled": "false", "lineage.maintain.vacuum.enabled": "false"}
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=wh, properties=props)
+    for i in range(6):  # six small files: compaction's min-input-files is 5
+        t.upsert(pa.table({"id": [i, 10 + i], "name": ["a", "b"], "amount": [1.0, 2.0]}))
+    w = ("--warehouse", wh)
+    dry = json.loads(ok(run(*w, "-f", "json", "maintain", "shop.orders", "--dry-run")).stdout)
+    steps = {s["step"]: s["status"] for s in dry["steps"]}
+    assert dry["dry_run"] and dry["committed"] == [] and steps["vacuum"] == "disabled"
+    assert steps["rewrite-data-files"] == "would run" and t.refresh().version == 6
+    manifests = json.loads(ok(run(*w, "-f", "json", "rewrite-manifests", "shop.orders", "--dry-run")).stdout)
+    assert not manifests["committed"] and manifests["detail"].startswith("would rewrite 6 manifest(s) into 1")
+    done = ok(run(*w, "rewrite-manifests", "shop.orders"))
+    assert "rewrite-manifests: committed version 7" in done.stdout
+    text = ok(run(*w, "maintain", "shop.orders")).stdout
+    assert text.startswith("maintenance of shop.orders") and "rewrite-data-files        done" in text
+    assert ok(run(*w, "verify", "shop.orders")).stdout.startswith("OK")
+
+
 def test_verify_reports_a_missing_file(tmp_path):
     wh = str(tmp_path / "wh")
     t = lineage.create_table("shop.broken", SCHEMA, key=["id"], warehouse=wh)

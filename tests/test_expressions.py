@@ -414,7 +414,9 @@ def test_any_text_is_accepted_or_refused_with_a_lineage_error(pieces: list[str])
 
 def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
     t = target.table
-    con = duck.connect()
+    with pytest.raises(LineageError, match="isolated"):
+        duck.seal(duck.connect())  # sealing the shared database would lock every other connection out
+    con = duck.connect(isolated=True)
     try:
         from lineage.scan import register_live_view
 
@@ -429,6 +431,11 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
     finally:
         con.close()
     assert not os.path.exists(tmp_path / "o.csv")
+    shared = duck.connect()  # the sealed database was its own: the shared one still reads files
+    try:
+        assert shared.execute(f"SELECT count(*) FROM read_csv('{target.csv}')").fetchone()[0] >= 0
+    finally:
+        shared.close()
 
 
 # ---------------------------------------------------------------- materialized views

@@ -82,11 +82,12 @@ def _one_iceberg_connection():
 def _drop_caches() -> None:
     """Forget parsed lineage/index files, so reads after a vacuum really go to disk."""
     from index import deleted_rows, purged
-    from lineage import metadata
+    from lineage import commit_log, metadata, state
 
-    for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, deleted_rows._CACHE, purged._CACHE):
+    for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, commit_log._CHUNK_CACHE, deleted_rows._CACHE, purged._CACHE):
         with cache._lock:
             cache._items.clear()
+    state.forget_planned_files()  # tables keep their current snapshot's live files in memory
 
 
 def _root(t: lineage.Table) -> str:
@@ -958,7 +959,10 @@ def _crash_child(warehouse: str, name: str, op: str, kill_at: int | str | None, 
             if len(events) in points or what in points:
                 os.kill(os.getpid(), signal.SIGKILL)
 
+        from lineage import catalog
+
         new_output, remove, commit_table = PyArrowFileIO.new_output, os.remove, SqlCatalog.commit_table
+        commit_metadata = catalog.commit_metadata
 
         def hooked_output(self, location: str):  # noqa: ANN001, ANN202
             tick("write")
@@ -974,7 +978,14 @@ def _crash_child(warehouse: str, name: str, op: str, kill_at: int | str | None, 
             tick("committed")
             return out
 
+        def hooked_metadata(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            tick("commit")  # the library commits to a SqlCatalog itself (lineage.catalog.commit_metadata)
+            out = commit_metadata(*args, **kwargs)
+            tick("committed")
+            return out
+
         PyArrowFileIO.new_output, os.remove, SqlCatalog.commit_table = hooked_output, hooked_remove, hooked_commit
+        catalog.commit_metadata = hooked_metadata
         conn.send("ready")
         CHILD_OPS[op](t)
         conn.send(("done", events))

@@ -27,7 +27,7 @@ import lineage
 from conftest import SCHEMA
 from index import deleted_rows
 from index.deleted_rows import RemovedImages, read_index_segment, write_index_segment
-from lineage import metadata
+from lineage import commit_log, metadata, state
 from lineage.fileio import local_path
 from lineage.metadata import SUMMARY_LIST, FileLineage, read_list, read_segment, write_segment
 from lineage.rle import (
@@ -47,7 +47,9 @@ PROFILE = settings(max_examples=150, deadline=None, suppress_health_check=[Healt
 def _clear_caches() -> None:
     metadata._SEGMENT_CACHE._items.clear()
     metadata._LIST_CACHE._items.clear()
+    commit_log._CHUNK_CACHE._items.clear()
     deleted_rows._CACHE._items.clear()
+    state.forget_planned_files()  # tables keep their current snapshot's live files in memory
 
 
 @pytest.fixture(autouse=True)
@@ -395,12 +397,31 @@ def test_newer_format_version_is_refused(warehouse, kind):
         assert _state_of(t) == before
 
 
+def _as_format_1(obj: dict) -> dict:
+    """A format-2 list (log still all in the tail) written the way format 1 wrote it: paths only, the log inline."""
+    assert obj["format-version"] == 2 and obj["log"]["head"] is None
+    old = {k: v for k, v in obj.items() if k not in ("log", "segments")}
+    return {**old, "format-version": "1", "segments": [s["path"] for s in obj["segments"]], "commits": obj["log"]["tail"]}
+
+
 def test_older_or_same_format_version_is_read(warehouse):
     t = _seeded(warehouse)
     paths = _paths(t)
-    _rewrite_json(paths["list"], lambda o: {**o, "format-version": "1"})  # a string tag is fine
+    history = t.history()
+    _rewrite_json(paths["list"], _as_format_1)  # a string tag is fine
     _clear_caches()
     assert t.count() == 9
+    assert t.history() == history
+    # the next commit reads the format-1 list and writes format 2
+    t.delete("id = 5")
+    _clear_caches()
+    list_path, lst = _current_list(t)
+    with open(local_path(list_path)) as f:
+        assert json.load(f)["format-version"] == 2
+    assert [c.version for c in lst.commits] == [1, 2, 3] and t.count() == 8
+    _rewrite_json(list_path, lambda o: {**o, "format-version": "2"})
+    _clear_caches()
+    assert t.count() == 8
 
 
 LIST_CORRUPTIONS = {
@@ -414,8 +435,10 @@ LIST_CORRUPTIONS = {
     "unreadable-format-version": lambda p: _rewrite_json(p, lambda o: {**o, "format-version": "one"}),
     "missing-key": lambda p: _rewrite_json(p, lambda o: {k: v for k, v in o.items() if k != "next-row-id"}),
     "segments-not-a-list": lambda p: _rewrite_json(p, lambda o: {**o, "segments": 5}),
-    "commit-not-an-object": lambda p: _rewrite_json(p, lambda o: {**o, "commits": [5]}),
-    "commit-bad-version": lambda p: _rewrite_json(p, lambda o: {**o, "commits": [{**c, "version": "x"} for c in o["commits"]]}),
+    "commit-not-an-object": lambda p: _rewrite_json(p, lambda o: {**o, "log": {**o["log"], "tail": [5]}}),
+    "commit-bad-version": lambda p: _rewrite_json(
+        p, lambda o: {**o, "log": {**o["log"], "tail": [{**c, "version": "x"} for c in o["log"]["tail"]]}}
+    ),
     "segment-not-listed": lambda p: _rewrite_json(p, lambda o: {**o, "segments": []}),
 }
 

@@ -99,7 +99,7 @@ class SparkEngine(Engine):
 
 def duckdb_connection() -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the settings every refresh uses (duck.connect, UTC)."""
-    con = duck.connect()
+    con = duck.connect(isolated=True)
     con.execute("SET TimeZone = 'UTC'")  # group keys of timestamptz columns render the same everywhere
     return con
 

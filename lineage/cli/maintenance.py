@@ -1,4 +1,5 @@
-"""``lineage compact``, ``rewrite-deletes``, ``expire``, ``vacuum``, ``rehome``, ``reindex``, ``purge`` and ``verify``."""
+"""``lineage compact``, ``rewrite-deletes``, ``rewrite-manifests``, ``expire``, ``vacuum``, ``rehome``, ``reindex``,
+``purge``, ``maintain`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -69,6 +70,26 @@ def cmd_compact(ctx: Context) -> int:
 
 def cmd_rewrite_deletes(ctx: Context) -> int:
     return _run_maintenance(ctx, "rewriting the delete files of", lambda t: t.rewrite_deletes(ctx.args.granularity))
+
+
+def cmd_rewrite_manifests(ctx: Context) -> int:
+    a = ctx.args
+    return _run_maintenance(ctx, "rewriting the manifests of", lambda t: t.rewrite_manifests(dry_run=a.dry_run))
+
+
+def cmd_maintain(ctx: Context) -> int:
+    a = ctx.args
+    t = ctx.open(a.table)
+    with ctx.progress.task(f"maintaining {t.name}"):
+        report = t.maintain(dry_run=a.dry_run)
+    rec = {
+        "table": t.name,
+        "dry_run": report.dry_run,
+        "committed": report.committed,
+        "steps": [{"step": s.name, "status": s.status, "detail": s.detail} for s in report.steps],
+    }
+    ctx.out.record(rec, text=str(report) + "\n")
+    return EXIT_OK
 
 
 def cmd_expire(ctx: Context) -> int:

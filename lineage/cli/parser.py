@@ -11,10 +11,12 @@ from lineage.cli.format import FORMATS
 from lineage.cli.maintenance import (
     cmd_compact,
     cmd_expire,
+    cmd_maintain,
     cmd_purge,
     cmd_rehome,
     cmd_reindex,
     cmd_rewrite_deletes,
+    cmd_rewrite_manifests,
     cmd_vacuum,
     cmd_verify,
 )
@@ -220,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub("rewrite-deletes", cmd_rewrite_deletes, "merge position delete files (one per data file or partition)")
     table_arg(p)
     p.add_argument("--granularity", choices=("file", "partition"), help="default: write.delete.granularity")
+
+    p = sub("rewrite-manifests", cmd_rewrite_manifests, "merge the current snapshot's manifests (tables that have many)")
+    table_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="say how many manifests would be merged, change nothing")
+
+    p = sub("maintain", cmd_maintain, "run the upkeep a long-lived table needs, as its table properties say")
+    table_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="say what each step would do, change nothing")
 
     p = sub("expire", cmd_expire, "expire old snapshots (the change feed does not need them)")
     table_arg(p)

@@ -6,10 +6,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table.snapshots import Snapshot
 
 from lineage.commit import CommitRequest, CommitResult, commit_change
+from lineage.deletes import referenced_data_path  # noqa: F401  (maintenance modules import it from here)
 from lineage.errors import CommitConflictError
 from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState, state_at
@@ -72,14 +73,3 @@ def snapshot_files(state: TableState, snapshot: Snapshot | None = None) -> tuple
         for entry in manifest.fetch_manifest_entry(state.iceberg.io, discard_deleted=True):
             (deletes if manifest.content == ManifestContent.DELETES else data).append(entry.data_file)
     return data, deletes
-
-
-def referenced_data_path(delete_file: DataFile) -> str | None:
-    """The single data file a file-scoped position delete file applies to (from its path bounds)."""
-    from lineage.writer import PATH_FIELD_ID
-
-    if delete_file.content != DataFileContent.POSITION_DELETES:
-        return None
-    lo = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
-    hi = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
-    return lo.decode() if lo and lo == hi else None

@@ -17,6 +17,7 @@ least the sequence number of every data file they reference.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,7 @@ from pyiceberg.table.snapshots import Operation
 from lineage import duck
 from index.key_index import MAINTENANCE, KeyIndexChange
 from lineage.commit import CommitRequest
-from lineage.deletes import read_position_deletes
+from lineage.deletes import positions_for, read_position_deletes
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, referenced_data_path, snapshot_files
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
@@ -40,39 +41,65 @@ def _partition_key(f: DataFile) -> tuple:
     return (f.spec_id, tuple(f.partition._data) if hasattr(f.partition, "_data") else repr(f.partition))
 
 
-def rewrite_deletes(table, granularity: str | None = None) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def _delete_rewrite_plan(
+    state: TableState, granularity: str, min_input_files: int | None
+) -> tuple[list[DataFile], list[tuple[DataFile, np.ndarray]]]:
+    """(delete files to remove, (data file, positions) to write) of a delete-file rewrite; nothing to do: empty lists.
+
+    A partition's delete files are rewritten when some data file has more
+    than one of them (at least ``min_input_files`` when given, Iceberg's
+    ``rewrite_position_delete_files`` option) or when some point at data
+    files no longer in the snapshot.
+    """
+    live_data, delete_files = snapshot_files(state)
+    if not delete_files:
+        return [], []
+    live = {f.file_path: f for f in live_data}
+    groups: dict[tuple, list[DataFile]] = defaultdict(list)
+    for d in delete_files:
+        groups[_partition_key(d)].append(d)
+    removed: list[DataFile] = []
+    targets: list[tuple[DataFile, np.ndarray]] = []
+    for members in groups.values():
+        positions: dict[str, list[np.ndarray]] = defaultdict(list)
+        dangling = False
+        for d in members:
+            for p, pos in read_position_deletes(d.file_path).items():
+                if p in live:
+                    positions[p].append(pos)
+                else:
+                    dangling = True
+        wanted = len(positions) if granularity == "file" else min(1, len(positions))
+        if not dangling:
+            if len(members) <= wanted:
+                continue
+            if min_input_files is not None and max((len(parts) for parts in positions.values()), default=0) < min_input_files:
+                continue
+        removed.extend(members)
+        targets.extend((live[p], np.unique(np.concatenate(parts))) for p, parts in positions.items())
+    return removed, targets
+
+
+def rewrite_deletes(table, granularity: str | None = None, *, min_input_files: int | None = None, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
     """Merge the position delete files of each partition into one per data file (or per partition).
 
     Delete entries that point at data files no longer in the snapshot (left by
-    copy-on-write or compaction) are dropped. No data file is rewritten.
+    copy-on-write or compaction) are dropped. No data file is rewritten. With
+    ``min_input_files`` a partition is left alone until some data file has
+    that many delete files. ``dry_run`` only says what would be rewritten.
     """
     granularity = granularity or table.iceberg.metadata.properties.get("write.delete.granularity", "file")
     stats: dict[str, int] = {}
+    if dry_run:
+        from lineage.state import state_at
+
+        table.refresh()
+        removed, targets = _delete_rewrite_plan(state_at(table.iceberg), granularity, min_input_files)
+        detail = f"would merge {len(removed)} delete file(s) into {len(targets) if granularity == 'file' else 'one per partition'}" if removed else "nothing to rewrite"
+        return MaintenanceResult("rewrite-deletes", None, files_removed=len(removed), detail=detail)
 
     def plan(state: TableState, created: list[str]) -> CommitRequest | None:
-        live_data, delete_files = snapshot_files(state)
-        if not delete_files:
-            return None
-        live = {f.file_path: f for f in live_data}
-        groups: dict[tuple, list[DataFile]] = defaultdict(list)
-        for d in delete_files:
-            groups[_partition_key(d)].append(d)
-        removed: list[DataFile] = []
-        targets: list[tuple[DataFile, np.ndarray]] = []
-        for members in groups.values():
-            positions: dict[str, list[np.ndarray]] = defaultdict(list)
-            dangling = False
-            for d in members:
-                for p, pos in read_position_deletes(d.file_path).items():
-                    if p in live:
-                        positions[p].append(pos)
-                    else:
-                        dangling = True
-            wanted = len(positions) if granularity == "file" else min(1, len(positions))
-            if len(members) <= wanted and not dangling:
-                continue
-            removed.extend(members)
-            targets.extend((live[p], np.unique(np.concatenate(parts))) for p, parts in positions.items())
+        removed, targets = _delete_rewrite_plan(state, granularity, min_input_files)
         if not removed:
             return None
         new = write_position_deletes(table.iceberg, targets, granularity) if targets else []
@@ -103,31 +130,78 @@ def _bins(files: list[LiveFile], target: int) -> list[list[LiveFile]]:
     return out
 
 
-def compact(table, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> MaintenanceResult:  # type: ignore[no-untyped-def]
-    """Rewrite data files that have deletes or are small, per partition, up to the target size.
+@dataclass(frozen=True)
+class CompactionRule:
+    """Which data files compaction rewrites (Iceberg's ``rewrite_data_files`` options, same meaning).
 
-    A partition is compacted when it has a data file with position deletes,
-    or at least two files smaller than ``min_file_size_bytes`` (default: 3/4
-    of the target, ``write.target-file-size-bytes`` on disk). Rows keep their
-    lineage; no change events; the CDF over any range is the same after.
+    A file is a candidate when it is smaller than ``small`` bytes or has too
+    many deletes: position deletes covering at least ``delete_ratio_threshold``
+    of its rows, or at least ``delete_file_threshold`` delete files. A
+    partition's candidates are rewritten when one has too many deletes or
+    when there are at least ``min_input_files`` of them. The defaults are this
+    library's historical rule (any delete, or two small files); ``maintain()``
+    uses Iceberg's (30 %, no file count, five files).
     """
+
+    target: int
+    small: int
+    min_input_files: int = 2
+    delete_ratio_threshold: float = 0.0
+    delete_file_threshold: int | None = None
+
+    def too_many_deletes(self, f: LiveFile) -> bool:
+        """Whether ``f``'s deletes alone make it worth rewriting."""
+        if not f.deletes:
+            return False
+        if self.delete_file_threshold is not None and len(f.deletes) >= self.delete_file_threshold:
+            return True
+        if self.delete_ratio_threshold <= 0:
+            return True
+        deleted = len(positions_for(f.path, [d.file_path for d in f.deletes]))
+        return deleted >= self.delete_ratio_threshold * max(1, f.data_file.record_count)
+
+
+def compaction_groups(state: TableState, rule: CompactionRule) -> list[list[LiveFile]]:
+    """The groups of live files compaction would rewrite into one file each (empty: nothing to do)."""
+    by_partition: dict[tuple, list[LiveFile]] = defaultdict(list)
+    for f in state.live_files():
+        by_partition[_partition_key(f.data_file)].append(f)
+    chosen: list[list[LiveFile]] = []
+    for members in by_partition.values():
+        heavy = {f.path for f in members if rule.too_many_deletes(f)}
+        candidates = [f for f in members if f.data_file.file_size_in_bytes < rule.small or f.path in heavy]
+        if heavy or len(candidates) >= rule.min_input_files:
+            chosen.extend(_bins(candidates, rule.target))
+    return chosen
+
+
+def compaction_rule(table, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, **thresholds) -> CompactionRule:  # type: ignore[no-untyped-def]
+    """The rule for ``table`` from arguments, falling back to ``write.target-file-size-bytes`` (small: 3/4 of the target)."""
     props = table.iceberg.metadata.properties
     target = int(target_file_size_bytes or props.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
     small = int(min_file_size_bytes if min_file_size_bytes is not None else target * 3 // 4)
+    return CompactionRule(target, small, **{k: v for k, v in thresholds.items() if v is not None})
+
+
+def compact(  # type: ignore[no-untyped-def]
+    table, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *, rule: CompactionRule | None = None
+) -> MaintenanceResult:
+    """Rewrite data files that have deletes or are small, per partition, up to the target size.
+
+    By default a partition is compacted when it has a data file with position
+    deletes, or at least two files smaller than ``min_file_size_bytes``
+    (default: 3/4 of the target, ``write.target-file-size-bytes`` on disk);
+    ``rule`` sets Iceberg-style thresholds instead (:class:`CompactionRule`).
+    Rows keep their lineage; no change events; the CDF over any range is the
+    same after.
+    """
+    rule = rule or compaction_rule(table, target_file_size_bytes, min_file_size_bytes)
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)
     stats: dict[str, int] = {}
 
     def plan(state: TableState, created: list[str]) -> CommitRequest | None:
-        files = state.live_files()
-        by_partition: dict[tuple, list[LiveFile]] = defaultdict(list)
-        for f in files:
-            by_partition[_partition_key(f.data_file)].append(f)
-        chosen: list[list[LiveFile]] = []
-        for members in by_partition.values():
-            candidates = [f for f in members if f.deletes or f.data_file.file_size_in_bytes < small]
-            if any(f.deletes for f in candidates) or len(candidates) >= 2:
-                chosen.extend(_bins(candidates, target))
+        chosen = compaction_groups(state, rule)
         if not chosen:
             return None
         _, all_deletes = snapshot_files(state)

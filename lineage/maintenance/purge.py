@@ -130,7 +130,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         io = state.iceberg.io
         files = state.live_files()
         key = table.key if index_enabled(state.iceberg) else []
-        con = duck.connect()
+        con = duck.connect(isolated=True)
         try:
             duck.seal(con, register_live_view(con, "live", files, schema, field_ids))
             keys = "".join(f", {quote_ident(k)}" for k in key)
@@ -200,8 +200,8 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         # current snapshot's files keep their contents; all other pinned files are re-homed.
         in_snapshots = {local_path(f.path) for f in files}
         needed: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
-        for c in state.lineage.commits:
-            if c.version > oldest and c.index:
+        for c in state.lineage.log.since(oldest):
+            if c.index:
                 for e in read_index_segment(io, c.index):
                     if e.file_path not in rewritten and local_path(e.file_path) not in in_snapshots:
                         needed[e.file_path].append((e.positions, e.row_ids))

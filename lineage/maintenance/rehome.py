@@ -50,8 +50,8 @@ def repoint(state: TableState, mapping: dict[str, tuple[str, dict[int, int] | No
     applies the new segment paths to a lineage list.
     """
     replaced: dict[int, str] = {}
-    for c in state.lineage.commits:
-        if c.version <= oldest or not c.index:
+    for c in state.lineage.log.since(oldest):
+        if not c.index:
             continue
         entries = read_index_segment(state.iceberg.io, c.index)
         if not any(e.file_path in mapping for e in entries):
@@ -71,8 +71,7 @@ def repoint(state: TableState, mapping: dict[str, tuple[str, dict[int, int] | No
         replaced[c.version] = path
 
     def transform(lst: LineageList) -> LineageList:
-        commits = tuple(dataclasses.replace(c, index=replaced[c.version]) if c.version in replaced else c for c in lst.commits)
-        return dataclasses.replace(lst, commits=commits)
+        return lst.replace_commits(lambda c: dataclasses.replace(c, index=replaced[c.version]) if c.version in replaced else c)
 
     return transform, replaced
 
@@ -90,8 +89,8 @@ def rehome(table, max_live_fraction: float = 0.1, max_files: int = 64) -> Mainte
         oldest = window(state).oldest
         in_snapshots = snapshot_data_paths(state)
         needed: dict[str, list[np.ndarray]] = defaultdict(list)
-        for c in state.lineage.commits:
-            if c.version > oldest and c.index:
+        for c in state.lineage.log.since(oldest):
+            if c.index:
                 for e in read_index_segment(state.iceberg.io, c.index):
                     if local_path(e.file_path) not in in_snapshots:
                         needed[e.file_path].append(e.positions)

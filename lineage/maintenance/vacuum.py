@@ -15,10 +15,13 @@ import datetime as _dt
 import os
 import time
 
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 
 from index.deleted_rows import read_index_segment
-from lineage.errors import InvalidArgumentError
+from lineage import catalog
+from lineage.errors import CommitConflictError, InvalidArgumentError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
@@ -28,12 +31,15 @@ from lineage.state import TableState, main_branch_snapshots, state_at
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
 
 
-def expire_snapshots(table, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def expire_snapshots(  # type: ignore[no-untyped-def]
+    table, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1, dry_run: bool = False
+) -> MaintenanceResult:
     """Expire main-branch snapshots beyond the last ``retain_last`` (and older than ``older_than``).
 
     The change feed does not need old snapshots (it reads the deleted-rows
     index); ``scan(as_of=v)`` does, so expired versions can no longer be
     time-travelled to. Run :func:`vacuum` afterwards to delete the files.
+    ``dry_run`` only counts them.
     """
     if not isinstance(retain_last, int) or isinstance(retain_last, bool) or retain_last < 1:
         raise InvalidArgumentError(f"retain_last must be an integer >= 1, got {retain_last!r}")
@@ -41,18 +47,22 @@ def expire_snapshots(table, older_than: _dt.datetime | _dt.timedelta | None = No
         older_than = _dt.datetime.now(_dt.timezone.utc) - older_than
     if older_than is not None and not isinstance(older_than, _dt.datetime):
         raise InvalidArgumentError(f"older_than must be a datetime or timedelta, got {older_than!r}")
-    table.refresh()
-    meta = table.iceberg.metadata
-    keep = {s.snapshot_id for s in main_branch_snapshots(table.iceberg)[-retain_last:]}
     cutoff_ms = int(older_than.timestamp() * 1000) if older_than else None
-    expire = [
-        s.snapshot_id
-        for s in meta.snapshots
-        if s.snapshot_id not in keep and (cutoff_ms is None or s.timestamp_ms < cutoff_ms)
-    ]
+
+    def due() -> list[int]:
+        meta = table.iceberg.metadata
+        keep = {s.snapshot_id for s in main_branch_snapshots(table.iceberg)[-retain_last:]}
+        keep |= {ref.snapshot_id for ref in meta.refs.values()}  # heads of branches and tags stay
+        return [s.snapshot_id for s in meta.snapshots if s.snapshot_id not in keep and (cutoff_ms is None or s.timestamp_ms < cutoff_ms)]
+
+    table.refresh()
+    expire = due()
     if not expire:
         return MaintenanceResult("expire", None, detail="no snapshot to expire")
+    if dry_run:
+        return MaintenanceResult("expire", None, detail=f"would expire {len(expire)} snapshot(s)")
     expire_ids(table, expire)
+    table.refresh()
     return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
 
 
@@ -60,26 +70,42 @@ def expire_ids(table, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
     """Expire the snapshots ``ids`` of ``table`` in one commit (the ones still there on a retry).
 
     Expiry writes no file of ours and is idempotent, so a failing catalog
-    call is settled by reading the table back (see :mod:`lineage.outcome`).
+    call is settled by reading the table back (see :mod:`lineage.outcome`);
+    a commit that lost a race to another writer is made again on the new
+    metadata.
     """
     wanted = list(ids)
 
     def apply(ice) -> None:  # type: ignore[no-untyped-def]
         left = [i for i in wanted if ice.metadata.snapshot_by_id(i) is not None]
         if left:
-            ice.maintenance.expire_snapshots().by_ids(left).commit()
+            # Straight to the catalog (lineage.catalog.commit_metadata): pyiceberg's ExpireSnapshots goes
+            # through a Transaction, which copies the whole metadata several times.
+            requirements = (AssertTableUUID(uuid=ice.metadata.table_uuid),)
+            catalog.commit_metadata(ice, (RemoveSnapshotsUpdate(snapshot_ids=left),), requirements)
 
     def landed(ice) -> bool:  # type: ignore[no-untyped-def]
         return all(ice.metadata.snapshot_by_id(i) is None for i in wanted)
 
-    commit_metadata(table.iceberg, apply, landed, f"expiring {len(wanted)} snapshot(s) of {table.name}")
+    retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    for attempt in range(retries + 1):
+        try:
+            commit_metadata(table.iceberg, apply, landed, f"expiring {len(wanted)} snapshot(s) of {table.name}")
+            return
+        except CommitFailedException:
+            time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)))
+            table.refresh()
+    raise CommitConflictError(f"expiring snapshots gave up after {retries + 1} attempts: writers kept committing to {table.name}")
 
 
 def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: ignore[no-untyped-def]
     io = table.iceberg.io
     refs.add(local_path(snap.manifest_list))
     for manifest in snap.manifests(io):
-        refs.add(local_path(manifest.manifest_path))
+        path = local_path(manifest.manifest_path)
+        if path in refs:
+            continue  # manifests are immutable and shared by snapshots: its files are in already
+        refs.add(path)
         for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
             refs.add(local_path(entry.data_file.file_path))
     summary = snap.summary.additional_properties if snap.summary else {}
@@ -87,6 +113,8 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
         refs.add(local_path(summary[SUMMARY_LIST]))
         lst = read_list(io, summary[SUMMARY_LIST])
         refs.update(local_path(seg) for seg in lst.segments)
+        # chunks of the commit log; lists share older chunks, so stop where an earlier list's walk went
+        refs.update(local_path(p) for p in lst.log.chunk_paths(stop=lambda p: local_path(p) in refs))
         if lst.purged:
             refs.add(local_path(lst.purged))
         refs.update(local_path(seg) for seg in lst.key_index or ())
@@ -98,8 +126,8 @@ def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
 
     oldest = window(state).oldest
     segments, files = set(), set()
-    for c in state.lineage.commits:
-        if c.version > oldest and c.index:
+    for c in state.lineage.log.since(oldest):
+        if c.index:
             segments.add(local_path(c.index))
             for r in read_index_segment(state.iceberg.io, c.index):
                 files.add(local_path(r.file_path))

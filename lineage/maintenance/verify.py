@@ -99,8 +99,8 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
 
     oldest = window(state).oldest
     pointed = set()
-    for c in lst.commits:
-        if c.version <= oldest or not c.index:
+    for c in lst.log.since(oldest):
+        if not c.index:
             continue
         if not _exists(c.index):
             p.append(f"deleted-rows index segment of version {c.version} is missing: {c.index}")

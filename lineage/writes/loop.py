@@ -37,7 +37,7 @@ from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
-from lineage.state import LiveFile, TableState, state_at
+from lineage.state import LiveFile, TableState
 from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
 from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
@@ -114,6 +114,7 @@ def run_write(
     mode: str,
     reuse_inserts: list[WrittenFile] | None = None,
     expected_version: int | None = None,
+    isolated: bool = False,
 ) -> CommitInfo:
     """Plan, write and commit, re-planning after each lost commit race.
 
@@ -122,6 +123,8 @@ def run_write(
     may still land keeps its files and is looked for before each retry.
     With ``expected_version`` every attempt first checks the table is
     still at that version, so a lost race ends in VersionMovedError.
+    ``isolated``: each attempt gets a DuckDB database of its own, which the
+    plan may seal (:func:`lineage.duck.seal`, for user expressions).
     """
     if expected_version is not None and (not isinstance(expected_version, int) or isinstance(expected_version, bool)):
         raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
@@ -129,10 +132,10 @@ def run_write(
     shared = [w.data_file.file_path for w in reuse_inserts or []]  # written once, used by every attempt
 
     def attempt(a: Attempt) -> CommitInfo:
-        state = state_at(table.iceberg)
+        state = table.state_in_hand()  # carries the live files of the table's own last commit
         if expected_version is not None and state.version != expected_version:
             raise VersionMovedError(table.name, expected_version, state.version)
-        con = duck.connect()
+        con = duck.connect(isolated=isolated)
         try:
             try:
                 plan = plan_fn(state, con)
@@ -256,4 +259,6 @@ def _materialize_and_commit(
         )
 
     attempt.describe = info
-    return info(commit_change(ice, state, request, attempt))
+    result = commit_change(ice, state, request, attempt)
+    table.carry_files(result.snapshot_id, result.files)
+    return info(result)
