@@ -76,9 +76,9 @@ def kind_of(root: str, path: str) -> str:
     rel = os.path.relpath(path, root)
     if rel.startswith("data" + os.sep):
         return "deletes" if path.endswith("-deletes.parquet") else "data"
-    if rel.startswith(os.path.join("metadata", "lineage")):
+    if rel.startswith((os.path.join("metadata", "_lineage"), os.path.join("metadata", "lineage"))):
         return "lineage"
-    if rel.startswith(os.path.join("metadata", "index")):
+    if rel.startswith((os.path.join("metadata", "_index"), os.path.join("metadata", "index"))):
         return "index"
     return "iceberg-meta"
 

@@ -89,7 +89,7 @@ from index.key_segment import (
 from lineage import duck
 from lineage.deletes import read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
-from lineage.metadata import FileLineage
+from lineage.metadata import FileLineage, index_dir
 from lineage.predicate import quote_ident
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import register_live_view
@@ -447,7 +447,7 @@ def next_key_index(
     segments = [s for s in segments if s.entries]  # an empty index is no segment at all
     for i, seg in enumerate(segments):
         if seg.path is None:
-            path = f"{location}/metadata/index/{version:09d}-{uuid.uuid4()}-keys.arrow"
+            path = f"{index_dir(location)}/{version:09d}-{uuid.uuid4()}-keys.arrow"
             created.append(path)
             size += write_key_segment(io, path, seg, version)
             segments[i] = with_path(seg, path)

@@ -39,6 +39,8 @@ from lineage.metadata import (
     CommitEntry,
     FileLineage,
     LineageList,
+    index_dir,
+    lineage_dir,
     remember_list,
     write_list,
     write_segment,
@@ -416,18 +418,18 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     snapshot_id = iceberg.metadata.new_snapshot_id()
     last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
     timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
-    meta_dir = f"{iceberg.metadata.location}/metadata"
+    lin_dir, idx_dir = lineage_dir(iceberg.metadata.location), index_dir(iceberg.metadata.location)
     tag = f"{version:09d}-{uuid.uuid4()}"
     bytes_written = sum(w.data_file.file_size_in_bytes for w in req.written) + sum(f.file_size_in_bytes for f in req.delete_files)
     segment_path = index_path = None
     segment_size = 0
     if lineages:
-        segment_path = f"{meta_dir}/lineage/{tag}-segment.parquet"
+        segment_path = f"{lin_dir}/{tag}-segment.parquet"
         created.append(segment_path)
         segment_size = write_segment(iceberg.io, segment_path, lineages)
         bytes_written += segment_size
     if removed_images:
-        index_path = f"{meta_dir}/index/{tag}-deleted-rows.parquet"
+        index_path = f"{idx_dir}/{tag}-deleted-rows.parquet"
         created.append(index_path)
         bytes_written += write_index_segment(iceberg.io, index_path, removed_images)
     removed_data = [f for f in req.removed_files if f.content == DataFileContent.DATA]
@@ -435,7 +437,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         state, req.key_index, lineages, req.delete_files, sum(len(r) for r in removed_images), len(removed_data), version, created
     )
     bytes_written += key_bytes
-    nxt = next_segments(state, removed_data, segment_path, segment_size, lineages, lambda i: f"{meta_dir}/lineage/{tag}-{i}-merged-segment.parquet", created)
+    nxt = next_segments(state, removed_data, segment_path, segment_size, lineages, lambda i: f"{lin_dir}/{tag}-{i}-merged-segment.parquet", created)
     bytes_written += nxt.bytes_written
     entry = CommitEntry(
         version=version,
@@ -451,8 +453,8 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
     new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index)
-    new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{meta_dir}/lineage/{tag}-{i}-log.json", created)
-    list_path = f"{meta_dir}/lineage/{tag}-list.json"
+    new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{lin_dir}/{tag}-{i}-log.json", created)
+    list_path = f"{lin_dir}/{tag}-list.json"
     created.append(list_path)
     bytes_written += log_bytes + write_list(iceberg.io, list_path, new_list)
     properties = {

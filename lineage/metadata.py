@@ -42,6 +42,24 @@ LIST_FORMAT_VERSION = 2  # 1: whole commit log inline; 2: chunked commit log, se
 
 # Snapshot summary keys. The list path is the single pointer that makes a
 # commit's lineage visible; the others are there for humans and quick checks.
+# Where this library writes its own files, under the table's location. The directories start with "_":
+# Iceberg's orphan-file removal (DeleteOrphanFiles, CALL system.remove_orphan_files) does not descend into
+# hidden directories, so it cannot take our files, which no Iceberg metadata references, for orphans.
+# Tables written before keep their files in metadata/lineage and metadata/index (lists name files by path).
+LINEAGE_DIR = "metadata/_lineage"
+INDEX_DIR = "metadata/_index"
+
+
+def lineage_dir(location: str) -> str:
+    """The folder of lineage segments, lists and log chunks of the table at ``location``."""
+    return f"{location.rstrip('/')}/{LINEAGE_DIR}"
+
+
+def index_dir(location: str) -> str:
+    """The folder of deleted-rows index, key index, archive and purge files of the table at ``location``."""
+    return f"{location.rstrip('/')}/{INDEX_DIR}"
+
+
 SUMMARY_LIST = "lineage.list"
 SUMMARY_VERSION = "lineage.version"
 SUMMARY_NEXT_ROW_ID = "lineage.next-row-id"

@@ -189,7 +189,7 @@ def test_a_crash_leaves_the_commit_with_its_index_delta_or_nothing(warehouse, mo
     t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
     t.append(_batch([1, 2]))
     before = (t.version, t.state().lineage.key_index)
-    index_dir = os.path.join(local_path(t.iceberg.metadata.location), "metadata", "index")
+    index_dir = os.path.join(local_path(t.iceberg.metadata.location), "metadata", "_index")
     files_before = set(os.listdir(index_dir))
 
     def crash(*args, **kwargs):

@@ -48,7 +48,7 @@ from lineage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
 from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
-from lineage.metadata import LineageList
+from lineage.metadata import LineageList, index_dir
 from lineage.predicate import parse_predicate, quote_ident
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
@@ -223,7 +223,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
             values = fetch_values(pointers, schema.names).cast(schema)
             mask = np.isin(np.concatenate([rid for _, _, rid in chosen]), purged_arr)
             values = _null_rows(values, mask)
-            archive_path = f"{state.iceberg.metadata.location}/metadata/index/archive-{uuid.uuid4()}.parquet"
+            archive_path = f"{index_dir(state.iceberg.metadata.location)}/archive-{uuid.uuid4()}.parquet"
             created.append(archive_path)
             write_parquet(io, archive_path, values.replace_schema_metadata({"lineage.format": ARCHIVE_FORMAT, "lineage.format-version": "1"}))
             offset = 0
@@ -232,7 +232,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
                 offset += len(pos)
         tag = str(uuid.uuid4())
         repoint_list, _ = repoint(state, mapping, oldest, tag, created)
-        purged_path = f"{state.iceberg.metadata.location}/metadata/index/{version:09d}-{tag}-purged.parquet"
+        purged_path = f"{index_dir(state.iceberg.metadata.location)}/{version:09d}-{tag}-purged.parquet"
         created.append(purged_path)
         write_purged(io, purged_path, purged)
 

@@ -25,7 +25,7 @@ from lineage.commit import CommitRequest
 from lineage.errors import InvalidArgumentError
 from lineage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
-from lineage.metadata import LineageList
+from lineage.metadata import LineageList, index_dir
 from lineage.state import TableState
 
 ARCHIVE_FORMAT = "deleted-rows-archive"
@@ -65,7 +65,7 @@ def repoint(state: TableState, mapping: dict[str, tuple[str, dict[int, int] | No
             new_pos = e.positions if positions is None else np.array([positions[int(p)] for p in e.positions], np.int64)
             order = np.argsort(new_pos, kind="stable")
             new_entries.append(RemovedImages(new_path, new_pos[order], e.row_ids[order], e.created[order], e.valid_from[order], e.valid_to))
-        path = f"{state.iceberg.metadata.location}/metadata/index/{c.version:09d}-{tag}-deleted-rows.parquet"
+        path = f"{index_dir(state.iceberg.metadata.location)}/{c.version:09d}-{tag}-deleted-rows.parquet"
         created.append(path)
         write_index_segment(state.iceberg.io, path, new_entries)
         replaced[c.version] = path
@@ -111,7 +111,7 @@ def rehome(table, max_live_fraction: float = 0.1, max_files: int = 64) -> Mainte
         )
         values = fetch_values(pointers, schema.names).cast(schema)
         tag = str(uuid.uuid4())
-        archive = f"{state.iceberg.metadata.location}/metadata/index/archive-{tag}.parquet"
+        archive = f"{index_dir(state.iceberg.metadata.location)}/archive-{tag}.parquet"
         created.append(archive)
         size = write_parquet(
             state.iceberg.io, archive, values.replace_schema_metadata({"lineage.format": ARCHIVE_FORMAT, "lineage.format-version": "1"})
