@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from collections.abc import Callable
 from typing import Any
 
 from lineage.cli.context import EXIT_OK, Context, first_line, iter_tables
@@ -54,16 +55,24 @@ def _size_of(io: Any, path: str) -> int:
         return 0
 
 
-def _dir_bytes(folder: str) -> tuple[int, int]:
+def _dir_bytes(folders: list[str], keep: Callable[[str], bool] = lambda name: True) -> tuple[int, int]:
+    """Number and bytes of the files under ``folders`` whose names ``keep`` accepts."""
     n = total = 0
-    for root, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-                n += 1
-            except OSError:
-                pass
+    for folder in folders:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                if not keep(name):
+                    continue
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                    n += 1
+                except OSError:
+                    pass
     return n, total
+
+
+def _is_key_segment(name: str) -> bool:
+    return name.endswith("-keys.arrow")
 
 
 def cmd_create(ctx: Context) -> int:
@@ -104,7 +113,7 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
     from cdf.retention import PROP_RETENTION_DAYS, PROP_RETENTION_VERSIONS, window
     from lineage.fileio import local_path
     from lineage.maintenance.vacuum import pinned_files
-    from lineage.metadata import SUMMARY_LIST
+    from lineage.metadata import SUMMARY_LIST, index_dir, lineage_dir
     from lineage.state import main_branch_snapshots
 
     with progress.task(f"reading {t.name}") as task:
@@ -145,8 +154,11 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             pinned_only = []
         snapshots = [s.sequence_number for s in main_branch_snapshots(ice)]
         root = local_path(ice.metadata.location)
-        lineage_disk = _dir_bytes(os.path.join(root, "metadata", "lineage"))
-        index_disk = _dir_bytes(os.path.join(root, "metadata", "index"))
+        # Current folders, and those of tables written by earlier releases.
+        lineage_disk = _dir_bytes([lineage_dir(root), os.path.join(root, "metadata", "lineage")])
+        index_folders = [index_dir(root), os.path.join(root, "metadata", "index")]
+        index_disk = _dir_bytes(index_folders, lambda name: not _is_key_segment(name))
+        key_disk = _dir_bytes(index_folders, _is_key_segment)
 
     rec: dict[str, Any] = {
         "table": t.name,
@@ -182,6 +194,12 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             "pinned_bytes": sum(os.path.getsize(p) for p in pinned_only if os.path.exists(p)),
             "files_on_disk": index_disk[0],
             "bytes_on_disk": index_disk[1],
+        },
+        "key_index": None if lst.key_index is None else {
+            "segments": len(lst.key_index),
+            "segment_bytes": sum(_size_of(io, p) for p in lst.key_index),
+            "files_on_disk": key_disk[0],
+            "bytes_on_disk": key_disk[1],
         },
         "retention": {
             "versions": props.get(PROP_RETENTION_VERSIONS),
@@ -236,6 +254,11 @@ def info_text(rec: dict[str, Any]) -> str:
             "deleted-rows index",
             f"{ix['segments_in_window']} segment(s) in the window, {human_bytes(ix['segment_bytes_in_window'])}; "
             f"on disk {ix['files_on_disk']} file(s), {human_bytes(ix['bytes_on_disk'])}",
+        ),
+        *(
+            [("key index", f"{ki['segments']} segment(s), {human_bytes(ki['segment_bytes'])}; on disk {ki['files_on_disk']} file(s), "
+                           f"{human_bytes(ki['bytes_on_disk'])}")]
+            if (ki := rec["key_index"]) is not None else []
         ),
         ("pinned files", f"{ix['pinned_files']} ({human_bytes(ix['pinned_bytes'])}) kept only for the change feed"),
         ("CDF retention", retention),
