@@ -3,9 +3,14 @@
 Write paths that work by key (change-stream ingest) ask one question of the
 table: for these keys, which live image does each have? Everything they
 need about the image comes back in one Arrow table, so the way the answer is
-found can change in this one place (today: one scan of the key columns,
-filtered by a semi join with the keys inside the Parquet scan; later the
-persistent key index of DESIGN section 8).
+found lives in this one place:
+
+* through the key index (:class:`index.key_index.KeyIndex`) when the table
+  keeps one: O(k log n), no table data read unless the images' column values
+  are asked for, and then only the data files that hold one of the keys;
+* otherwise (``lineage.key-index.enabled=false``, ``lineage.key.enforce=false``)
+  one scan of the key columns of every live file, filtered by a semi join
+  with the keys inside the Parquet scan.
 """
 
 from __future__ import annotations
@@ -14,13 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
+from index.key_index import KeyIndex
 from lineage import duck
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
+from lineage.writes.keyed import removed_pointers
 
 LINEAGE_AND_POINTER = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__file_id", "__pos")
 
@@ -33,16 +41,43 @@ class LiveImages:
     images: pa.Table  # key columns, [data columns,] _row_id, created, updated, __file_id, __pos
 
 
+def indexed_images(index: KeyIndex, files: Sequence[LiveFile], keys: pa.Table) -> pa.Table:
+    """The live image of each of ``keys`` from the index: key columns, lineage and ``__file_id`` into ``files``, ``__pos``."""
+    hits = index.lookup(keys)
+    pointers = removed_pointers(files, hits)
+    return pa.Table.from_arrays(
+        [*hits.select(index.names).columns, *(pointers.column(c) for c in LINEAGE_AND_POINTER)],
+        names=[*index.names, *LINEAGE_AND_POINTER],
+    )
+
+
+def hit_files(files: Sequence[LiveFile], images: pa.Table) -> list[LiveFile]:
+    """The files that hold one of ``images`` (addressed by ``__file_id``), in ``files``' order."""
+    return [files[i] for i in np.unique(images.column("__file_id").to_numpy())]
+
+
 def live_images_for_keys(
-    state: TableState, con: duckdb.DuckDBPyConnection, keys: str, key: Sequence[str], *, values: bool = False
+    state: TableState,
+    con: duckdb.DuckDBPyConnection,
+    keys: str,
+    key: Sequence[str],
+    *,
+    values: bool = False,
+    index: KeyIndex | None = None,
 ) -> LiveImages:
     """The live image of every key value in the relation ``keys`` of ``con`` (keys without one are absent).
 
     With ``values`` the images carry every data column too (for checks of
     before-images); otherwise only the key columns, lineage and pointers.
+    ``index`` is the key index of ``state`` (None: scan the key columns).
     """
-    schema = arrow_schema(state.iceberg.schema())
     files = state.live_files()
+    if index is not None:
+        found = indexed_images(index, files, duck.fetch_arrow(con, f"SELECT * FROM {quote_ident(keys)}"))
+        if not values:
+            return LiveImages(files, found)
+        files = hit_files(files, found)  # the values: read only the files that hold a key of the batch
+    schema = arrow_schema(state.iceberg.schema())
     register_live_view(con, "__key_live", files, schema, projection_field_ids(state.iceberg.metadata), keys=(keys, key))
     wanted = list(schema.names) if values else list(key)
     select = ", ".join(quote_ident(c) for c in [*wanted, *LINEAGE_AND_POINTER])
