@@ -107,16 +107,19 @@ def _start(spark: Any, state: TableState, files: list[LiveFile], keys: Any, key:
 
     With a key index the driver looks the keys up in it: when ``columns`` are
     the key alone the images are the index entries (no table data read);
-    otherwise executors read only the files that hold a key of the batch.
-    Without an index, executors scan the key columns of every live file.
+    otherwise executors read the files that hold a key of the batch, at the
+    images' positions only. Without an index, executors scan the key columns
+    of every live file.
     """
-    if index is not None:
-        found = indexed_images(index, files, keys.toArrow())
-        if columns == key:
-            paths = pa.array([local_path(f.path) for f in files], pa.string())
-            return spark.createDataFrame(found.append_column("__path", paths.take(found.column("__file_id"))).drop_columns(["__file_id"]))
-        files = hit_files(files, found)
-    return spark_io.live_rows(spark, state, columns, files).join(keys, key, "left_semi")
+    if index is None:
+        return spark_io.live_rows(spark, state, columns, files).join(keys, key, "left_semi")
+    found = indexed_images(index, files, keys.toArrow())
+    paths = pa.array([local_path(f.path) for f in files], pa.string())
+    entries = spark.createDataFrame(found.append_column("__path", paths.take(found.column("__file_id"))).drop_columns(["__file_id"]))
+    if columns == key:
+        return entries
+    rows = spark_io.live_rows(spark, state, columns, hit_files(files, found).at_live_positions)
+    return rows.join(entries.select("__path", "__pos"), ["__path", "__pos"], "left_semi")
 
 
 def apply_spark_changelog(
