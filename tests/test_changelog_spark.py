@@ -153,3 +153,4 @@ def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(tmp_path, 
     ref = _reference(str(tmp_path / "ref"), 3)
     assert rows(t.scan(columns=LINEAGE)) == rows(ref.scan(columns=LINEAGE))
     assert _feed(t) == _feed(ref)
+    assert t.state().lineage.key_index and not check_key_index(t.state())[0]  # the sink's commits kept the key index
