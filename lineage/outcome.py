@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -146,19 +146,17 @@ def find_commit(iceberg: IcebergTable, key: str, value: str) -> CommitEntry | No
     reply calls this on freshly loaded metadata to learn whether its batch
     already landed.
     """
-    return newest_commit(_commit_log(iceberg), lambda props: props.get(key) == value)
+    return newest_commit(reversed(_commit_log(iceberg)), lambda props: props.get(key) == value)
 
 
-def newest_commit(commits: Sequence[CommitEntry], match: Callable[[Mapping[str, str]], bool]) -> CommitEntry | None:
-    """The newest entry of a lineage commit log (oldest first) whose properties satisfy ``match``, or None.
+def newest_commit(newest_first: Iterable[CommitEntry], match: Callable[[Mapping[str, str]], bool]) -> CommitEntry | None:
+    """The first entry of a commit log read newest first whose properties satisfy ``match``, or None.
 
-    The log is searched newest first and stops at the first hit, so a writer
-    that commits often finds its last commit among the last few entries.
+    The search stops at the first hit, so a writer that commits often finds
+    its last commit among the last few entries (and a lazily read log is
+    read no further).
     """
-    for c in reversed(commits):
-        if match(c.properties):
-            return c
-    return None
+    return next((c for c in newest_first if match(c.properties)), None)
 
 
 def _main_head(metadata: TableMetadata) -> int | None:
