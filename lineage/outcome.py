@@ -26,7 +26,8 @@ is deleted only when the attempt is known not to have landed.**
   establishing that the previous try did not land.
 
 :func:`find_commit` tells whether a commit on ``main`` carries a property
-(an idempotency token such as a change-stream batch id), and
+(an idempotency token such as a change-stream batch id; :func:`newest_commit`
+searches any commit log, e.g. a planned state's), and
 :func:`has_commit` whether a snapshot id was committed; both consult the
 lineage commit log as well, so they still answer after snapshot expiry.
 """
@@ -36,7 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -145,10 +146,17 @@ def find_commit(iceberg: IcebergTable, key: str, value: str) -> CommitEntry | No
     reply calls this on freshly loaded metadata to learn whether its batch
     already landed.
     """
-    for c in reversed(_commit_log(iceberg)):
-        if c.properties.get(key) == value:
-            return c
-    return None
+    return newest_commit(reversed(_commit_log(iceberg)), lambda props: props.get(key) == value)
+
+
+def newest_commit(newest_first: Iterable[CommitEntry], match: Callable[[Mapping[str, str]], bool]) -> CommitEntry | None:
+    """The first entry of a commit log read newest first whose properties satisfy ``match``, or None.
+
+    The search stops at the first hit, so a writer that commits often finds
+    its last commit among the last few entries (and a lazily read log is
+    read no further).
+    """
+    return next((c for c in newest_first if match(c.properties)), None)
 
 
 def _main_head(metadata: TableMetadata) -> int | None:

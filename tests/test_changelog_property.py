@@ -14,8 +14,11 @@ semantics) and after every step we check:
   ignored), and that a rejected batch changed nothing;
 * the per-version change feed of every version so far, and the net feed
   from a random earlier version, equal the model's;
-* the key lookup used by writes (``live_images_for_keys``) agrees with the
-  table for every key ever used, live or not.
+* the key index is kept by every commit (never dropped) and equals a fresh
+  rebuild from a scan of the key columns;
+* the key lookup used by writes (``live_images_for_keys``, through the key
+  index and through the key scan, with and without column values) agrees
+  with the table for every key ever used, live or not.
 
 Set ``LINEAGE_PROPERTY_EXAMPLES`` to run more examples than the default.
 """
@@ -34,7 +37,9 @@ from hypothesis import strategies as st
 
 import cdf
 import lineage
+from index.key_index import KeyIndex
 from lineage import duck
+from lineage.maintenance.key_index import check_key_index
 from lineage.writes.keys import live_images_for_keys
 
 KEYS = list(range(1, 9))
@@ -225,16 +230,39 @@ def _check_feeds(t: lineage.Table, model: Model, net_from: int) -> None:
     assert got_net == sorted(want_net), f"net change feed from version {net_from} differs from the model"
 
 
-def _check_key_lookup(t: lineage.Table, model: Model) -> None:
-    con = duck.connect()
-    try:
-        con.register("probe", pa.table({"id": pa.array(KEYS, pa.int64())}))
-        found = live_images_for_keys(t.state(), con, "probe", ["id"]).images.to_pylist()
-    finally:
-        con.close()
-    got = {r["id"]: (r["_row_id"], r["_row_created_at_version"], r["_row_last_updated_at_version"]) for r in found}
-    assert len(got) == len(found), "the key lookup found two live images of one key"
-    assert got == {k: (r.row_id, r.created, r.updated) for k, r in model.live.items()}, "the key lookup disagrees with the table"
+def _check_key_index(t: lineage.Table, model: Model) -> None:
+    """The key index survived every step (no write dropped it) and equals a fresh rebuild from a key scan."""
+    state = t.state()
+    if model.version:
+        assert state.lineage.key_index is not None, "a commit dropped the key index"
+    problems, _ = check_key_index(state)
+    assert not problems, problems
+
+
+def _check_key_lookup(t: lineage.Table, model: Model, data: st.DataObject) -> None:
+    """Both ways of the key lookup used by writes (key index, key scan) agree with the model, with and without values."""
+    state = t.state()
+    values = data.draw(st.booleans(), label="lookup with values")
+    want = {k: (r.row_id, r.created, r.updated, *((r.name, r.amount) if values else ())) for k, r in model.live.items()}
+    where: dict[str, dict[int, tuple[str, int]]] = {}
+    for index in (KeyIndex.open(state, build=False), None):
+        con = duck.connect()
+        try:
+            con.register("probe", pa.table({"id": pa.array(KEYS, pa.int64())}))
+            live = live_images_for_keys(state, con, "probe", ["id"], values=values, index=index)
+        finally:
+            con.close()
+        found = live.images.to_pylist()
+        got = {
+            r["id"]: (r["_row_id"], r["_row_created_at_version"], r["_row_last_updated_at_version"], *((r["name"], r["amount"]) if values else ()))
+            for r in found
+        }
+        how = "key index" if index is not None else "key scan"
+        assert len(got) == len(found), f"the lookup by {how} found two live images of one key"
+        assert got == want, f"the lookup by {how} disagrees with the table"
+        where[how] = {r["id"]: (live.files[r["__file_id"]].path, r["__pos"]) for r in found}
+    if len(where) == 2:
+        assert where["key index"] == where["key scan"], "the two lookups point at different images"
 
 
 # ---------------------------------------------------------------- steps
@@ -327,6 +355,7 @@ def test_changelog_matches_model(tmp_path_factory: pytest.TempPathFactory, data:
         step(t, model, data)
         assert t.version == model.version
         _check_scan(t, model)
-        _check_key_lookup(t, model)
+        _check_key_index(t, model)
+        _check_key_lookup(t, model, data)
         net_from = data.draw(st.integers(0, model.version), label="net from")
         _check_feeds(t, model, net_from)

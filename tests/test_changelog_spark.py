@@ -23,6 +23,8 @@ from conftest import SCHEMA, rows
 
 import cdf
 import lineage
+from index.key_index import KeyIndex
+from lineage.maintenance.key_index import check_key_index
 
 pytestmark = pytest.mark.spark
 
@@ -69,16 +71,18 @@ def _feed(t: lineage.Table) -> list[tuple]:
 LINEAGE = ["id", "name", "amount", "_row_created_at_version", "_row_last_updated_at_version"]
 
 
-def test_spark_dataframe_matches_the_embedded_path(spark, warehouse: str) -> None:
+def test_spark_dataframe_matches_the_embedded_path(spark, warehouse: str, monkeypatch) -> None:
     ref = _reference(warehouse, 2)
     t = lineage.create_table("s.sp", SCHEMA, key=["id"], warehouse=warehouse)
     t.append(BASE)
     seq = 0
-    for events in BATCHES[:2]:
-        df = spark.createDataFrame(_batch(events, seq).to_pandas())
-        info = t.apply_changelog(df, order_by="seq")
-        assert info.committed
-        seq += len(events)
+    with monkeypatch.context() as m:
+        m.setattr(KeyIndex, "build", lambda state: pytest.fail("the key index was rebuilt: a Spark changelog commit dropped it"))
+        for events in BATCHES[:2]:
+            df = spark.createDataFrame(_batch(events, seq).to_pandas())
+            info = t.apply_changelog(df, order_by="seq")
+            assert info.committed
+            seq += len(events)
     assert rows(t.scan(columns=LINEAGE)) == rows(ref.scan(columns=LINEAGE))
     kept = "id IN (1, 3, 4, 5, 6)"  # rows live since the base load keep their row ids on both paths
     assert rows(t.scan(kept, columns=["id", "_row_id"])) == rows(ref.scan(kept, columns=["id", "_row_id"]))
@@ -89,6 +93,9 @@ def test_spark_dataframe_matches_the_embedded_path(spark, warehouse: str) -> Non
         t.apply_changelog(replay, order_by="seq")  # -U 1 names an image that is no longer live, -D 2 an absent key, ...
     info = t.apply_changelog(replay, order_by="seq", upsert=True)
     assert (info.updated, info.inserted, info.ignored) == (2, 1, 1)  # keys 1 and 9 update, +I 7 inserts, -D 2 (absent) is ignored
+    assert t.state().lineage.key_index  # strict (images read from the hit files) and upsert batches (index only) kept it
+    problems, _ = check_key_index(t.state())
+    assert not problems, problems
     with pytest.raises(lineage.InvalidArgumentError, match="order_by"):
         t.apply_changelog(replay)
     bad = spark.createDataFrame(_batch([("+X", 50, "n", 1.0)], 0).to_pandas())
@@ -146,3 +153,4 @@ def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(tmp_path, 
     ref = _reference(str(tmp_path / "ref"), 3)
     assert rows(t.scan(columns=LINEAGE)) == rows(ref.scan(columns=LINEAGE))
     assert _feed(t) == _feed(ref)
+    assert t.state().lineage.key_index and not check_key_index(t.state())[0]  # the sink's commits kept the key index

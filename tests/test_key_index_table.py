@@ -312,3 +312,49 @@ def test_lookup_api_with_a_multi_column_key(warehouse):
     assert t.count() == 6  # four, plus ('eu', 2024-02-01) and ('eu', 2024-02-02)
     problems, _ = check_key_index(t.state())
     assert not problems, problems
+
+
+def _events(evs: list[tuple]) -> pa.Table:
+    """``(op, id, name, amount)`` tuples as a change-stream batch."""
+    cols = list(zip(*evs, strict=True))
+    return pa.table({"_op": list(cols[0]), "id": pa.array(cols[1], pa.int64()), "name": list(cols[2]), "amount": pa.array(cols[3], pa.float64())})
+
+
+def test_change_streams_look_keys_up_in_the_index_and_keep_it(warehouse, monkeypatch):
+    from lineage.writes import keys as key_lookup
+
+    t = lineage.create_table("s.cl", SCHEMA, key=["id"], warehouse=warehouse)
+    for first in (1, 11, 21):  # three data files
+        t.append(_batch(list(range(first, first + 10))))
+    scanned: list[int] = []
+    scan = key_lookup.register_live_view
+    with monkeypatch.context() as m:
+        m.setattr(KeyIndex, "build", lambda state: pytest.fail("the key index was rebuilt: a commit dropped it"))
+        m.setattr(key_lookup, "register_live_view", lambda con, name, files, *a, **k: scanned.append(len(files)) or scan(con, name, files, *a, **k))
+        # strict mode checks the -U image: only the files that hold a live key of the batch (5, 12) are read, not the third
+        info = t.apply_changelog(_events([("-U", 5, "x", 1.0), ("+U", 5, "y", 2.0), ("-D", 12, "x", 1.0), ("+I", 40, "n", 4.0), ("+I", 41, "n", 4.0), ("-D", 41, "n", 4.0)]))
+        assert (info.inserted, info.updated, info.deleted) == (1, 1, 1) and scanned == [2]
+        # no image to check: keys resolve from the index alone, no data file is read
+        info = t.apply_changelog(_events([("+I", 5, "z", 3.0), ("+U", 40, "z", 3.0), ("-D", 99, None, None), ("-D", 21, None, None)]), upsert=True)
+        assert (info.inserted, info.updated, info.deleted, info.ignored) == (0, 2, 1, 1) and scanned == [2]
+        t.apply_changelog(_events([("-U", 40, "z", 3.0), ("+U", 40, "w", 5.0), ("+I", 21, "back", 1.0), ("-D", 1, "x", 1.0)]), mode=lineage.COPY_ON_WRITE)
+        t.apply_changelog(_events([("-D", 2, "x", 1.0)]), stream=("s", 0))
+        assert t.apply_changelog(_events([("-D", 3, "x", 1.0)]), stream=("s", 0)).committed is False  # a replay
+        assert t.state().lineage.key_index  # every changelog commit kept the index
+    _consistent(t)  # equal to a fresh rebuild from a key scan
+    assert verify(t).ok
+    live = {r["id"]: (r["name"], r["amount"]) for r in t.scan().to_pylist()}
+    assert len(live) == 28 and live[5] == ("z", 3.0) and live[40] == ("w", 5.0) and live[21] == ("back", 1.0)
+    assert 1 not in live and 2 not in live and 12 not in live and 41 not in live
+
+    # Tables without an index resolve keys by a scan of every live file, as before.
+    for props in ({"lineage.key-index.enabled": "false"}, {"lineage.key.enforce": "false"}):
+        off = lineage.create_table(f"s.off{len(scanned)}", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+        off.append(_batch([1, 2]))
+        off.append(_batch([3]))
+        scanned.clear()
+        with monkeypatch.context() as m:
+            m.setattr(key_lookup, "register_live_view", lambda con, name, files, *a, **k: scanned.append(len(files)) or scan(con, name, files, *a, **k))
+            info = off.apply_changelog(_events([("-U", 1, "x", 1.0), ("+U", 1, "y", 2.0), ("-D", 3, "x", 1.0)]))
+        assert (info.updated, info.deleted) == (1, 1) and scanned == [2]
+        assert off.state().lineage.key_index is None

@@ -20,7 +20,10 @@ of an absent key (counted in ``CommitInfo.ignored``).
 
 How the net effects become files is a *strategy*, chosen per table with the
 property ``write.changelog.strategy``: ``position`` (default) resolves keys
-to live images at write time and writes position deletes plus new images.
+to live images at write time (through the key index, see
+:mod:`lineage.writes.keys`) and writes position deletes plus new images; the
+commit keeps the key index (a delta segment with the batch's removed keys and
+new images), as :meth:`lineage.Table.upsert` does.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from index.key_index import KeyIndex, KeyIndexChange
 from lineage import duck
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
 from lineage.predicate import quote_ident
@@ -43,7 +47,8 @@ from lineage.state import TableState
 from lineage.writer import CREATED, ROW_ID
 from lineage.writes.checks import check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, run_write
-from lineage.writes.rows import conform_images
+from lineage.writes.keyed import select_list
+from lineage.writes.rows import REMOVED_COLS, conform_images
 from lineage.writes.changelog_sql import OP_LABELS, OP_VERBS, OPS, POSITIVE, PROBLEMS, UPDATE_BEFORE, Relations, net_effects_sql, problems_sql
 from lineage.writes.keys import live_images_for_keys
 from lineage.writes.stream_position import StreamPosition, last_committed_batch, position_properties
@@ -314,15 +319,16 @@ class PositionDeletes:
         keys = ", ".join(quote_ident(k) for k in key)
         con.execute(f"CREATE OR REPLACE TEMP TABLE __keys AS SELECT DISTINCT {keys} FROM events")
         check_images = not upsert and batch.has_before_images
-        live = live_images_for_keys(state, con, "__keys", key, values=check_images)
+        index = KeyIndex.open(state)
+        live = live_images_for_keys(state, con, "__keys", key, values=check_images, index=index)
         con.register("start", live.images)
         rel = Relations(key, batch.columns, batch.order, ("__file_id", "__pos"), quote_ident)
         ignored = check_problems(con, rel, batch, upsert, check_images)
         con.execute(f"CREATE OR REPLACE TEMP TABLE __net AS {net_effects_sql(rel)}")
         cols = ", ".join(quote_ident(c) for c in batch.columns)
-        removed = duck.fetch_arrow(
-            con, "SELECT __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version FROM __net WHERE __start_live"
-        )
+        removed = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{select_list(key)} FROM __net WHERE __start_live")
+        change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
+        removed = removed.select(REMOVED_COLS.split(", "))
         images = duck.fetch_arrow(
             con, f"SELECT {cols}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED} FROM __net WHERE __start_live AND __end_live"
         )
@@ -332,7 +338,7 @@ class PositionDeletes:
         updated = images.num_rows
         return Plan(
             OPERATION, files=live.files, removed=removed, new_images=images, inserts=inserts,
-            inserted=inserts.num_rows, updated=updated, deleted=removed.num_rows - updated, ignored=ignored,
+            inserted=inserts.num_rows, updated=updated, deleted=removed.num_rows - updated, ignored=ignored, key_index=change,
         )
 
 

@@ -5,10 +5,13 @@ each key's events in order (``order_by``: a Kafka offset, a Debezium LSN, a
 sequence number). The same SQL as the embedded path
 (:mod:`lineage.writes.changelog_sql`) runs in Spark SQL: the events of a key
 are ranked by a window partitioned by key (a shuffle by key, no collect),
-checked against the live images of the batch's keys (read by executors), and
-collapsed to each key's last event. The driver receives the problem counts
-(and at most three example events), the pointers of the removed images and
-the descriptors of the data files the executors wrote; never the batch's rows.
+checked against the live images of the batch's keys, and collapsed to each
+key's last event. On a table with a key index the driver looks the batch's
+distinct keys up in it (as Spark appends check their keys) and hands the
+images to Spark; without one, executors scan the key columns. The driver
+receives the problem counts (and at most three example events), the distinct
+keys (index only), the pointers of the removed images with their keys and
+the descriptors of the data files the executors wrote; never whole rows.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
+from index.key_index import KeyIndex, KeyIndexChange
 from lineage import spark as spark_io
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError
+from lineage.fileio import local_path
 from lineage.schema import conform
-from lineage.state import TableState
+from lineage.state import LiveFile, TableState
 from lineage.writer import CREATED, ROW_ID
+from lineage.writes.keys import hit_files, indexed_images
 from lineage.writes.changelog_sql import OPS, POSITIVE, UPDATE_BEFORE, Relations, net_effects_sql, problems_sql
 from lineage.writes.loop import CommitInfo, Plan, run_write
 from lineage.writes.properties import MERGE_ON_READ
+from lineage.writes.rows import REMOVED_COLS
 from lineage.writes.stream_position import StreamPosition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,6 +102,26 @@ def _any(conds: Any) -> Any:
     return out
 
 
+def _start(spark: Any, state: TableState, files: list[LiveFile], keys: Any, key: list[str], columns: list[str], index: KeyIndex | None) -> Any:
+    """The live images of the batch's distinct ``keys`` (a Spark DataFrame): ``columns``, lineage, ``__path``, ``__pos``.
+
+    With a key index the driver looks the keys up in it: when ``columns`` are
+    the key alone the images are the index entries (no table data read);
+    otherwise executors read the files that hold a key of the batch, at the
+    images' positions only. Without an index, executors scan the key columns
+    of every live file.
+    """
+    if index is None:
+        return spark_io.live_rows(spark, state, columns, files).join(keys, key, "left_semi")
+    found = indexed_images(index, files, keys.toArrow())
+    paths = pa.array([local_path(f.path) for f in files], pa.string())
+    entries = spark.createDataFrame(found.append_column("__path", paths.take(found.column("__file_id"))).drop_columns(["__file_id"]))
+    if columns == key:
+        return entries
+    rows = spark_io.live_rows(spark, state, columns, hit_files(files, found).at_live_positions)
+    return rows.join(entries.select("__path", "__pos"), ["__path", "__pos"], "left_semi")
+
+
 def apply_spark_changelog(
     table: Table,
     df: Any,
@@ -133,9 +160,10 @@ def apply_spark_changelog(
         if position is not None and position.applied_in(state):
             return Plan(OPERATION)
         files = state.live_files()
+        index = KeyIndex.open(state)
         events.createOrReplaceTempView(ev_view)
-        start = spark_io.live_rows(spark, state, columns if check_images else key, files)
-        start.join(events.select(*[_quote(k) for k in key]).distinct(), key, "left_semi").createOrReplaceTempView(start_view)
+        keys = events.select(*[_quote(k) for k in key]).distinct()
+        _start(spark, state, files, keys, key, columns if check_images else key, index).createOrReplaceTempView(start_view)
         try:
             problems = spark.sql(problems_sql(rel, upsert=upsert, check_images=check_images, check_ties=True)).filter(
                 "__problem IS NOT NULL"
@@ -149,7 +177,7 @@ def apply_spark_changelog(
             net = spark.sql(net_effects_sql(rel)).persist()
             try:
                 pointers = net.filter("__start_live").select(
-                    "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__end_live"
+                    "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__end_live", *[_quote(k) for k in key]
                 ).toArrow()
                 n_updates = int(pa.compute.sum(pointers.column("__end_live").cast(pa.int64())).as_py() or 0)
                 cols = [F.col(_quote(c)) for c in columns]
@@ -170,10 +198,11 @@ def apply_spark_changelog(
         finally:
             spark.catalog.dropTempView(ev_view)
             spark.catalog.dropTempView(start_view)
-        removed = spark_io.removed_images(files, pointers, []) if pointers.num_rows else None
+        removed = spark_io.removed_images(files, pointers, key)
+        change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
         return Plan(
-            OPERATION, files=files, removed=removed, prewritten=written + new, properties=dict(properties),
-            inserted=n_inserts, updated=n_updates, deleted=pointers.num_rows - n_updates, ignored=ignored,
+            OPERATION, files=files, removed=removed.select(REMOVED_COLS.split(", ")), prewritten=written + new, properties=dict(properties),
+            inserted=n_inserts, updated=n_updates, deleted=pointers.num_rows - n_updates, ignored=ignored, key_index=change,
         )
 
     return run_write(table, plan, mode=MERGE_ON_READ, expected_version=expected_version)

@@ -3,24 +3,33 @@
 Write paths that work by key (change-stream ingest) ask one question of the
 table: for these keys, which live image does each have? Everything they
 need about the image comes back in one Arrow table, so the way the answer is
-found can change in this one place (today: one scan of the key columns,
-filtered by a semi join with the keys inside the Parquet scan; later the
-persistent key index of DESIGN section 8).
+found lives in this one place:
+
+* through the key index (:class:`index.key_index.KeyIndex`) when the table
+  keeps one: O(k log n), no table data read unless the images' column values
+  are asked for, and then only the data files that hold one of the keys, at
+  the images' positions, without their delete files;
+* otherwise (``lineage.key-index.enabled=false``, ``lineage.key.enforce=false``)
+  one scan of the key columns of every live file, filtered by a semi join
+  with the keys inside the Parquet scan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
+from index.key_index import KeyIndex
 from lineage import duck
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
+from lineage.writes.keyed import removed_pointers
 
 LINEAGE_AND_POINTER = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__file_id", "__pos")
 
@@ -33,17 +42,70 @@ class LiveImages:
     images: pa.Table  # key columns, [data columns,] _row_id, created, updated, __file_id, __pos
 
 
+def indexed_images(index: KeyIndex, files: Sequence[LiveFile], keys: pa.Table) -> pa.Table:
+    """The live image of each of ``keys`` from the index: key columns, lineage and ``__file_id`` into ``files``, ``__pos``."""
+    hits = index.lookup(keys)
+    pointers = removed_pointers(files, hits)
+    return pa.Table.from_arrays(
+        [*hits.select(index.names).columns, *(pointers.column(c) for c in LINEAGE_AND_POINTER)],
+        names=[*index.names, *LINEAGE_AND_POINTER],
+    )
+
+
+@dataclass(frozen=True)
+class HitFiles:
+    """The data files that hold one of the images found in the key index."""
+
+    files: list[LiveFile]  # in the table's file order
+    ids: np.ndarray  # each image's index into ``files``
+
+    @property
+    def at_live_positions(self) -> list[LiveFile]:
+        """``files`` without their delete files, for reading the images at their positions only.
+
+        The index names live images, which no delete file removes, so there
+        is nothing to subtract (a table that commits often has many small
+        delete files, and reading them is most of the cost of a scan). Write
+        plans take ``files``, never these.
+        """
+        return [replace(f, deletes=()) for f in self.files]
+
+
+def hit_files(files: Sequence[LiveFile], images: pa.Table) -> HitFiles:
+    """The files that hold one of ``images`` (addressed by ``__file_id`` into ``files``)."""
+    ids = images.column("__file_id").to_numpy()
+    hit = np.unique(ids)
+    return HitFiles([files[i] for i in hit], np.searchsorted(hit, ids).astype(np.int32))
+
+
 def live_images_for_keys(
-    state: TableState, con: duckdb.DuckDBPyConnection, keys: str, key: Sequence[str], *, values: bool = False
+    state: TableState,
+    con: duckdb.DuckDBPyConnection,
+    keys: str,
+    key: Sequence[str],
+    *,
+    values: bool = False,
+    index: KeyIndex | None = None,
 ) -> LiveImages:
     """The live image of every key value in the relation ``keys`` of ``con`` (keys without one are absent).
 
     With ``values`` the images carry every data column too (for checks of
     before-images); otherwise only the key columns, lineage and pointers.
+    ``index`` is the key index of ``state`` (None: scan the key columns).
     """
-    schema = arrow_schema(state.iceberg.schema())
     files = state.live_files()
-    register_live_view(con, "__key_live", files, schema, projection_field_ids(state.iceberg.metadata), keys=(keys, key))
-    wanted = list(schema.names) if values else list(key)
-    select = ", ".join(quote_ident(c) for c in [*wanted, *LINEAGE_AND_POINTER])
-    return LiveImages(files, duck.fetch_arrow(con, f"SELECT {select} FROM __key_live"))
+    schema = arrow_schema(state.iceberg.schema())
+    field_ids = projection_field_ids(state.iceberg.metadata)
+    wanted = ", ".join(quote_ident(c) for c in [*(schema.names if values else key), *LINEAGE_AND_POINTER])
+    if index is None:
+        register_live_view(con, "__key_live", files, schema, field_ids, keys=(keys, key))
+        return LiveImages(files, duck.fetch_arrow(con, f"SELECT {wanted} FROM __key_live"))
+    found = indexed_images(index, files, duck.fetch_arrow(con, f"SELECT * FROM {quote_ident(keys)}"))
+    if not values:
+        return LiveImages(files, found)
+    # The values: read only the files that hold a key of the batch, only at the images' positions.
+    hit = hit_files(files, found)
+    con.register("__key_rows", pa.table({"__file_id": hit.ids, "__pos": found.column("__pos")}))
+    register_live_view(con, "__key_live", hit.at_live_positions, schema, field_ids)
+    sql = f"SELECT {wanted} FROM __key_live v SEMI JOIN __key_rows k ON k.__file_id = v.__file_id AND k.__pos = v.__pos"
+    return LiveImages(hit.files, duck.fetch_arrow(con, sql))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lineage.errors import InvalidArgumentError
+from lineage.outcome import newest_commit
 from lineage.state import TableState
 
 PROP_STREAM_ID = "lineage.user.stream-id"
@@ -65,10 +66,11 @@ def position_properties(position: StreamPosition) -> dict[str, str]:
 def last_committed_batch(state: TableState, stream_id: str) -> CommittedBatch | None:
     """The stream's newest committed batch in ``state``'s commit log (None if it never committed).
 
-    The log is searched newest first and stops at the stream's first hit, so
-    a stream that commits often finds its position among the last few entries.
+    The log is searched newest first (:func:`lineage.outcome.newest_commit`)
+    and stops at the stream's first hit, so a stream that commits often finds
+    its position among the last few entries. It is the log of ``state``, not
+    of the catalog's newest snapshot (:func:`lineage.outcome.find_commit`):
+    a write's plan step must decide against the snapshot it commits on.
     """
-    for c in reversed(state.lineage.commits):
-        if c.properties.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in c.properties:
-            return CommittedBatch(stream_id, int(c.properties[PROP_STREAM_BATCH]), c.version)
-    return None
+    c = newest_commit(reversed(state.lineage.commits), lambda props: props.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in props)
+    return None if c is None else CommittedBatch(stream_id, int(c.properties[PROP_STREAM_BATCH]), c.version)
