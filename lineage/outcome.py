@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -121,13 +121,16 @@ def reload(
     return error
 
 
-def _commit_log(iceberg: IcebergTable) -> tuple[CommitEntry, ...]:
-    """The lineage commit log of ``main``'s newest snapshot that has one (empty if none)."""
+def _commit_log(iceberg: IcebergTable) -> Iterator[CommitEntry]:
+    """The lineage commit log of ``main``'s newest snapshot that has one, newest first (empty if none).
+
+    Read lazily: the log's older chunks are read only if the caller goes that far.
+    """
     for snap in reversed(main_branch_snapshots(iceberg)):
         summary = snap.summary.additional_properties if snap.summary else {}
         if SUMMARY_LIST in summary:
-            return read_list(iceberg.io, summary[SUMMARY_LIST]).commits
-    return ()
+            return read_list(iceberg.io, summary[SUMMARY_LIST]).log.newest_first()
+    return iter(())
 
 
 def has_commit(iceberg: IcebergTable, snapshot_id: int) -> bool:
@@ -146,7 +149,7 @@ def find_commit(iceberg: IcebergTable, key: str, value: str) -> CommitEntry | No
     reply calls this on freshly loaded metadata to learn whether its batch
     already landed.
     """
-    return newest_commit(reversed(_commit_log(iceberg)), lambda props: props.get(key) == value)
+    return newest_commit(_commit_log(iceberg), lambda props: props.get(key) == value)
 
 
 def newest_commit(newest_first: Iterable[CommitEntry], match: Callable[[Mapping[str, str]], bool]) -> CommitEntry | None:

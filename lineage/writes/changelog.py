@@ -51,7 +51,7 @@ from lineage.writes.keyed import select_list
 from lineage.writes.rows import REMOVED_COLS, conform_images
 from lineage.writes.changelog_sql import OP_LABELS, OP_VERBS, OPS, POSITIVE, PROBLEMS, UPDATE_BEFORE, Relations, net_effects_sql, problems_sql
 from lineage.writes.keys import live_images_for_keys
-from lineage.writes.stream_position import StreamPosition, last_committed_batch, position_properties
+from lineage.writes.stream_position import StreamPosition, position_properties
 
 if TYPE_CHECKING:  # pragma: no cover
     from lineage.table import Table

@@ -72,5 +72,5 @@ def last_committed_batch(state: TableState, stream_id: str) -> CommittedBatch | 
     of the catalog's newest snapshot (:func:`lineage.outcome.find_commit`):
     a write's plan step must decide against the snapshot it commits on.
     """
-    c = newest_commit(reversed(state.lineage.commits), lambda props: props.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in props)
+    c = newest_commit(state.lineage.log.newest_first(), lambda props: props.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in props)
     return None if c is None else CommittedBatch(stream_id, int(c.properties[PROP_STREAM_BATCH]), c.version)
