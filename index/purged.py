@@ -45,5 +45,5 @@ def is_purged(bitmap: BitMap64, row_ids: np.ndarray) -> np.ndarray:
     """A boolean mask: which of ``row_ids`` are purged."""
     if len(bitmap) == 0 or len(row_ids) == 0:
         return np.zeros(len(row_ids), bool)
-    purged = np.array(list(bitmap), dtype=np.int64)
+    purged = np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
     return np.isin(row_ids, purged)
