@@ -58,6 +58,7 @@ from lineage.spark import is_spark_dataframe
 from lineage.state import TableState, state_at
 from lineage.writer import CREATED, ROW_ID, WrittenFile
 from lineage.writes import spark as spark_writes
+from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.checks import check_expression, check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
 from lineage.writes.properties import (  # re-exported: the table properties keep their lineage.table names
@@ -70,6 +71,7 @@ from lineage.writes.properties import (  # re-exported: the table properties kee
     PROP_RETRIES,
     PROP_UPDATE_MODE,
     USER_PROPERTY_PREFIXES,
+    capture_preimages,
     check_mode,
 )
 from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
@@ -123,6 +125,7 @@ def create_table(
         raise InvalidArgumentError(f"format-version must be 2 (got {props['format-version']!r}); v1 has no delete files")
     for prop in (PROP_DELETE_MODE, PROP_UPDATE_MODE, PROP_MERGE_MODE):
         check_mode(props[prop], prop)
+    capture_preimages(props)  # refuses a value other than true/false
     try:
         cat.create_namespace(ns)
     except NamespaceAlreadyExistsError:
@@ -302,9 +305,11 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
-            register_live_view(con, "live", files, self.arrow_schema, self._field_ids())
-            removed = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS} FROM live WHERE ({pred.sql})")
-            return Plan("delete", files=files, removed=removed, deleted=removed.num_rows)
+            schema = self.arrow_schema
+            register_live_view(con, "live", files, schema, self._field_ids())
+            old = old_values(schema) if self._capture() else ""
+            removed, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{old} FROM live WHERE ({pred.sql})"), schema)
+            return Plan("delete", files=files, removed=removed, removed_values=values, deleted=removed.num_rows)
 
         return run_write(self, plan, mode=mode)
 
@@ -336,17 +341,18 @@ class Table:
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
             register_live_view(con, "live", files, schema, self._field_ids())
+            capture = self._capture()
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                f"{REMOVED_COLS} FROM live WHERE ({pred.sql})"
+                f"{REMOVED_COLS}{old_values(schema, 'live.') if capture else ''} FROM live WHERE ({pred.sql})"
             )
-            removed = con.execute(f"SELECT {REMOVED_COLS} FROM matched").to_arrow_table()
+            removed, values = split_old(con.execute(f"SELECT {REMOVED_COLS}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema)
             names = ", ".join(quote_ident(c) for c in schema.names)
             images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
             images = conform_images(images, self._iceberg.schema(), self.key, "update")
             if key_set:
                 check_updated_keys(con, self.key)
-            return Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows)
+            return Plan("update", files=files, removed=removed, removed_values=values, new_images=images, updated=removed.num_rows)
 
         return run_write(self, plan, mode=mode)
 
@@ -429,23 +435,28 @@ class Table:
             register_live_view(con, "live", files, schema, self._field_ids(), keys=("probe", key))
             con.execute("CREATE TEMP TABLE hits AS SELECT * FROM live")
             skip = f" AND NOT ({same})" if skip_unchanged else ""
+            capture = self._capture()
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
-                "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version "
-                f"FROM batch b JOIN hits l ON {on}{skip}"
+                "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version"
+                f"{old_values(schema, 'l.') if capture else ''} FROM batch b JOIN hits l ON {on}{skip}"
             )
-            removed = con.execute(f"SELECT {REMOVED_COLS} FROM matched").to_arrow_table()
+            removed, values = split_old(con.execute(f"SELECT {REMOVED_COLS}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema)
             images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
             inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
             images = conform_images(images, self._iceberg.schema(), key, "upsert")
             inserts = inserts.cast(schema)
             deleted = 0
             if dkeys is not None:
-                gone = con.execute(f"SELECT {REMOVED_COLS} FROM hits l SEMI JOIN dkeys b ON {on}").to_arrow_table()
+                gone, gone_values = split_old(
+                    con.execute(f"SELECT {REMOVED_COLS}{old_values(schema) if capture else ''} FROM hits l SEMI JOIN dkeys b ON {on}").to_arrow_table(), schema
+                )
                 deleted = gone.num_rows
                 removed = pa.concat_tables([removed, gone.cast(removed.schema)])
+                if values is not None and gone_values is not None:
+                    values = pa.concat_tables([values, gone_values])
             return Plan(
-                _operation, files=files, removed=removed, new_images=images, inserts=inserts,
+                _operation, files=files, removed=removed, removed_values=values, new_images=images, inserts=inserts,
                 inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra,
             )
 
@@ -502,6 +513,9 @@ class Table:
 
     def _field_ids(self) -> dict[str, int] | None:
         return projection_field_ids(self._iceberg.metadata)
+
+    def _capture(self) -> bool:
+        return capture_preimages(self._iceberg.metadata.properties)
 
     def _enforce_key(self) -> bool:
         raw = self._iceberg.metadata.properties.get(PROP_KEY_ENFORCE, "true").lower()
