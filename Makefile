@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test venv java bench bench-peers bench-scaling bench-report bench-all clean
+.PHONY: demo test venv java bench bench-peers bench-growth bench-scaling bench-report bench-all clean
 
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
@@ -43,6 +43,13 @@ bench-peers: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py --publish $(if $(SCALE),--scale $(SCALE))
 	$(PY) benchmarks/report.py
 
+# The feed against table size: every system at 1M and 10M rows, ours, DuckLake and delta-rs at 30M; then the figure and reports.
+bench-growth: $(BENCH_STAMP)
+	$(PY) benchmarks/run.py --publish
+	$(PY) benchmarks/run.py --publish --scale 10000000
+	$(PY) benchmarks/run.py --publish --scale 30000000 --systems lineage,lineage-capture,ducklake,delta
+	$(PY) benchmarks/report.py
+
 bench-scaling: $(STAMP)
 	$(PY) benchmarks/scaling.py --publish
 	$(PY) benchmarks/report.py
@@ -57,6 +64,7 @@ bench-all: $(BENCH_STAMP) java
 	$(PY) benchmarks/write_cost.py --repeat 3 --pattern clustered --publish
 	$(PY) benchmarks/run.py --publish
 	$(PY) benchmarks/run.py --publish --scale 10000000
+	$(PY) benchmarks/run.py --publish --scale 30000000 --systems lineage,lineage-capture,ducklake,delta
 	$(PY) benchmarks/scaling.py --publish
 	$(PY) benchmarks/cdf_cost.py --rows 5000000 --publish
 	$(PY) benchmarks/spark_cdf.py --rows 5000000 --publish

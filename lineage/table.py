@@ -273,7 +273,7 @@ class Table:
         if is_spark_dataframe(data):
             return spark_writes.append(self, data, check_keys=bool(self.key) and self._enforce_key())
         key = self.key
-        batch = conform(to_arrow_table(data), self._iceberg.schema(), key)
+        batch = conform(to_arrow_table(data), self._iceberg.schema(), key, keep_offsets=True)
         check_keys = bool(key) and self._enforce_key()
         if check_keys:
             problem = null_or_duplicate_keys(batch, key)
@@ -282,9 +282,10 @@ class Table:
         written: list[WrittenFile] = []
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            if check_keys:
+            files = state.live_files() if check_keys else []
+            if files:  # an empty table has no key to clash with
                 con.register("batch", batch.select(key))
-                register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids(), keys=("batch", key))
+                register_live_view(con, "live", files, self.arrow_schema, self._field_ids(), keys=("batch", key))
                 names = ", ".join(quote_ident(k) for k in key)
                 clash = duck.fetch_arrow(con, f"SELECT {names} FROM live LIMIT 3")
                 if clash.num_rows:

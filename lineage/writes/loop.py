@@ -129,7 +129,7 @@ def run_write(
             if reuse_inserts:
                 _cleanup(table.iceberg, [w.data_file.file_path for w in reuse_inserts])
             raise VersionMovedError(table.name, expected_version, state.version)
-        con = duck.connect()
+        con = _LazyConnection()
         created: list[str] = []
         try:
             try:
@@ -279,6 +279,22 @@ def _captured(table: Table, plan: Plan, groups: dict[int, dict]) -> pa.Table:
         order[rows] = np.arange(len(rows))
         values = read.take(pa.array(order))
     return captured_values(values, field_ids)
+
+
+class _LazyConnection:
+    """A DuckDB connection opened on first use: appends to a table without key clashes to check never need one."""
+
+    def __init__(self) -> None:
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def __getattr__(self, name: str) -> object:
+        if self._con is None:
+            self._con = duck.connect()
+        return getattr(self._con, name)
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
 
 
 class _Committed(Exception):
