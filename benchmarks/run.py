@@ -621,7 +621,7 @@ def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
             rec["version"] = impl.version()
         result["steps"].append(rec)
         save()
-        print(f"  {system:9s} {name:12s} {wall:8.3f}s  peak {peak / 1024:7.0f} MB  wrote {rec['bytes_written']:>13,} B  load {load:.1f}", flush=True)
+        print(f"  {system:9s} {name:12s} {wall:8.3f}s  cpu {measured['cpu_s']:7.3f}s  peak {peak / 1024:7.0f} MB  wrote {rec['bytes_written']:>13,} B  load {load:.1f}", flush=True)
         return value
 
     try:

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from cdf import plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
+from lineage.arrays import unique
 from lineage.state import TableState
 from lineage.values import gather, take_rows
 
@@ -57,9 +58,10 @@ def image_values(state: TableState, p: Pointers, pointer: np.ndarray, data: pa.S
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
     offset = sum(t.num_rows for t in pieces)
-    for k in np.unique(source[source < 0]):
+    for k in unique(source[source < 0]):
         idx = np.flatnonzero(source == k)
-        wanted, inverse = np.unique(loc[idx], return_inverse=True)
+        wanted = unique(loc[idx])
+        inverse = np.searchsorted(wanted, loc[idx])
         piece = _captured_piece(p.captured[-int(k) - 1].values, wanted, data, field_ids)
         pieces.append(piece)
         rows[idx] = offset + inverse

@@ -23,6 +23,7 @@ from cdf.dialect import SPARK
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import VALUE_PREFIX
+from lineage.arrays import unique
 from lineage.fileio import local_path
 from lineage.state import TableState
 
@@ -48,7 +49,7 @@ def _skeleton(p: Pointers, sk: plan.Skeleton) -> pa.Table:
     seg_paths = np.array([local_path(s.path) for s in p.captured] + [""], dtype=object)
     seg_row = np.zeros(n, np.int64)
     seg_k = np.zeros(n, np.int64)
-    for k in np.unique(source[~from_file]):
+    for k in unique(source[~from_file]):
         seg = p.captured[-int(k) - 1]
         idx = np.flatnonzero(source == k)
         first = np.searchsorted(seg.file_index, seg.file_index, side="left")
@@ -126,12 +127,12 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
     parts = []
     from_file = p.source[sk.pointer] >= 0
     if from_file.any():
-        paths = sorted({local_path(p.files[int(s)]) for s in np.unique(p.source[sk.pointer][from_file])})
+        paths = sorted({local_path(p.files[int(s)]) for s in unique(p.source[sk.pointer][from_file])})
         vals = _file_values(spark, paths, data)
         wanted = rows.where(F.col("__pos") >= 0)
         parts.append(vals.join(wanted, (vals["__vpath"] == wanted["__path"]) & (vals["__vpos"] == wanted["__pos"])).select(*data.names, *meta))
     if (~from_file).any():
-        segs = sorted({local_path(p.captured[-int(s) - 1].path) for s in np.unique(p.source[sk.pointer][~from_file])})
+        segs = sorted({local_path(p.captured[-int(s) - 1].path) for s in unique(p.source[sk.pointer][~from_file])})
         vals = _captured_values(spark, state, segs, data)
         wanted = rows.where(F.col("__pos") < 0)
         on = (vals["__vseg"] == wanted["__seg"]) & (vals["__vsegrow"] == wanted["__segrow"]) & (vals["__vk"] == wanted["__k"])

@@ -25,8 +25,11 @@ import numpy as np
 
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
+from lineage.arrays import member, unique
+from lineage.errors import LineageMetadataError
 from lineage.rle import combined_breakpoints
-from lineage.state import LiveFile, TableState
+from lineage.metadata import FileLineage
+from lineage.state import TableState
 
 LIVE = -1  # valid_to of an image that is still live
 
@@ -112,7 +115,24 @@ def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int) -> None:
     builder.add(source, loc, seg.row_ids[rows], seg.created[rows], seg.valid_from[rows], seg.valid_to[rows])
 
 
-def _live_runs(files: list[LiveFile], a: int, b: int, builder: _Builder, segments: list[IndexSegment]) -> None:
+def live_lineage(state: TableState) -> list[FileLineage]:
+    """Lineage of every live data file of the snapshot.
+
+    Only the data manifests are read (delete files do not matter here, see
+    :func:`_live_runs`), which costs a fraction of planning a scan.
+    """
+    live = state.all_data_file_paths()
+    by_file = state.lineage_by_file()
+    missing = live - by_file.keys()
+    if missing:
+        raise LineageMetadataError(
+            f"data file {sorted(missing)[0]} of version {state.version} has no lineage: it was written by a writer that "
+            "does not maintain row lineage; rewrite the table through this library"
+        )
+    return [fl for path, (_, fl) in by_file.items() if path in live]
+
+
+def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segments: list[IndexSegment]) -> None:
     """Images of live files that start in ``(a, b]``, expanded from their lineage runs, less those removed since.
 
     An image that started after ``a`` and was removed since was removed after
@@ -120,8 +140,7 @@ def _live_runs(files: list[LiveFile], a: int, b: int, builder: _Builder, segment
     positions without reading the position delete files.
     """
     runs = []  # (file id, pos start, length, row id start, created, updated)
-    for live in files:
-        fl = live.lineage
+    for fl in files:
         if fl.max_updated <= a or fl.min_updated > b:
             continue
         pos_start, rid_start, created, updated = combined_breakpoints(fl.row_ids, fl.created, fl.updated)
@@ -129,7 +148,7 @@ def _live_runs(files: list[LiveFile], a: int, b: int, builder: _Builder, segment
         if not keep.any():
             continue
         ends = np.append(pos_start[1:], fl.record_count)
-        fid = builder.file_id(live.path)
+        fid = builder.file_id(fl.file_path)
         runs.append((np.full(int(keep.sum()), fid, np.int64), pos_start[keep], (ends - pos_start)[keep], rid_start[keep], created[keep], updated[keep]))
     if not runs:
         return
@@ -141,9 +160,9 @@ def _live_runs(files: list[LiveFile], a: int, b: int, builder: _Builder, segment
     row_id = np.repeat(rid, length) + offsets
     created = np.repeat(cre, length)
     valid_from = np.repeat(upd, length)
-    removed = _removed_keys(segments, builder, set(np.unique(fid).tolist()))
+    removed = _removed_keys(segments, builder, set(unique(fid).tolist()))
     if len(removed):
-        alive = ~np.isin((src << 40) | pos, removed)
+        alive = ~member((src << 40) | pos, removed)
         src, pos, row_id, created, valid_from = src[alive], pos[alive], row_id[alive], created[alive], valid_from[alive]
     builder.add(src.astype(np.int32), pos, row_id, created, valid_from, np.full(len(pos), LIVE, np.int64))
 
@@ -166,7 +185,7 @@ def change_pointers(state: TableState, a: int, b: int) -> Pointers:
     builder = _Builder()
     if b > a:
         segments = index_segments(state, a)
-        _live_runs(state.live_files(), a, b, builder, segments)
+        _live_runs(live_lineage(state), a, b, builder, segments)
         for seg in segments:
             _add_index(builder, seg, a, b)
     return builder.build(state, commit_timestamps(state, a, b))

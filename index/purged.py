@@ -13,6 +13,7 @@ import pyarrow as pa
 from pyiceberg.io import FileIO
 from pyroaring import BitMap64
 
+from lineage.arrays import member
 from lineage.errors import LineageMetadataError
 from lineage.fileio import ImmutableFileCache
 from lineage.metadata import read_tagged_parquet, write_tagged_parquet
@@ -46,4 +47,4 @@ def is_purged(bitmap: BitMap64, row_ids: np.ndarray) -> np.ndarray:
     if len(bitmap) == 0 or len(row_ids) == 0:
         return np.zeros(len(row_ids), bool)
     purged = np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
-    return np.isin(row_ids, purged)
+    return member(row_ids, purged)

@@ -30,6 +30,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import DoubleType, FloatType, NestedField
 
+from lineage.arrays import unique
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
 
 LINEAGE_COLUMNS = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version")
@@ -228,7 +229,7 @@ def null_or_duplicate_keys(data: pa.Table, key: Sequence[str]) -> str | None:
         if len(values) < 2 or bool((values[1:] > values[:-1]).all()):
             return None
         ordered = np.sort(values)
-        repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+        repeated = unique(ordered[1:][ordered[1:] == ordered[:-1]])
         if len(repeated):
             sample = [{key[0]: v} for v in pa.array(repeated[:3]).cast(data.schema.field(key[0]).type).to_pylist()]
             return f"{len(repeated)} key value(s) occur more than once in the batch, e.g. {sample}"
