@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
@@ -58,13 +57,14 @@ from lineage.schema import (
     to_arrow_table,
 )
 from lineage.spark import is_spark_dataframe
-from lineage.state import LiveFile, TableState, state_at
+from lineage.state import TableState, state_at
 from lineage.writer import CREATED, ROW_ID, WrittenFile
 from lineage.writes import keyed
 from lineage.writes import spark as spark_writes
 from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.checks import check_expression, check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
+from lineage.writes.merge import merge_planner
 from lineage.writes.properties import (  # re-exported: the table properties keep their lineage.table names
     COPY_ON_WRITE,
     DEFAULT_RETRIES,
@@ -451,72 +451,7 @@ class Table:
                 raise KeyViolationError(f"deletes rejected: {problem}")
         extra = check_user_properties(properties)
         mode = self._mode(mode, PROP_MERGE_MODE)
-        on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
-        same = " AND ".join(f"b.{quote_ident(c)} IS NOT DISTINCT FROM l.{quote_ident(c)}" for c in schema.names)
-        bcols = ", ".join(f"b.{quote_ident(c)}" for c in schema.names)
-        keys = ", ".join(quote_ident(k) for k in key)
-
-        def scan_plan(files: list[LiveFile], con: duckdb.DuckDBPyConnection, index: KeyIndex | None) -> Plan:
-            # One scan of the key columns of ``files`` finds every live row the batch touches;
-            # everything below joins with that small set, never with the table again.
-            register_live_view(con, "live", files, schema, self._field_ids(), keys=("probe", key))
-            con.execute("CREATE TEMP TABLE hits AS SELECT * FROM live")
-            skip = f" AND NOT ({same})" if skip_unchanged else ""
-            capture = self._capture()
-            con.execute(
-                f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
-                "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version"
-                f"{old_values(schema, 'l.') if capture else ''} FROM batch b JOIN hits l ON {on}{skip}"
-            )
-            removed, values = split_old(
-                con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema
-            )
-            images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
-            inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
-            images = conform_images(images, self._iceberg.schema(), key, "upsert")
-            inserts = inserts.cast(schema)
-            deleted = 0
-            if dkeys is not None:
-                gone, gone_values = split_old(
-                    con.execute(
-                        f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_values(schema) if capture else ''} FROM hits l SEMI JOIN dkeys b ON {on}"
-                    ).to_arrow_table(), schema
-                )
-                deleted = gone.num_rows
-                removed = pa.concat_tables([removed, gone.cast(removed.schema)])
-                if values is not None and gone_values is not None:
-                    values = pa.concat_tables([values, gone_values])
-            change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
-            return Plan(
-                _operation, files=files, removed=removed.select(REMOVED_COLS.split(", ")), removed_values=values, new_images=images, inserts=inserts,
-                inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra, key_index=change,
-            )
-
-        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            con.register("batch", batch)
-            probe = f"SELECT {keys} FROM batch"
-            if dkeys is not None:
-                con.register("dkeys", dkeys)
-                both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
-                if both.num_rows:
-                    raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
-                probe += f" UNION ALL SELECT {keys} FROM dkeys"
-            con.execute(f"CREATE TEMP TABLE probe AS {probe}")
-            files = state.live_files()
-            index = KeyIndex.open(state)
-            if index is None:
-                return scan_plan(files, con, None)
-            if skip_unchanged:
-                # Old values are needed to compare: scan only the files the index says hold a batch key.
-                hit = np.unique(keyed.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
-                return scan_plan([files[i] for i in hit], con, index)
-            m = keyed.match_upserts(index, files, batch, dkeys)
-            images = m.images.append_column(pa.field(ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(CREATED, pa.int64(), False), m.created)
-            return Plan(
-                _operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
-                updated=m.updated, deleted=m.deleted, properties=extra, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),
-            )
-
+        plan = merge_planner(self, batch, dkeys, skip_unchanged=skip_unchanged, operation=_operation, properties=extra)
         return run_write(self, plan, mode=mode, expected_version=expected_version)
 
     def apply_changelog(
