@@ -174,16 +174,16 @@ def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offset
     cast would copy every value.
     """
     target = arrow_schema(schema)
-    if keep_offsets:
-        fields = []
-        for f in target:
-            given = data.schema.field(f.name).type if f.name in data.column_names else f.type
-            same = {given, f.type} <= {pa.string(), pa.large_string()} or {given, f.type} <= {pa.binary(), pa.large_binary()}
-            fields.append(f.with_type(given) if same else f)
-        target = pa.schema(fields)
     names = set(data.column_names)
     if len(names) != len(data.column_names):
         raise SchemaMismatchError(f"data has duplicate column names: {data.column_names}")
+    if keep_offsets:
+        fields = []
+        for f in target:
+            given = data.schema.field(f.name).type if f.name in names else f.type
+            same = {given, f.type} <= {pa.string(), pa.large_string()} or {given, f.type} <= {pa.binary(), pa.large_binary()}
+            fields.append(f.with_type(given) if same else f)
+        target = pa.schema(fields)
     unknown = sorted(names - set(target.names))
     if unknown:
         raise UnknownColumnError(f"data has column(s) {unknown} that the table does not have (table columns: {target.names})")
