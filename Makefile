@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test venv java reference-engine bench bench-peers bench-scaling bench-cdc bench-report bench-all clean
+.PHONY: demo test venv java reference-engine bench bench-peers bench-growth bench-scaling bench-cdc bench-report bench-all clean
 
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
@@ -48,6 +48,13 @@ bench-peers: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py --publish $(if $(SCALE),--scale $(SCALE))
 	$(PY) benchmarks/report.py
 
+# The feed against table size: every system at 1M and 10M rows, ours, DuckLake and delta-rs at 30M; then the figure and reports.
+bench-growth: $(BENCH_STAMP)
+	$(PY) benchmarks/run.py --publish
+	$(PY) benchmarks/run.py --publish --scale 10000000
+	$(PY) benchmarks/run.py --publish --scale 30000000 --systems lineage,lineage-capture,ducklake,delta
+	$(PY) benchmarks/report.py
+
 # pypaimon 2.1 pins pyarrow < 20 and pandas < 3, which this project cannot use: it gets a virtual environment of
 # its own, and benchmarks/cdc.py runs its Paimon child process there.
 PAIMON_VENV := .venv-paimon
@@ -75,6 +82,7 @@ bench-all: $(BENCH_STAMP) java
 	$(PY) benchmarks/write_cost.py --repeat 3 --pattern clustered --publish
 	$(PY) benchmarks/run.py --publish
 	$(PY) benchmarks/run.py --publish --scale 10000000
+	$(PY) benchmarks/run.py --publish --scale 30000000 --systems lineage,lineage-capture,ducklake,delta
 	$(PY) benchmarks/scaling.py --publish
 	$(PY) benchmarks/cdf_cost.py --rows 5000000 --publish
 	$(PY) benchmarks/spark_cdf.py --rows 5000000 --publish

@@ -18,6 +18,9 @@ Systems and the calls they make:
 
 * ``lineage``: this product. ``Table.merge(upserts=updated rows, deletes=keys)``
   (one merge-on-read commit), ``Table.upsert``, ``cdf.changes(t, a, b, net=...)``.
+* ``lineage-capture``: the same with the table property
+  ``lineage.cdf.capture-preimages=true`` (writes store removed images' values
+  in the deleted-rows index; the feed reads pre-images from there).
 * ``pyiceberg``: plain pyiceberg 0.12, no lineage, copy-on-write (the only mode it
   writes): ``overwrite(rows, overwrite_filter=In(id, updated + deleted))`` and
   ``upsert(batch, join_cols=["id"])``. It has no change feed.
@@ -46,6 +49,7 @@ the expected row count, ``sum(id)`` and ``sum(amount)``.
     .venv/bin/python benchmarks/run.py                    # 1,000,000 rows, every system
     .venv/bin/python benchmarks/run.py --scale 10000000
     .venv/bin/python benchmarks/run.py --systems lineage,delta --scale 100000
+    .venv/bin/python benchmarks/run.py --publish --scale 30000000 --systems lineage,lineage-capture,ducklake,delta
 
 Writes a record (``benchmarks/record.py``; ``--publish`` puts it in ``benchmarks/results/``, where
 ``benchmarks/report.py`` renders the READMEs from it) and prints the tables. ``--replace-from RECORD``
@@ -84,7 +88,7 @@ UPDATE_FRACTION = 0.005
 DELETE_FRACTION = 0.001
 UPSERT_BATCHES = 5
 UPSERT_FRACTION = 0.01
-SYSTEMS = ("lineage", "pyiceberg", "delta", "ducklake", "lance")
+SYSTEMS = ("lineage", "lineage-capture", "pyiceberg", "delta", "ducklake", "lance")
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 STATUSES = np.array(["new", "paid", "shipped", "cancelled", "updated", "upserted"])
 UPDATED, UPSERTED = 4, 5
@@ -300,6 +304,18 @@ class Lineage(System):
         import pyiceberg
 
         return {"pyiceberg": pyiceberg.__version__, "duckdb": duckdb.__version__}
+
+
+class LineageCapture(Lineage):
+    name = "lineage-capture"
+    notes = ["ours with the table property lineage.cdf.capture-preimages=true: writes also store the removed images' "
+             "values in the deleted-rows index, so the feed reads pre-images from the index instead of the data files"]
+
+    def create(self) -> None:
+        import lineage
+
+        self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root,
+                                      properties={"lineage.cdf.capture-preimages": "true"})
 
 
 class PyIceberg(System):
@@ -539,7 +555,7 @@ class Lance(System):
 
 
 PEER_PACKAGES = ("deltalake", "pylance", "duckdb-extension-ducklake")
-IMPLS: dict[str, type[System]] = {c.name: c for c in (Lineage, PyIceberg, Delta, DuckLake, Lance)}
+IMPLS: dict[str, type[System]] = {c.name: c for c in (Lineage, LineageCapture, PyIceberg, Delta, DuckLake, Lance)}
 
 
 PROBE_TIMEOUT = 60.0  # seconds; through a temp table the same range answers in about 1.5 s at 1M rows
@@ -605,7 +621,7 @@ def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
             rec["version"] = impl.version()
         result["steps"].append(rec)
         save()
-        print(f"  {system:9s} {name:12s} {wall:8.3f}s  peak {peak / 1024:7.0f} MB  wrote {rec['bytes_written']:>13,} B  load {load:.1f}", flush=True)
+        print(f"  {system:9s} {name:12s} {wall:8.3f}s  cpu {measured['cpu_s']:7.3f}s  peak {peak / 1024:7.0f} MB  wrote {rec['bytes_written']:>13,} B  load {load:.1f}", flush=True)
         return value
 
     try:
@@ -634,7 +650,7 @@ def run_child(system: str, plan_dir: str, root: str, out: str) -> None:
             result["feeds"][feed] = impl.summarize(value)
             del value
             save()
-        if system == "lineage":  # untimed: our net answer over (b), to compare with Lance's net-like delta() there
+        if system.startswith("lineage"):  # untimed: our net answer over (b), to compare with Lance's net-like delta() there
             result["feeds_untimed"] = {"net_last5": impl.summarize(impl.feed(v_changes, v_end, True))}
             save()
         final = impl.final()
@@ -882,6 +898,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         doc = {**this, "results": body}
     path = record.write(doc, publish=args.publish, out=args.out)
+    if args.publish:  # the feed-growth figure is drawn from every published run
+        import plot
+
+        plot.main([])
     import report as report_md
 
     print(report_md.render_peers(doc))

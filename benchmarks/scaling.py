@@ -8,8 +8,8 @@ then ``--commits`` change commits (default 10) each update ``--updates`` rows
 one ``Table.merge`` each, as in ``benchmarks/run.py``. So every size gets the
 same 50,000 updates and 10,000 deletes. Measured: the change feed over those
 commits (per-version and net, best of ``--repeat``), the deleted-rows index
-bytes they wrote, and where the feed's time goes (pointers from metadata,
-reading values, the SQL; measured with the ``cdf`` package's own functions).
+bytes they wrote, and where the feed's time goes (pointers from metadata, then
+the values of the images the feed shows; measured with the ``cdf`` package's own functions).
 
 Series 2, **change volume**: one table of ``--fixed-rows`` rows (default
 1,000,000) gets ``--volume-commits`` commits (default 20) of the same size;
@@ -41,7 +41,8 @@ sys.path.insert(0, HERE)
 
 import cdf  # noqa: E402
 import lineage  # noqa: E402
-from cdf.engine_duckdb import images_table  # noqa: E402
+from cdf import plan  # noqa: E402
+from cdf.engine_duckdb import image_values  # noqa: E402
 from cdf.pointers import change_pointers  # noqa: E402
 from lineage.fileio import local_path  # noqa: E402
 import record  # noqa: E402
@@ -101,9 +102,10 @@ def measure_feed(t: lineage.Table, a: int, b: int, repeat: int) -> dict[str, Any
     # where the per-version feed's time goes (the same calls cdf.changes makes)
     state = t.state()
     ptr_s, pointers = best(lambda: change_pointers(state, a, b), repeat)
-    val_s, _ = best(lambda: images_table(pointers, t.arrow_schema), repeat)
+    shown = plan.per_version(pointers, a, b).pointer  # the images the feed shows: their values are read
+    val_s, _ = best(lambda: image_values(state, pointers, shown, t.arrow_schema), repeat)
     files = {p.path for p in state.live_files()}
-    ptr_files = set(pointers.column("file_path").to_pylist())
+    ptr_files = {pointers.files[int(s)] for s in np.unique(pointers.source[shown]) if s >= 0}
     data_bytes = sum(s for p, s in files_under(local_path(t.iceberg.metadata.location)).items() if "/data/" in p and not p.endswith("-deletes.parquet"))
     return {
         "range": [a, b],
@@ -113,7 +115,7 @@ def measure_feed(t: lineage.Table, a: int, b: int, repeat: int) -> dict[str, Any
         "net_rows": net.num_rows,
         "pointers_s": round(ptr_s, 3),
         "values_s": round(val_s, 3),
-        "pointers": pointers.num_rows,
+        "pointers": len(pointers),
         "files_read_for_values": len(ptr_files),
         "live_files": len(files),
         "data_bytes_on_disk": data_bytes,

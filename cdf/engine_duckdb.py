@@ -1,67 +1,173 @@
-"""The change feed in DuckDB, the embedded default engine.
+"""The change feed in the embedded engine (``engine="duckdb"``, the default), in this process.
 
-Pointers (metadata) select the images; their values are read from the Parquet
-files with row-group granularity; the feed itself is the SQL of
-:mod:`cdf.plan` rendered for DuckDB.
+The feed's rows are decided from metadata (:mod:`cdf.plan` over
+:mod:`cdf.pointers`); then only the images the feed shows are read: the row
+groups that hold them and the selected columns (:mod:`lineage.values`), or the
+values an index segment captured. Update pairs get ``_changed_columns`` by
+comparing their two images column by column (the rule of :mod:`cdf.plan`),
+net pairs equal in every selected column are dropped, and the result is
+assembled column by column as an Arrow table. The engine keeps its public
+name ``duckdb``: it is the embedded default, and the views over it live in
+DuckDB (:mod:`cdf.views`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdf.dialect import DUCKDB
-from cdf.output import change_schema, commits_table, conform, deleted_schema
-from cdf.plan import changes_sql
-from cdf.pointers import change_pointers, deletion_pointers, fetch_values
-from lineage import duck
+from cdf import plan
+from cdf.output import TIMESTAMP, change_schema, deleted_schema
+from cdf.pointers import Pointers, change_pointers
+from lineage.arrays import unique
 from lineage.state import TableState
+from lineage.values import gather, take_rows
+
+_CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 
 
-def images_table(pointers: pa.Table, data: pa.Schema) -> pa.Table:
-    """Pointers joined with the values they point at (same row order)."""
-    values = fetch_values(pointers, data.names)
-    out = pointers.drop_columns(["file_path", "pos"])
-    keep = pc.invert(out.column("_purged")) if "_purged" in out.column_names else None
-    for field in data:
-        col = values.column(field.name).cast(field.type) if values.num_columns else pa.nulls(0, field.type)
-        if keep is not None:  # erased images: every data column reads as null
-            col = pc.if_else(keep, col, pa.nulls(len(col), field.type))
-            field = field.with_nullable(True)
-        out = out.append_column(field, col)
+def _field_ids(state: TableState) -> dict[str, int]:
+    return {f.name: f.field_id for f in state.iceberg.schema().fields}
+
+
+def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_ids: dict[str, int]) -> pa.Table:
+    """Rows of an index segment's captured values as a table of ``data`` (columns matched by field id)."""
+    taken = values.take(pa.array(rows, pa.int64()))
+    cols = []
+    for f in data:
+        name = str(field_ids[f.name])
+        if name not in taken.column_names:  # a column added after the capture: null, as in the data file
+            cols.append(pa.nulls(len(rows), f.type))
+            continue
+        col = taken.column(name)
+        cols.append(col if col.type == f.type else col.cast(f.type))
+    return pa.Table.from_arrays(cols, schema=data)
+
+
+def image_values(state: TableState, p: Pointers, pointer: np.ndarray, data: pa.Schema) -> pa.Table:
+    """The values of ``data``'s columns of the images ``pointer`` (in that order); purged images read as null."""
+    n = len(pointer)
+    field_ids = _field_ids(state)
+    source, loc = p.source[pointer], p.loc[pointer]
+    pieces: list[pa.Table] = []
+    rows = np.zeros(n, np.int64)
+    from_files = np.flatnonzero(source >= 0)
+    if len(from_files):
+        got = gather(p.files, source[from_files], loc[from_files], data, field_ids)
+        pieces.extend(got.pieces)
+        rows[from_files] = got.rows
+    offset = sum(t.num_rows for t in pieces)
+    for k in unique(source[source < 0]):
+        idx = np.flatnonzero(source == k)
+        wanted = unique(loc[idx])
+        inverse = np.searchsorted(wanted, loc[idx])
+        piece = _captured_piece(p.captured[-int(k) - 1].values, wanted, data, field_ids)
+        pieces.append(piece)
+        rows[idx] = offset + inverse
+        offset += piece.num_rows
+    values = take_rows(pieces, rows, data)
+    if p.purged is not None:
+        erased = pa.array(p.purged[pointer])
+        nullable = pa.schema([f.with_nullable(True) for f in data])
+        values = pa.Table.from_arrays(
+            [pc.if_else(erased, pa.nulls(n, f.type), values.column(f.name)) for f in data], schema=nullable
+        )
+    return values
+
+
+def _distinct(x: pa.Array, y: pa.Array) -> np.ndarray:
+    """Null-safe "is distinct from" of two equal-length arrays (NaN equals NaN)."""
+    t = x.type
+    if pa.types.is_nested(t) or pa.types.is_dictionary(t):
+        return np.array([u != v for u, v in zip(x.to_pylist(), y.to_pylist(), strict=True)], bool)
+    differ = pc.fill_null(pc.not_equal(x, y), False)
+    if pa.types.is_floating(t):
+        differ = pc.and_(differ, pc.invert(pc.and_(pc.fill_null(pc.is_nan(x), False), pc.fill_null(pc.is_nan(y), False))))
+    one_null = pc.xor(pc.is_null(x), pc.is_null(y))
+    return pc.or_(differ, one_null).to_numpy(zero_copy_only=False)
+
+
+def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
+    """For each pair (pre-image row ``pre[k]``, post-image row ``pre[k] + 1``): which columns are distinct."""
+    out = np.zeros((len(pre), values.num_columns), bool)
+    if len(pre):
+        a, b = pa.array(pre, pa.int64()), pa.array(pre + 1, pa.int64())
+        for j, col in enumerate(values.columns):
+            out[:, j] = _distinct(col.take(a).combine_chunks(), col.take(b).combine_chunks())
     return out
+
+
+def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str]) -> pa.Array:
+    """``_changed_columns``: the pair's list on both rows of each update pair, null elsewhere."""
+    counts = changed.sum(axis=1)
+    per_row = np.zeros(n, np.int64)
+    per_row[pre] = counts
+    per_row[pre + 1] = counts
+    offsets = pa.array(np.concatenate(([0], np.cumsum(per_row))).astype(np.int32), pa.int32())
+    which = np.nonzero(np.repeat(changed, 2, axis=0))[1]
+    child = pa.array(names, pa.string()).take(pa.array(which, pa.int64())) if len(which) else pa.array([], pa.string())
+    update = np.zeros(n, bool)
+    update[pre] = True
+    update[pre + 1] = True
+    return pa.ListArray.from_arrays(offsets, child, mask=pa.array(~update))
+
+
+def _timestamps(p: Pointers, version: np.ndarray) -> pa.Array:
+    if len(version) == 0:
+        return pa.array([], pa.int64()).cast(TIMESTAMP)
+    lo = int(version.min())
+    lookup = np.full(int(version.max()) - lo + 1, -1, np.int64)
+    for v, ms in p.commit_ms.items():
+        if lo <= v < lo + len(lookup):
+            lookup[v - lo] = ms
+    ms = lookup[version - lo]
+    return pa.array(ms, pa.int64(), mask=ms < 0).cast(TIMESTAMP)
 
 
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
     """The change feed over ``(a, b]`` as an Arrow table."""
-    images = images_table(change_pointers(state, a, b), data)
-    extra = ["_purged"] if "_purged" in images.column_names else []
-    con = duck.connect()
-    try:
-        con.register("images", images)
-        con.register("commits", commits_table(state.lineage.log.since(a)))
-        result = con.execute(changes_sql(DUCKDB, "images", "commits", data.names, str(a), str(b), net, extra)).to_arrow_table()
-    finally:
-        con.close()
-    return conform(result, change_schema(data, bool(extra)))
+    p = change_pointers(state, a, b)
+    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
+    values = image_values(state, p, sk.pointer, data)
+    pre = sk.preimages
+    changed = changed_matrix(values, pre)
+    if net:  # a pair whose images are equal in every selected column is no change
+        same = pre[~changed.any(axis=1)]
+        if len(same):
+            keep = np.ones(len(sk), bool)
+            keep[same] = keep[same + 1] = False
+            sk, values, changed = sk.without_pairs(same), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
+            pre = sk.preimages
+    schema = change_schema(data, p.purged is not None)
+    ptr = sk.pointer
+    meta = [
+        _CHANGE_NAMES.take(pa.array(sk.change, pa.int8())),
+        pa.array(sk.version, pa.int64()),
+        _timestamps(p, sk.version),
+        pa.array(p.row_id[ptr], pa.int64()),
+        pa.array(p.created[ptr], pa.int64()),
+        pa.array(p.valid_from[ptr], pa.int64()),
+        _changed_lists(len(sk), pre, changed, data.names),
+    ]
+    if p.purged is not None:
+        meta.append(pa.array(p.purged[ptr], pa.bool_()))
+    return pa.Table.from_arrays(list(values.columns) + meta, schema=schema)
 
 
 def deleted_rows(state: TableState, since: int, until: int, data: pa.Schema) -> pa.Table:
     """Rows deleted in ``(since, until]`` with their last values."""
-    pointers = deletion_pointers(state, since, until)
-    images = images_table(pointers, data)
-    commits = commits_table(state.lineage.log.since(since))
-    con = duck.connect()
-    try:
-        con.register("images", images)
-        con.register("commits", commits)
-        cols = "".join(f'i."{c}", ' for c in data.names)
-        result = con.execute(
-            f"SELECT {cols} i._valid_to AS _row_deleted_at_version, c._commit_timestamp AS _row_deleted_at_timestamp, "
-            "i._row_id, i._row_created_at_version, i._valid_from AS _row_last_updated_at_version"
-            + (", i._purged " if "_purged" in images.column_names else " ")
-            + "FROM images i LEFT JOIN commits c ON c.__version = i._valid_to ORDER BY i._valid_to, i._row_id"
-        ).to_arrow_table()
-    finally:
-        con.close()
-    return conform(result, deleted_schema(data, "_purged" in images.column_names))
+    p = change_pointers(state, since, until)
+    sk = plan.deleted(p, since, until)
+    values = image_values(state, p, sk.pointer, data)
+    ptr = sk.pointer
+    meta = [
+        pa.array(sk.version, pa.int64()),
+        _timestamps(p, sk.version),
+        pa.array(p.row_id[ptr], pa.int64()),
+        pa.array(p.created[ptr], pa.int64()),
+        pa.array(p.valid_from[ptr], pa.int64()),
+    ]
+    if p.purged is not None:
+        meta.append(pa.array(p.purged[ptr], pa.bool_()))
+    return pa.Table.from_arrays(list(values.columns) + meta, schema=deleted_schema(data, p.purged is not None))

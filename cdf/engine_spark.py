@@ -1,9 +1,13 @@
-"""The change feed in Spark: the same SQL definition, rendered for Spark SQL.
+"""The change feed in Spark: the same plan (:mod:`cdf.plan`), values read and compared by executors.
 
-The driver computes pointer *runs* from metadata (lineage runs and index
-bitmaps) and ships them as a small DataFrame; executors expand them, read the
+The driver computes the feed's skeleton from metadata (which image each row
+shows, its change type, version and place in the order) and ships it as a
+small DataFrame: one row per feed row, metadata only. Executors read the
 Parquet files themselves (``_metadata.file_path`` / ``_metadata.row_index``
-give positions) and join. The driver never collects table rows.
+give positions) or, for images whose values an index segment captured, the
+segment's value lists (``posexplode``), join them to the skeleton, and apply
+the changed-columns rule of :mod:`cdf.plan` rendered as Spark SQL. The driver
+never collects table data.
 """
 
 from __future__ import annotations
@@ -11,109 +15,179 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from cdf import plan
 from cdf.dialect import SPARK
-from cdf.output import change_schema, commits_table, deleted_schema
-from cdf.plan import changes_sql
-from cdf.pointers import change_pointers, deletion_pointers, pointer_runs
+from cdf.output import TIMESTAMP, change_schema, deleted_schema
+from cdf.pointers import Pointers, change_pointers
+from index.deleted_rows import VALUE_PREFIX
+from lineage.arrays import unique
 from lineage.fileio import local_path
 from lineage.state import TableState
 
-# Up to this many pointers are broadcast to every executor instead of shuffling the data rows.
+# Up to this many skeleton rows are broadcast to every executor instead of shuffling the data rows.
 BROADCAST_POINTERS = 5_000_000
 
 # Spark reports local files as file:/path or file:///path; Iceberg may store either or a bare path.
 _NORMALIZE = r"^file:(//)?"
 
 
-def _normalize(path: str) -> str:
-    return local_path(path)
+def _spark_type(spark: Any, t: pa.DataType) -> str:
+    """The Spark SQL type name of an Arrow type (via an empty DataFrame)."""
+    return spark.createDataFrame(pa.Table.from_batches([], schema=pa.schema([("x", t)]))).schema["x"].dataType.simpleString()
 
 
-def _spark_fields(spark: Any, schema: pa.Schema) -> Any:
-    """The Spark schema of an Arrow schema (via an empty DataFrame)."""
-    return spark.createDataFrame(pa.Table.from_batches([], schema=schema)).schema
+def _skeleton(p: Pointers, sk: plan.Skeleton) -> pa.Table:
+    """The skeleton as shipped: order, where the values are, and the output's metadata columns."""
+    n = len(sk)
+    ptr = sk.pointer
+    source, loc = p.source[ptr], p.loc[ptr]
+    from_file = source >= 0
+    paths = np.array([local_path(f) for f in p.files] + [""], dtype=object)
+    seg_paths = np.array([local_path(s.path) for s in p.captured] + [""], dtype=object)
+    seg_row = np.zeros(n, np.int64)
+    seg_k = np.zeros(n, np.int64)
+    for k in unique(source[~from_file]):
+        seg = p.captured[-int(k) - 1]
+        idx = np.flatnonzero(source == k)
+        first = np.searchsorted(seg.file_index, seg.file_index, side="left")
+        seg_row[idx] = seg.file_index[loc[idx]]
+        seg_k[idx] = loc[idx] - first[loc[idx]]
+    pair = np.arange(n, dtype=np.int64)
+    post = np.flatnonzero(sk.change == plan.POSTIMAGE)
+    pair[post] = post - 1  # both images of an update share the pre-image's row number
+    ms = np.array([p.commit_ms.get(int(v), -1) for v in sk.version], np.int64) if n else np.zeros(0, np.int64)
+    cols = {
+        "__ord": np.arange(n, dtype=np.int64),
+        "__pair": pair,
+        "__path": pa.array(paths[np.where(from_file, source, -1)], pa.string()),
+        "__pos": np.where(from_file, loc, -1),
+        "__seg": pa.array(seg_paths[np.where(from_file, -1, -source - 1)], pa.string()),
+        "__segrow": seg_row,
+        "__k": seg_k,
+        "__change": sk.change.astype(np.int32),
+        "_commit_version": sk.version,
+        "_commit_timestamp": pa.array(ms, pa.int64(), mask=ms < 0).cast(TIMESTAMP),
+        "_row_id": p.row_id[ptr],
+        "_row_created_at_version": p.created[ptr],
+        "_row_last_updated_at_version": p.valid_from[ptr],
+    }
+    if p.purged is not None:
+        cols["_purged"] = pa.array(p.purged[ptr], pa.bool_())
+    return pa.table(cols)
 
 
-def read_positions(spark: Any, paths: list[str], columns: list[str]) -> Any:
+def _file_values(spark: Any, paths: list[str], data: pa.Schema) -> Any:
     """Executors read the data files, adding ``__path`` and ``__pos`` for every row."""
     from pyspark.sql import functions as F
 
-    df = spark.read.option("recursiveFileLookup", "true").parquet(*[_normalize(p) for p in paths])
+    df = spark.read.option("recursiveFileLookup", "true").parquet(*paths)
     return df.select(
-        *[F.col(f"`{c}`") for c in columns],
-        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__path"),
-        F.col("_metadata.row_index").alias("__pos"),
+        *[F.col(f"`{c}`") for c in data.names],
+        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__vpath"),
+        F.col("_metadata.row_index").alias("__vpos"),
     )
 
 
-def images_df(spark: Any, pointers: pa.Table, data: pa.Schema) -> Any:
-    """Row images (data columns + lineage) for the pointers, computed by executors."""
+def _captured_values(spark: Any, state: TableState, segments: list[str], data: pa.Schema) -> Any:
+    """Executors read the values index segments captured: one row per entry, keyed by (segment, row, list index)."""
     from pyspark.sql import functions as F
 
-    runs = pointer_runs(pointers)
-    extra = ["_purged"] if "_purged" in pointers.column_names else []
-    if runs.num_rows == 0:
-        empty = pa.schema(list(data) + [pa.field("_row_id", pa.int64()), pa.field("_row_created_at_version", pa.int64()),
-                                       pa.field("_valid_from", pa.int64()), pa.field("_valid_to", pa.int64())]
-                          + [pa.field(c, pa.bool_()) for c in extra])
-        return spark.createDataFrame(pa.Table.from_batches([], schema=empty))
-    paths = sorted(set(runs.column("file_path").to_pylist()))
-    runs = runs.set_column(0, "file_path", pa.array([_normalize(p) for p in runs.column("file_path").to_pylist()], pa.string()))
-    expanded = (
-        spark.createDataFrame(runs)
-        .withColumn("__i", F.explode(F.sequence(F.lit(0).cast("long"), F.col("length") - 1)))
-        .select(
-            F.col("file_path").alias("__ppath"),
-            (F.col("pos_start") + F.col("__i")).alias("__ppos"),
-            (F.col("row_id_start") + F.col("__i")).alias("_row_id"),
-            "_row_created_at_version",
-            "_valid_from",
-            "_valid_to",
-            *extra,
-        )
+    field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
+    df = spark.read.option("mergeSchema", "true").parquet(*segments)
+    present = set(df.columns)
+    lists = [f"{VALUE_PREFIX}{field_ids[c]}" for c in data.names]
+    zipped = F.arrays_zip(*[F.col(f"`{n}`").alias(str(i)) for i, n in enumerate(lists) if n in present])
+    exploded = df.select(
+        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__vseg"),
+        F.col("_metadata.row_index").alias("__vsegrow"),
+        F.posexplode(zipped).alias("__vk", "__v"),
     )
-    rows = read_positions(spark, paths, data.names)
-    if pointers.num_rows <= BROADCAST_POINTERS:
-        expanded = F.broadcast(expanded)  # the pointers are small: no shuffle of the table's rows
-    joined = rows.join(expanded, (rows["__path"] == expanded["__ppath"]) & (rows["__pos"] == expanded["__ppos"]))
-    values = [
-        (F.when(~F.col("_purged"), F.col(f"`{c}`")) if extra else F.col(f"`{c}`")).alias(c)  # erased images read as null
-        for c in data.names
-    ]
-    return joined.select(*values, "_row_id", "_row_created_at_version", "_valid_from", "_valid_to", *extra)
+    values = []
+    for i, (c, n) in enumerate(zip(data.names, lists, strict=True)):
+        typ = _spark_type(spark, data.field(c).type)
+        values.append((F.col(f"__v.`{i}`") if n in present else F.lit(None)).cast(typ).alias(c))
+    return exploded.select("__vseg", "__vsegrow", "__vk", *values)
 
 
-def _views(spark: Any, images: Any, state: TableState, after: int) -> tuple[str, str]:
-    tag = uuid.uuid4().hex[:12]
-    images_view, commits_view = f"__lineage_images_{tag}", f"__lineage_commits_{tag}"
-    images.createOrReplaceTempView(images_view)
-    spark.createDataFrame(commits_table(state.lineage.log.since(after))).createOrReplaceTempView(commits_view)
-    return images_view, commits_view
+def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, data: pa.Schema) -> Any:
+    """The skeleton joined with the values of the images it shows (executors read them)."""
+    from pyspark.sql import functions as F
+
+    skel = _skeleton(p, sk)
+    meta = [c for c in skel.column_names]
+    if skel.num_rows == 0:
+        empty = pa.schema(list(data) + [f for f in skel.schema])
+        return spark.createDataFrame(pa.Table.from_batches([], schema=empty))
+    rows = spark.createDataFrame(skel)
+    if skel.num_rows <= BROADCAST_POINTERS:
+        rows = F.broadcast(rows)  # the skeleton is small: no shuffle of the table's rows
+    parts = []
+    from_file = p.source[sk.pointer] >= 0
+    if from_file.any():
+        paths = sorted({local_path(p.files[int(s)]) for s in unique(p.source[sk.pointer][from_file])})
+        vals = _file_values(spark, paths, data)
+        wanted = rows.where(F.col("__pos") >= 0)
+        parts.append(vals.join(wanted, (vals["__vpath"] == wanted["__path"]) & (vals["__vpos"] == wanted["__pos"])).select(*data.names, *meta))
+    if (~from_file).any():
+        segs = sorted({local_path(p.captured[-int(s) - 1].path) for s in unique(p.source[sk.pointer][~from_file])})
+        vals = _captured_values(spark, state, segs, data)
+        wanted = rows.where(F.col("__pos") < 0)
+        on = (vals["__vseg"] == wanted["__seg"]) & (vals["__vsegrow"] == wanted["__segrow"]) & (vals["__vk"] == wanted["__k"])
+        parts.append(vals.join(wanted, on).select(*data.names, *meta))
+    images = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    if p.purged is not None:  # erased images read as null
+        images = images.select(*[F.when(~F.col("_purged"), F.col(f"`{c}`")).alias(c) for c in data.names], *meta)
+    return images
+
+
+def _view(spark: Any, df: Any) -> str:
+    name = f"__lineage_images_{uuid.uuid4().hex[:12]}"
+    df.createOrReplaceTempView(name)
+    return name
 
 
 def changes(spark: Any, state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> Any:
     """The change feed over ``(a, b]`` as a Spark DataFrame."""
-    pointers = change_pointers(state, a, b)
-    extra = ["_purged"] if "_purged" in pointers.column_names else []
-    images = images_df(spark, pointers, data)
-    images_view, commits_view = _views(spark, images, state, a)
-    df = spark.sql(changes_sql(SPARK, images_view, commits_view, data.names, str(a), str(b), net, extra))
-    return df.select(*[f"`{n}`" for n in change_schema(data, bool(extra)).names])
+    p = change_pointers(state, a, b)
+    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
+    view = _view(spark, images_df(spark, state, p, sk, data))
+    d = SPARK
+    cols = data.names
+    partners = "".join(
+        f", CASE WHEN __change = {plan.PREIMAGE} THEN {d.ident(c)} ELSE LAG({d.ident(c)}) OVER w END AS {d.ident(f'__pre{i}')}"
+        f", CASE WHEN __change = {plan.PREIMAGE} THEN LEAD({d.ident(c)}) OVER w ELSE {d.ident(c)} END AS {d.ident(f'__post{i}')}"
+        for i, c in enumerate(cols)
+    )
+    changed = plan.changed_sql(d, cols, "__pre", "__post")
+    update = f"__change IN ({plan.PREIMAGE}, {plan.POSTIMAGE})"
+    names = ", ".join(d.string(n) for n in plan.CHANGE_TYPES)
+    select_cols = "".join(f"{d.ident(c)}, " for c in cols)
+    purged = ", _purged" if p.purged is not None else ""
+    sql = f"""
+WITH paired AS (SELECT *{partners} FROM {view} WINDOW w AS (PARTITION BY __pair ORDER BY __change)),
+typed AS (SELECT *, CASE WHEN {update} THEN {changed} END AS _changed_columns FROM paired)
+SELECT {select_cols}element_at(array({names}), __change + 1) AS _change_type, _commit_version, _commit_timestamp, _row_id,
+       _row_created_at_version, _row_last_updated_at_version, _changed_columns{purged}
+FROM typed
+{f"WHERE NOT ({update}) OR {d.size('_changed_columns')} > 0" if net else ""}
+ORDER BY __ord
+"""
+    df = spark.sql(sql)
+    return df.select(*[f"`{n}`" for n in change_schema(data, p.purged is not None).names])
 
 
 def deleted_rows(spark: Any, state: TableState, since: int, until: int, data: pa.Schema) -> Any:
     """Rows deleted in ``(since, until]`` as a Spark DataFrame."""
-    pointers = deletion_pointers(state, since, until)
-    purged = "_purged" in pointers.column_names
-    images = images_df(spark, pointers, data)
-    images_view, commits_view = _views(spark, images, state, since)
-    cols = "".join(f"i.`{c}`, " for c in data.names)
-    df = spark.sql(
-        f"SELECT {cols} i._valid_to AS _row_deleted_at_version, c._commit_timestamp AS _row_deleted_at_timestamp, "
-        "i._row_id, i._row_created_at_version, i._valid_from AS _row_last_updated_at_version"
-        + (", i._purged " if purged else " ")
-        + f"FROM {images_view} i LEFT JOIN {commits_view} c ON c.__version = i._valid_to ORDER BY i._valid_to, i._row_id"
+    p = change_pointers(state, since, until)
+    sk = plan.deleted(p, since, until)
+    images = images_df(spark, state, p, sk, data)
+    purged = ["_purged"] if p.purged is not None else []
+    df = images.orderBy("__ord").select(
+        *[f"`{c}`" for c in data.names], images["_commit_version"].alias("_row_deleted_at_version"),
+        images["_commit_timestamp"].alias("_row_deleted_at_timestamp"), "_row_id", "_row_created_at_version",
+        "_row_last_updated_at_version", *purged,
     )
-    return df.select(*[f"`{n}`" for n in deleted_schema(data, purged).names])
+    return df.select(*[f"`{n}`" for n in deleted_schema(data, p.purged is not None).names])

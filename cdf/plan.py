@@ -1,28 +1,50 @@
-"""The change data feed, defined once as SQL over an ``images`` relation.
+"""The change data feed, defined once over pointers, before any value is read.
 
-Input relation ``images``: one row per row image with the data columns,
-``_row_id``, ``_row_created_at_version``, ``_valid_from`` (the version that
-wrote the image) and ``_valid_to`` (the version that removed it, null while
-live). Input relation ``commits``: ``__version`` and ``_commit_timestamp``.
+Input: :class:`~cdf.pointers.Pointers`, one entry per row image with
+``_row_id``, ``_row_created_at_version``, ``valid_from`` (the version that
+wrote the image) and ``valid_to`` (the version that removed it; live images
+have none). Output: a :class:`Skeleton`, one entry per row of the feed: the
+image it shows, its change type and commit version, in the feed's order.
 
-Per-version mode: every image starting in ``(a, b]`` is a start event and
-every image ending there an end event. Events are ordered per ``_row_id`` by
-version (end before start); an end directly followed by a start of the same
-row at the same version is an update pair (LAG/LEAD), otherwise an end is a
-delete and a start an insert.
+**Per-version mode** (DESIGN section 3): every image starting in ``(a, b]``
+is a start event at its ``valid_from``, every image ending there an end event
+at its ``valid_to``. Events are ordered by (version, row id, end before
+start). An end directly followed by a start of the same row at the same
+version is an update pair (pre-image, then post-image); any other end is a
+delete and any other start an insert.
 
-Net mode keeps, per ``_row_id``, the image live at ``a`` and the image live at
-``b``: both present → an update pair (dropped when equal in every selected
-column), only the first → a delete, only the second → an insert. Everything
-is partitioned by ``_row_id`` only; no step shuffles on all columns.
+**Net mode**: per row id, the image live at ``a`` (it ends in the range) and
+the image live at ``b`` (it starts in the range and is still live at ``b``).
+Both → an update pair; only the first → a delete; only the second → an
+insert. The commit version is the last version in the range that started or
+ended an image of the row. Ordered by (commit version, row id, pre-image
+first). Everything is keyed by row id; nothing is compared on values here.
 
-``a`` and ``b`` are SQL expressions, so the same text serves literal ranges
-and DuckDB macro parameters.
+**Deleted rows** are the deletes of the per-version feed over the range,
+ordered by (version, row id).
+
+Update pairs are adjacent in a skeleton, pre-image first. What depends on
+values is left to the engines, and is the same rule for all of them
+(:data:`CHANGED_RULE`): ``_changed_columns`` of a pair names, in column
+order, the selected columns whose values are distinct in the two images
+(null-safe: null equals null; NaN equals NaN), and in net mode a pair whose
+images are equal in every selected column is dropped. The embedded engine
+applies the rule to Arrow arrays (:mod:`cdf.engine_duckdb`); the Spark
+engine renders it as SQL (:func:`changed_sql`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from cdf.dialect import Dialect
+from cdf.pointers import LIVE, Pointers
+
+INSERT, PREIMAGE, POSTIMAGE, DELETE = 0, 1, 2, 3
+CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
+CHANGED_RULE = "names of the selected columns whose values are distinct between the pre- and post-image (null = null, NaN = NaN)"
 
 OUTPUT_COLUMNS = (
     "_change_type",
@@ -35,104 +57,116 @@ OUTPUT_COLUMNS = (
 )
 
 
-def _changed(d: Dialect, columns: list[str], partner_prefix: str) -> str:
+@dataclass(frozen=True)
+class Skeleton:
+    """The rows of a feed before values: the pointer each row shows, its change code and commit version.
+
+    Update pairs are adjacent (pre-image at ``i``, post-image at ``i + 1``).
+    """
+
+    pointer: np.ndarray
+    change: np.ndarray
+    version: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.pointer)
+
+    @property
+    def preimages(self) -> np.ndarray:
+        """Row indices of the pre-images (their post-image is the next row)."""
+        return np.flatnonzero(self.change == PREIMAGE)
+
+    def without_pairs(self, preimages: np.ndarray) -> Skeleton:
+        """The skeleton without the pairs whose pre-image rows are ``preimages``."""
+        if not len(preimages):
+            return self
+        keep = np.ones(len(self), bool)
+        keep[preimages] = False
+        keep[preimages + 1] = False
+        return Skeleton(self.pointer[keep], self.change[keep], self.version[keep])
+
+    def only(self, change: int) -> Skeleton:
+        """The rows of one change type."""
+        keep = self.change == change
+        return Skeleton(self.pointer[keep], self.change[keep], self.version[keep])
+
+
+def feed_order(primary: np.ndarray, row_id: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The order by (``primary`` version, row id, ``last`` 0/1), stable.
+
+    Versions span little and row ids fit in far fewer than 64 bits, so the
+    three keys pack into one integer, and a stable sort of a sequence that is
+    mostly in order already (events come grouped by version, in row id order
+    within each file) costs little more than a pass.
+    """
+    if len(row_id) == 0:
+        return np.zeros(0, np.int64)
+    p = primary - primary.min()
+    r = row_id - row_id.min()
+    pbits, rbits = int(p.max()).bit_length(), int(r.max()).bit_length()
+    if pbits + rbits + 1 <= 62:
+        return np.argsort((p << (rbits + 1)) | (r << 1) | last, kind="stable")
+    return np.lexsort((last, row_id, primary))
+
+
+def per_version(p: Pointers, a: int, b: int) -> Skeleton:
+    """The per-version feed over ``(a, b]`` (see the module docstring)."""
+    ends = np.flatnonzero((p.valid_to > a) & (p.valid_to <= b))
+    starts = np.flatnonzero((p.valid_from > a) & (p.valid_from <= b))
+    pointer = np.concatenate((ends, starts))
+    start = np.concatenate((np.zeros(len(ends), np.int64), np.ones(len(starts), np.int64)))
+    version = np.concatenate((p.valid_to[ends], p.valid_from[starts]))
+    row_id = p.row_id[pointer]
+    order = feed_order(version, row_id, start)
+    pointer, start, version, row_id = pointer[order], start[order], version[order], row_id[order]
+    pair = (row_id[1:] == row_id[:-1]) & (version[1:] == version[:-1]) & (start[:-1] == 0) & (start[1:] == 1)
+    pre = np.concatenate((pair, [False]))
+    post = np.concatenate(([False], pair))
+    change = np.where(start == 1, np.where(post, POSTIMAGE, INSERT), np.where(pre, PREIMAGE, DELETE)).astype(np.int8)
+    return Skeleton(pointer, change, version)
+
+
+def net(p: Pointers, a: int, b: int) -> Skeleton:
+    """The net feed over ``(a, b]`` (see the module docstring)."""
+    starts = (p.valid_from > a) & (p.valid_from <= b)
+    ends = (p.valid_to > a) & (p.valid_to <= b)
+    pointer = np.flatnonzero(starts | ends)
+    s, e = starts[pointer], ends[pointer]
+    vf, vt, row_id = p.valid_from[pointer], p.valid_to[pointer], p.row_id[pointer]
+    at_a = vf <= a
+    at_b = s & ((vt == LIVE) | (vt > b))
+    last = np.maximum(np.where(s, vf, 0), np.where(e, vt, 0))
+    # the commit version of a row: the last version in range that touched any of its images
+    version = np.zeros(len(pointer), np.int64)
+    if len(pointer):
+        by_row = np.argsort(row_id, kind="stable")
+        sorted_rows = row_id[by_row]
+        group_start = np.flatnonzero(np.concatenate(([True], sorted_rows[1:] != sorted_rows[:-1])))
+        group_max = np.maximum.reduceat(last[by_row], group_start)
+        version[by_row] = np.repeat(group_max, np.diff(np.append(group_start, len(pointer))))
+    keep = at_a | at_b
+    pointer, version, at_b, row_id = pointer[keep], version[keep], at_b[keep].astype(np.int64), row_id[keep]
+    order = feed_order(version, row_id, at_b)
+    pointer, version, at_b, row_id = pointer[order], version[order], at_b[order], row_id[order]
+    pair = row_id[1:] == row_id[:-1]  # a row keeps at most its image at a and its image at b, in that order
+    pre = np.concatenate((pair, [False]))
+    post = np.concatenate(([False], pair))
+    change = np.where(at_b == 1, np.where(post, POSTIMAGE, INSERT), np.where(pre, PREIMAGE, DELETE)).astype(np.int8)
+    return Skeleton(pointer, change, version)
+
+
+def deleted(p: Pointers, since: int, until: int) -> Skeleton:
+    """Rows deleted (not updated) in ``(since, until]``: the deletes of the per-version feed."""
+    return per_version(p, since, until).only(DELETE)
+
+
+def changed_sql(d: Dialect, columns: list[str], pre_prefix: str, post_prefix: str) -> str:
+    """:data:`CHANGED_RULE` as SQL over a pair's columns (``<prefix><i>`` for column i).
+
+    ``IS DISTINCT FROM`` is null-safe, and SQL engines compare NaN equal to NaN.
+    """
     items = [
-        f"CASE WHEN {d.ident(c)} IS DISTINCT FROM {d.ident(f'{partner_prefix}{i}')} THEN {d.string(c)} END"
+        f"CASE WHEN {d.ident(f'{pre_prefix}{i}')} IS DISTINCT FROM {d.ident(f'{post_prefix}{i}')} THEN {d.string(c)} END"
         for i, c in enumerate(columns)
     ]
     return d.non_null_strings(items)
-
-
-def _partners(d: Dialect, columns: list[str], take_previous: str) -> str:
-    """Each column's value in the partner image (previous row if ``take_previous`` holds, else next)."""
-    return "".join(
-        f", CASE WHEN {take_previous} THEN LAG({d.ident(c)}) OVER w ELSE LEAD({d.ident(c)}) OVER w END AS {d.ident(f'__p{i}')}"
-        for i, c in enumerate(columns)
-    )
-
-
-def changes_sql(
-    d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, net: bool = False, extra: list[str] | None = None
-) -> str:
-    """The SQL text of the change feed over ``(a, b]``.
-
-    ``extra`` image columns (e.g. ``_purged``) are carried through unchanged
-    and appended to the output; they do not count as changed columns.
-    """
-    return (_net_sql if net else _per_version_sql)(d, images, commits, columns, str(a), str(b), list(extra or []))
-
-
-def _trailing(d: Dialect, extra: list[str], alias: str) -> str:
-    return "".join(f", {alias}{d.ident(c)}" for c in extra)
-
-
-def _select_cols(d: Dialect, columns: list[str], alias: str = "") -> str:
-    return "".join(f"{alias}{d.ident(c)}, " for c in columns)
-
-
-def _per_version_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, extra: list[str]) -> str:
-    cols = _select_cols(d, columns + extra)
-    return f"""
-WITH events AS (
-    SELECT {cols}_row_id, _row_created_at_version, _valid_from AS _row_last_updated_at_version,
-           _valid_from AS _commit_version, 1 AS __kind
-    FROM {images} WHERE _valid_from > {a} AND _valid_from <= {b}
-    UNION ALL
-    SELECT {cols}_row_id, _row_created_at_version, _valid_from AS _row_last_updated_at_version,
-           _valid_to AS _commit_version, 0 AS __kind
-    FROM {images} WHERE _valid_to > {a} AND _valid_to <= {b}
-),
-paired AS (
-    SELECT *,
-        COALESCE(CASE WHEN __kind = 1
-                      THEN LAG(__kind) OVER w = 0 AND LAG(_commit_version) OVER w = _commit_version
-                      ELSE LEAD(__kind) OVER w = 1 AND LEAD(_commit_version) OVER w = _commit_version END, FALSE) AS __paired
-        {_partners(d, columns, "__kind = 1")}
-    FROM events
-    WINDOW w AS (PARTITION BY _row_id ORDER BY _commit_version, __kind)
-)
-SELECT {_select_cols(d, columns, "p.")}
-    CASE WHEN p.__paired THEN CASE WHEN p.__kind = 1 THEN 'update_postimage' ELSE 'update_preimage' END
-         ELSE CASE WHEN p.__kind = 1 THEN 'insert' ELSE 'delete' END END AS _change_type,
-    p._commit_version, c._commit_timestamp, p._row_id, p._row_created_at_version, p._row_last_updated_at_version,
-    CASE WHEN p.__paired THEN {_changed(d, columns, "__p")} END AS _changed_columns{_trailing(d, extra, "p.")}
-FROM paired p LEFT JOIN {commits} c ON c.__version = p._commit_version
-ORDER BY p._commit_version, p._row_id, p.__kind
-"""
-
-
-def _net_sql(d: Dialect, images: str, commits: str, columns: list[str], a: str, b: str, extra: list[str]) -> str:
-    cols = _select_cols(d, columns + extra)
-    starts = f"(_valid_from > {a} AND _valid_from <= {b})"
-    ends = f"(_valid_to > {a} AND _valid_to <= {b})"
-    return f"""
-WITH imgs AS (
-    SELECT {cols}_row_id, _row_created_at_version, _valid_from,
-           _valid_from <= {a} AS __at_a,
-           _valid_from > {a} AND (_valid_to IS NULL OR _valid_to > {b}) AS __at_b,
-           GREATEST(CASE WHEN {starts} THEN _valid_from ELSE 0 END, CASE WHEN {ends} THEN _valid_to ELSE 0 END) AS __last
-    FROM {images}
-    WHERE {starts} OR {ends}
-),
-last_change AS (
-    SELECT *, MAX(__last) OVER (PARTITION BY _row_id) AS _commit_version FROM imgs
-),
-paired AS (
-    SELECT *, COUNT(*) OVER (PARTITION BY _row_id) = 2 AS __paired
-        {_partners(d, columns, "__at_b")}
-    FROM last_change
-    WHERE __at_a OR __at_b
-    WINDOW w AS (PARTITION BY _row_id ORDER BY __at_b)
-),
-typed AS (
-    SELECT *, {_changed(d, columns, "__p")} AS __changed FROM paired
-)
-SELECT {_select_cols(d, columns, "t.")}
-    CASE WHEN t.__paired THEN CASE WHEN t.__at_b THEN 'update_postimage' ELSE 'update_preimage' END
-         ELSE CASE WHEN t.__at_b THEN 'insert' ELSE 'delete' END END AS _change_type,
-    t._commit_version, c._commit_timestamp, t._row_id, t._row_created_at_version, t._valid_from AS _row_last_updated_at_version,
-    CASE WHEN t.__paired THEN t.__changed END AS _changed_columns{_trailing(d, extra, "t.")}
-FROM typed t LEFT JOIN {commits} c ON c.__version = t._commit_version
-WHERE NOT t.__paired OR {d.size("t.__changed")} > 0
-ORDER BY t._commit_version, t._row_id, t.__at_b
-"""

@@ -13,6 +13,7 @@ import pyarrow as pa
 from pyiceberg.io import FileIO
 from pyroaring import BitMap64
 
+from lineage.arrays import member
 from lineage.errors import LineageMetadataError
 from lineage.fileio import ImmutableFileCache
 from lineage.metadata import read_tagged_parquet, write_tagged_parquet
@@ -45,5 +46,5 @@ def is_purged(bitmap: BitMap64, row_ids: np.ndarray) -> np.ndarray:
     """A boolean mask: which of ``row_ids`` are purged."""
     if len(bitmap) == 0 or len(row_ids) == 0:
         return np.zeros(len(row_ids), bool)
-    purged = np.array(list(bitmap), dtype=np.int64)
-    return np.isin(row_ids, purged)
+    purged = np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
+    return member(row_ids, purged)

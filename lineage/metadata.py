@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
 from lineage.commit_log import CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, read_json, read_parquet, write_json, write_parquet
+from lineage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
 from lineage.rle import Runs
 
 SEGMENT_FORMAT = "lineage-segment"
@@ -100,14 +101,14 @@ def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table, kind: str) 
     return write_parquet(fileio, path, tagged)
 
 
-def read_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str) -> pa.Table:
-    """Read a file written by :func:`write_tagged_parquet`, checking its tag.
+def open_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str, supported: int = FORMAT_VERSION) -> pq.ParquetFile:
+    """Open a tagged Parquet file (all of it read into memory), checking its tag; the caller picks the columns.
 
     ``what`` names the file in errors ("lineage segment"). A missing,
     unreadable or foreign file is a :class:`LineageMetadataError`.
     """
     try:
-        table = read_parquet(fileio, path)
+        pf = pq.ParquetFile(pa.BufferReader(read_bytes(fileio, path)))
     except FileNotFoundError:
         raise LineageMetadataError(
             f"{what} {path} is missing: the lineage metadata of this table is incomplete "
@@ -115,9 +116,18 @@ def read_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str) -> pa.T
         ) from None
     except Exception as exc:  # pyarrow raises several types for corrupt files
         raise LineageMetadataError(f"{what} {path} is unreadable: {exc}") from exc
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    check_format(kind, meta.get("lineage.format"), meta.get("lineage.format-version"), path)
-    return table
+    meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
+    check_format(kind, meta.get("lineage.format"), meta.get("lineage.format-version"), path, supported)
+    return pf
+
+
+def read_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str) -> pa.Table:
+    """Read a file written by :func:`write_tagged_parquet`, checking its tag (see :func:`open_tagged_parquet`)."""
+    pf = open_tagged_parquet(fileio, path, kind, what)
+    try:
+        return pf.read(use_threads=False)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise LineageMetadataError(f"{what} {path} is unreadable: {exc}") from exc
 
 
 @dataclass(frozen=True)

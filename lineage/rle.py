@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lineage.arrays import unique
+
 
 @dataclass(frozen=True)
 class Runs:
@@ -91,7 +93,7 @@ def combined_breakpoints(row_ids: Runs, created: Runs, updated: Runs) -> tuple[n
     and both versions are constant. This is the shape an ASOF join needs.
     """
     bounds = [np.cumsum(r.lengths) - r.lengths for r in (row_ids, created, updated)]
-    pos_start = np.unique(np.concatenate(bounds))
+    pos_start = unique(np.concatenate(bounds))
 
     def lookup(runs: Runs, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = np.searchsorted(starts, pos_start, side="right") - 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
@@ -29,6 +30,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import DoubleType, FloatType, NestedField
 
+from lineage.arrays import unique
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
 
 LINEAGE_COLUMNS = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version")
@@ -163,15 +165,25 @@ def to_arrow_table(data: object) -> pa.Table:
     )
 
 
-def conform(data: pa.Table, schema: Schema, key: Sequence[str] = ()) -> pa.Table:
+def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offsets: bool = False) -> pa.Table:
     """Return ``data`` cast to the table's arrow schema, or raise a specific error.
 
     Columns may come in any order; missing optional columns are filled with nulls.
+    With ``keep_offsets`` string and binary columns keep their offset width
+    (``string`` or ``large_string``): the Parquet writer takes either, and the
+    cast would copy every value.
     """
     target = arrow_schema(schema)
     names = set(data.column_names)
     if len(names) != len(data.column_names):
         raise SchemaMismatchError(f"data has duplicate column names: {data.column_names}")
+    if keep_offsets:
+        fields = []
+        for f in target:
+            given = data.schema.field(f.name).type if f.name in names else f.type
+            same = {given, f.type} <= {pa.string(), pa.large_string()} or {given, f.type} <= {pa.binary(), pa.large_binary()}
+            fields.append(f.with_type(given) if same else f)
+        target = pa.schema(fields)
     unknown = sorted(names - set(target.names))
     if unknown:
         raise UnknownColumnError(f"data has column(s) {unknown} that the table does not have (table columns: {target.names})")
@@ -211,12 +223,27 @@ def null_or_duplicate_keys(data: pa.Table, key: Sequence[str]) -> str | None:
         nulls = data.column(k).null_count
         if nulls:
             return f"key column {k!r} is null in {nulls} row(s)"
+    if len(key) == 1 and _is_numeric_key(data.schema.field(key[0]).type):
+        # One integer-like key: a batch in key order needs one pass, any other a sort; no hash table.
+        values = data.column(key[0]).to_numpy()
+        if len(values) < 2 or bool((values[1:] > values[:-1]).all()):
+            return None
+        ordered = np.sort(values)
+        repeated = unique(ordered[1:][ordered[1:] == ordered[:-1]])
+        if len(repeated):
+            sample = [{key[0]: v} for v in pa.array(repeated[:3]).cast(data.schema.field(key[0]).type).to_pylist()]
+            return f"{len(repeated)} key value(s) occur more than once in the batch, e.g. {sample}"
+        return None
     counts = data.group_by(list(key)).aggregate([([], "count_all")])
     dups = counts.filter(pc.greater(counts.column("count_all"), 1))
     if dups.num_rows:
         sample = dups.slice(0, 3).drop_columns(["count_all"]).to_pylist()
         return f"{dups.num_rows} key value(s) occur more than once in the batch, e.g. {sample}"
     return None
+
+
+def _is_numeric_key(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t)
 
 
 def projection_field_ids(metadata: TableMetadata) -> dict[str, int] | None:

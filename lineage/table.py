@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
@@ -58,12 +57,14 @@ from lineage.schema import (
     to_arrow_table,
 )
 from lineage.spark import is_spark_dataframe
-from lineage.state import LiveFile, SnapshotFiles, TableState, carried_memo, state_at
+from lineage.state import SnapshotFiles, TableState, carried_memo, state_at
 from lineage.writer import CREATED, ROW_ID, WrittenFile
 from lineage.writes import keyed
 from lineage.writes import spark as spark_writes
+from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.checks import check_expression, check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
+from lineage.writes.merge import merge_planner
 from lineage.writes.properties import (  # re-exported: the table properties keep their lineage.table names
     COPY_ON_WRITE,
     DEFAULT_RETRIES,
@@ -74,6 +75,7 @@ from lineage.writes.properties import (  # re-exported: the table properties kee
     PROP_RETRIES,
     PROP_UPDATE_MODE,
     USER_PROPERTY_PREFIXES,
+    capture_preimages,
     check_mode,
 )
 from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
@@ -132,6 +134,7 @@ def create_table(
         raise InvalidArgumentError(f"format-version must be 2 (got {props['format-version']!r}); v1 has no delete files")
     for prop in (PROP_DELETE_MODE, PROP_UPDATE_MODE, PROP_MERGE_MODE):
         check_mode(props[prop], prop)
+    capture_preimages(props)  # refuses a value other than true/false
     try:
         cat.create_namespace(ns)
     except NamespaceAlreadyExistsError:
@@ -309,7 +312,7 @@ class Table:
         if is_spark_dataframe(data):
             return spark_writes.append(self, data, check_keys=bool(self.key) and self._enforce_key())
         key = self.key
-        batch = conform(to_arrow_table(data), self._iceberg.schema(), key)
+        batch = conform(to_arrow_table(data), self._iceberg.schema(), key, keep_offsets=True)
         check_keys = bool(key) and self._enforce_key()
         if check_keys:
             problem = null_or_duplicate_keys(batch, key)
@@ -322,9 +325,10 @@ class Table:
             if index is not None:
                 keyed.reject_live_keys(index, batch.select(key), _APPEND_HINT)
                 return Plan("append", inserts=batch, inserted=batch.num_rows, key_index=KeyIndexChange(index=index))
-            if check_keys:
+            files = state.live_files() if check_keys else []
+            if files:  # an empty table has no key to clash with
                 con.register("batch", batch.select(key))
-                register_live_view(con, "live", state.live_files(), self.arrow_schema, self._field_ids(), keys=("batch", key))
+                register_live_view(con, "live", files, self.arrow_schema, self._field_ids(), keys=("batch", key))
                 names = ", ".join(quote_ident(k) for k in key)
                 clash = duck.fetch_arrow(con, f"SELECT {names} FROM live LIMIT 3")
                 if clash.num_rows:
@@ -342,12 +346,14 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
-            duck.seal(con, register_live_view(con, "live", files, self.arrow_schema, self._field_ids()))
+            schema = self.arrow_schema
+            duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()))
             key = self.key if index_enabled(state.iceberg) else []
-            rows = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{keyed.select_list(key)} FROM live WHERE ({pred.sql})")
+            old = old_values(schema) if self._capture() else ""
+            rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
             removed = rows.select(REMOVED_COLS.split(", "))
             change = KeyIndexChange(removed_keys=rows.select(key)) if key else None
-            return Plan("delete", files=files, removed=removed, deleted=removed.num_rows, key_index=change)
+            return Plan("delete", files=files, removed=removed, removed_values=values, deleted=removed.num_rows, key_index=change)
 
         return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
 
@@ -383,12 +389,14 @@ class Table:
             files = state.live_files(pred.prune if index is not None or not key_set else None)
             duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()))
             key = self.key if index_enabled(state.iceberg) else []
-            old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_{i}')}" for i, k in enumerate(key))
+            # The removed images' keys for the key index (named apart from capture's __old_<i> values).
+            old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
+            capture = self._capture()
             con.execute(
                 f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                f"{REMOVED_COLS}{old_keys} FROM live WHERE ({pred.sql})"
+                f"{REMOVED_COLS}{old_keys}{old_values(schema, 'live.') if capture else ''} FROM live WHERE ({pred.sql})"
             )
-            removed = con.execute(f"SELECT {REMOVED_COLS} FROM matched").to_arrow_table()
+            removed, values = split_old(con.execute(f"SELECT {REMOVED_COLS}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema)
             names = ", ".join(quote_ident(c) for c in schema.names)
             images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
             images = conform_images(images, self._iceberg.schema(), self.key, "update")
@@ -399,9 +407,9 @@ class Table:
                 check_updated_keys(con, self.key)
             change = None
             if key:
-                gone = con.execute(f"SELECT {', '.join(quote_ident(f'__old_{i}') for i in range(len(key)))} FROM matched").to_arrow_table()
+                gone = con.execute(f"SELECT {', '.join(quote_ident(f'__old_key_{i}') for i in range(len(key)))} FROM matched").to_arrow_table()
                 change = KeyIndexChange(removed_keys=gone.rename_columns(key), index=index)
-            return Plan("update", files=files, removed=removed, new_images=images, updated=removed.num_rows, key_index=change)
+            return Plan("update", files=files, removed=removed, removed_values=values, new_images=images, updated=removed.num_rows, key_index=change)
 
         return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
 
@@ -463,63 +471,7 @@ class Table:
                 raise KeyViolationError(f"deletes rejected: {problem}")
         extra = check_user_properties(properties)
         mode = self._mode(mode, PROP_MERGE_MODE)
-        on = " AND ".join(f"b.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
-        same = " AND ".join(f"b.{quote_ident(c)} IS NOT DISTINCT FROM l.{quote_ident(c)}" for c in schema.names)
-        bcols = ", ".join(f"b.{quote_ident(c)}" for c in schema.names)
-        keys = ", ".join(quote_ident(k) for k in key)
-
-        def scan_plan(files: list[LiveFile], con: duckdb.DuckDBPyConnection, index: KeyIndex | None) -> Plan:
-            # One scan of the key columns of ``files`` finds every live row the batch touches;
-            # everything below joins with that small set, never with the table again.
-            register_live_view(con, "live", files, schema, self._field_ids(), keys=("probe", key))
-            con.execute("CREATE TEMP TABLE hits AS SELECT * FROM live")
-            skip = f" AND NOT ({same})" if skip_unchanged else ""
-            con.execute(
-                f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
-                "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version "
-                f"FROM batch b JOIN hits l ON {on}{skip}"
-            )
-            removed = con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)} FROM matched").to_arrow_table()
-            images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
-            inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
-            images = conform_images(images, self._iceberg.schema(), key, "upsert")
-            inserts = inserts.cast(schema)
-            deleted = 0
-            if dkeys is not None:
-                gone = con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)} FROM hits l SEMI JOIN dkeys b ON {on}").to_arrow_table()
-                deleted = gone.num_rows
-                removed = pa.concat_tables([removed, gone.cast(removed.schema)])
-            change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
-            return Plan(
-                _operation, files=files, removed=removed.select(REMOVED_COLS.split(", ")), new_images=images, inserts=inserts,
-                inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=extra, key_index=change,
-            )
-
-        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            con.register("batch", batch)
-            probe = f"SELECT {keys} FROM batch"
-            if dkeys is not None:
-                con.register("dkeys", dkeys)
-                both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
-                if both.num_rows:
-                    raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
-                probe += f" UNION ALL SELECT {keys} FROM dkeys"
-            con.execute(f"CREATE TEMP TABLE probe AS {probe}")
-            files = state.live_files()
-            index = KeyIndex.open(state)
-            if index is None:
-                return scan_plan(files, con, None)
-            if skip_unchanged:
-                # Old values are needed to compare: scan only the files the index says hold a batch key.
-                hit = np.unique(keyed.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
-                return scan_plan([files[i] for i in hit], con, index)
-            m = keyed.match_upserts(index, files, batch, dkeys)
-            images = m.images.append_column(pa.field(ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(CREATED, pa.int64(), False), m.created)
-            return Plan(
-                _operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
-                updated=m.updated, deleted=m.deleted, properties=extra, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),
-            )
-
+        plan = merge_planner(self, batch, dkeys, skip_unchanged=skip_unchanged, operation=_operation, properties=extra)
         return run_write(self, plan, mode=mode, expected_version=expected_version)
 
     def apply_changelog(
@@ -644,6 +596,9 @@ class Table:
 
     def _field_ids(self) -> dict[str, int] | None:
         return projection_field_ids(self._iceberg.metadata)
+
+    def _capture(self) -> bool:
+        return capture_preimages(self._iceberg.metadata.properties)
 
     def _enforce_key(self) -> bool:
         raw = self._iceberg.metadata.properties.get(PROP_KEY_ENFORCE, "true").lower()

@@ -422,8 +422,12 @@ PROPERTY_SETTINGS = dict(
 
 
 def _run_property(data: st.DataObject, partition_by: list[str] | None) -> None:
+    # Half the tables capture pre-images in the deleted-rows index; the feed must be the same either way.
+    capture = data.draw(st.booleans(), label="capture pre-images")
+    event("pre-image capture" if capture else "pointers only")
     with tempfile.TemporaryDirectory(prefix="cdf-prop-", ignore_cleanup_errors=True) as wh:
-        table = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=wh, partition_by=partition_by)
+        table = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=wh, partition_by=partition_by,
+                                     properties={"lineage.cdf.capture-preimages": str(capture).lower()})
         model = Model()
         for i in range(data.draw(st.integers(4, 10), label="steps")):
             _step(data, table, model, first=i == 0)

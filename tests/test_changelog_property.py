@@ -4,7 +4,8 @@ Hypothesis draws sequences of steps on a small keyed table: change-stream
 batches (``apply_changelog`` in strict and upsert mode, merge-on-read or
 copy-on-write, with Flink and Debezium codes, several events per key, and sometimes an event that breaks
 strict mode), interleaved with ``upsert``, ``delete``, ``update``,
-``compact``, ``expire_snapshots`` and ``vacuum``. The model applies each
+``compact``, ``expire_snapshots`` and ``vacuum``, with or without pre-image
+capture (``lineage.cdf.capture-preimages``). The model applies each
 batch's events one by one to a dict (the obvious, slow definition of the
 semantics) and after every step we check:
 
@@ -348,7 +349,8 @@ STEPS = [_step_changelog, _step_changelog, _step_changelog, _step_upsert, _step_
 def test_changelog_matches_model(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
     """Random change-stream batches interleaved with other writes and maintenance agree with the model at every step."""
     wh = str(tmp_path_factory.mktemp("wh"))
-    t = lineage.create_table("s.cl", SCHEMA, key=["id"], warehouse=wh)
+    capture = data.draw(st.booleans(), label="capture pre-images")
+    t = lineage.create_table("s.cl", SCHEMA, key=["id"], warehouse=wh, properties={"lineage.cdf.capture-preimages": str(capture).lower()})
     model = Model()
     for _ in range(data.draw(st.integers(2, 7), label="steps")):
         step = data.draw(st.sampled_from(STEPS), label="step")

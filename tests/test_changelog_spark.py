@@ -25,6 +25,7 @@ import cdf
 import lineage
 from index.key_index import KeyIndex
 from lineage.maintenance.key_index import check_key_index
+from index.deleted_rows import read_index
 
 pytestmark = pytest.mark.spark
 
@@ -104,6 +105,20 @@ def test_spark_dataframe_matches_the_embedded_path(spark, warehouse: str, monkey
     tie = spark.createDataFrame(_batch([("-U", 4, "v0", 4.0), ("+U", 4, "x", 1.0)], 0).to_pandas().assign(seq=3))
     with pytest.raises(lineage.InvalidArgumentError, match="order is ambiguous|strict order"):
         t.apply_changelog(tie, order_by="seq")
+
+
+def test_spark_changelog_captures_pre_images(spark, warehouse: str) -> None:
+    """With pre-image capture, a Spark change-stream commit stores its removed images' values (read back by position)."""
+    ref = _reference(warehouse, 1)
+    t = lineage.create_table("s.spcap", SCHEMA, key=["id"], warehouse=warehouse, properties={"lineage.cdf.capture-preimages": "true"})
+    t.append(BASE)
+    assert t.apply_changelog(spark.createDataFrame(_batch(BATCHES[0], 0).to_pandas()), order_by="seq").committed
+    segment = read_index(t.iceberg.io, t.state().lineage.commits[-1].index, with_values=True)
+    fid = {f.name: str(f.field_id) for f in t.iceberg.schema().fields}
+    assert segment.captured  # -U 1 and -D 2 removed the base images (1, v0, 1.0) and (2, v0, 2.0)
+    got = sorted(zip(*(segment.values.column(fid[c]).to_pylist() for c in ("id", "name", "amount")), strict=True))
+    assert got == [(1, "v0", 1.0), (2, "v0", 2.0)]
+    assert _feed(t) == _feed(ref)
 
 
 def _run_job(warehouse: str, input_dir: str, checkpoint: str, log: str, kill_after: int | None = None) -> int:

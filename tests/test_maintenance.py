@@ -46,6 +46,7 @@ import lineage
 import test_cdf_property as P
 from conftest import assert_interop
 from lineage import duck
+from index.deleted_rows import read_index
 from lineage.maintenance import referenced_files
 
 NAME = "shop.orders"
@@ -257,8 +258,10 @@ def test_cdf_with_random_maintenance_matches_model(data: st.DataObject) -> None:
     import tempfile
 
     partition_by = data.draw(st.sampled_from([None, None, BUCKETED]), label="partition_by")
+    capture = data.draw(st.booleans(), label="capture pre-images")  # captured values must survive every operation too
+    event("pre-image capture" if capture else "pointers only")
     with tempfile.TemporaryDirectory(prefix="maint-prop-", ignore_cleanup_errors=True) as wh:
-        t = _create(wh, partition_by, **{"lineage.cdf.retention.versions": str(RETAIN)})
+        t = _create(wh, partition_by, **{"lineage.cdf.retention.versions": str(RETAIN), "lineage.cdf.capture-preimages": str(capture).lower()})
         model = P.Model()
         steps = data.draw(st.integers(6, 14), label="steps")
         for i in range(steps):
@@ -587,7 +590,7 @@ def _find_values(root: str) -> dict[str, list]:
                     values = table.column(col).to_pylist()
                     flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
                     hits += [v for v in flat if isinstance(v, (str, float, int)) and not isinstance(v, bool) and v in scalars]
-                    if col == "id" and "deletes" not in name:  # data files and archives: the purged key is gone too
+                    if col in ("id", "value.1") and "deletes" not in name:  # data files, archives, captured values: the purged key is gone too
                         hits += [("id", v) for v in flat if v == 3]
                 meta = pf.metadata
                 for rg in range(meta.num_row_groups):
@@ -623,14 +626,20 @@ PURGE_SETUPS = [
     "plain",
     "archived",
     "expired",
+    "captured",  # pre-image capture: the index segments hold row 3's old values
+    "captured-expired",
 ]
 
 
 @pytest.mark.parametrize("before_purge", PURGE_SETUPS)
 def test_purge_erases_every_value_from_every_file(warehouse, before_purge) -> None:
+    capture = before_purge.startswith("captured")
     t = lineage.create_table("crm.people", PURGE_SCHEMA, key=["id"], warehouse=warehouse,
-                             properties={"write.avro.compression-codec": "null"})
-    _purge_history(t, before_purge)
+                             properties={"write.avro.compression-codec": "null", "lineage.cdf.capture-preimages": str(capture).lower()})
+    _purge_history(t, before_purge.removeprefix("captured-") if capture else before_purge)
+    if capture:
+        segments = [c.index for c in t.state().lineage.commits if c.index]
+        assert segments and all(read_index(t.iceberg.io, s).captured for s in segments), "every index segment captured its values"
     n = t.version
     root = _root(t)
     rid3 = t.scan("id = 3").column("_row_id")[0].as_py()

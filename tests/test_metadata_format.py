@@ -565,7 +565,7 @@ def _check_index_entry(t: lineage.Table, version: int, removed_ids: set[int], be
     # the positions really are serialized roaring bitmaps
     raw = pq.read_table(local_path(commit.index))
     assert raw.schema.metadata[b"lineage.format"] == b"deleted-rows-segment"
-    assert raw.schema.metadata[b"lineage.format-version"] == b"1"
+    assert raw.schema.metadata[b"lineage.format-version"] == b"2"
     for blob, img in zip(raw.column("positions").to_pylist(), images, strict=True):
         assert list(BitMap64.deserialize(blob)) == img.positions.tolist()
     return images

@@ -39,9 +39,10 @@ def _random_history(table: lineage.Table, seed: int, steps: int = 7) -> None:
             next_id = max(next_id, max(ids) + 1)
 
 
-@pytest.mark.parametrize("seed, partition_by", [(1, None), (7, ["bucket(4, id)"])])
-def test_spark_and_duckdb_agree(spark, warehouse, seed, partition_by):
-    t = lineage.create_table("s.eq", SCHEMA, key=["id"], partition_by=partition_by, warehouse=warehouse)
+@pytest.mark.parametrize("seed, partition_by, capture", [(1, None, False), (7, ["bucket(4, id)"], True)])
+def test_spark_and_duckdb_agree(spark, warehouse, seed, partition_by, capture):
+    t = lineage.create_table("s.eq", SCHEMA, key=["id"], partition_by=partition_by, warehouse=warehouse,
+                             properties={"lineage.cdf.capture-preimages": str(capture).lower()})
     _random_history(t, seed)
     current = t.version
     rnd = random.Random(seed)
@@ -79,7 +80,9 @@ def test_spark_feed_never_collects_rows(spark, warehouse, monkeypatch):
 
 
 def test_writes_from_spark_keep_row_ids_and_interop(spark, warehouse):
-    t = lineage.create_table("s.w", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse)
+    # with pre-image capture: the Spark upsert's plan has no old values, the write loop reads them back by position
+    t = lineage.create_table("s.w", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse,
+                             properties={"lineage.cdf.capture-preimages": "true"})
     c1 = t.append(spark.createDataFrame(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0]}, schema=SCHEMA)))
     before = {r["id"]: r["_row_id"] for r in t.scan().to_pylist()}
     c2 = t.upsert(spark.createDataFrame(pa.table({"id": [2, 4], "name": ["B", "d"], "amount": [2.5, 4.0]}, schema=SCHEMA)))
@@ -95,6 +98,12 @@ def test_writes_from_spark_keep_row_ids_and_interop(spark, warehouse):
     assert_interop(t)
     feed = cdf.changes(t, c1.version)
     assert sorted(feed.column("_change_type").to_pylist()) == ["insert", "update_postimage", "update_preimage"]
+    pre = [r for r in feed.to_pylist() if r["_change_type"] == "update_preimage"]
+    assert [(r["id"], r["name"], r["amount"]) for r in pre] == [(2, "b", 2.0)]
+    segment = t.state().lineage.commits[-1].index
+    from index.deleted_rows import read_index
+
+    assert read_index(t.iceberg.io, segment, with_values=True).values.num_rows == 1  # captured
 
 
 def test_bad_spark_batches_are_refused(spark, warehouse):

@@ -472,7 +472,7 @@ def _empty(schema: pa.Schema) -> pa.Table:
 def _read_checkpoint(table: Table, state: Any) -> _Checkpoint:
     """The source version the view reflects at ``state`` (its last refresh commit, or a newer idle record)."""
     version, src_uuid = None, None
-    for c in reversed(state.lineage.commits):
+    for c in state.lineage.log.newest_first():
         if CHECKPOINT in c.properties:
             version = int(c.properties[CHECKPOINT])
             src_uuid = c.properties.get(CHECKPOINT_UUID)

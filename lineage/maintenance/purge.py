@@ -37,8 +37,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.snapshots import Operation
 from pyroaring import BitMap64
 
-from cdf.pointers import fetch_values
-from index.deleted_rows import RemovedImages, read_index_segment
+from index.deleted_rows import RemovedImages, read_index
 from index.key_index import FULL, KeyIndexChange, index_enabled
 from index.purged import read_purged, write_purged
 from lineage import duck
@@ -46,7 +45,7 @@ from lineage.commit import CommitRequest
 from lineage.deletes import read_position_deletes
 from lineage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
-from lineage.maintenance.rehome import ARCHIVE_FORMAT, repoint
+from lineage.maintenance.rehome import archive_table, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
 from lineage.metadata import LineageList, index_dir
 from lineage.predicate import parse_predicate, quote_ident
@@ -54,6 +53,7 @@ from lineage.rle import decode_sequence, decode_values
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import projection_field_ids
 from lineage.state import TableState
+from lineage.values import read_at
 from lineage.writer import WrittenFile, write_copy, write_position_deletes
 
 
@@ -123,6 +123,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
 
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)
+    ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
     pred = parse_predicate(where, pa.schema(list(schema) + LINEAGE_SCHEMA))
     stats: dict[str, object] = {}
 
@@ -202,7 +203,10 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         needed: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
         for c in state.lineage.log.since(oldest):
             if c.index:
-                for e in read_index_segment(io, c.index):
+                seg = read_index(io, c.index)
+                if seg.captured:  # values live in the segment; repoint (erase=) nulls the purged ones there
+                    continue
+                for e in seg.entries():
                     if e.file_path not in rewritten and local_path(e.file_path) not in in_snapshots:
                         needed[e.file_path].append((e.positions, e.row_ids))
         mapping: dict[str, tuple[str, dict[int, int] | None]] = {old: (new, None) for old, new in rewritten.items()}
@@ -216,22 +220,19 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
                 pos, rid = pos[order], rid[order]
                 first = np.concatenate(([True], pos[1:] != pos[:-1]))
                 chosen.append((path, pos[first], rid[first]))
-            pointers = pa.table(
-                {"file_path": pa.array([p for p, pos, _ in chosen for _ in range(len(pos))], pa.string()),
-                 "pos": np.concatenate([pos for _, pos, _ in chosen])}
-            )
-            values = fetch_values(pointers, schema.names).cast(schema)
+            values = read_at([p for p, _, _ in chosen], np.repeat(np.arange(len(chosen)), [len(pos) for _, pos, _ in chosen]),
+                             np.concatenate([pos for _, pos, _ in chosen]), schema, ids)
             mask = np.isin(np.concatenate([rid for _, _, rid in chosen]), purged_arr)
             values = _null_rows(values, mask)
             archive_path = f"{index_dir(state.iceberg.metadata.location)}/archive-{uuid.uuid4()}.parquet"
             created.append(archive_path)
-            write_parquet(io, archive_path, values.replace_schema_metadata({"lineage.format": ARCHIVE_FORMAT, "lineage.format-version": "1"}))
+            write_parquet(io, archive_path, archive_table(values, ids))
             offset = 0
             for path, pos, _ in chosen:
                 mapping[path] = (archive_path, {int(p): offset + k for k, p in enumerate(pos)})
                 offset += len(pos)
         tag = str(uuid.uuid4())
-        repoint_list, _ = repoint(state, mapping, oldest, tag, created)
+        repoint_list, _ = repoint(state, mapping, oldest, tag, created, erase=purged_arr)
         purged_path = f"{index_dir(state.iceberg.metadata.location)}/{version:09d}-{tag}-purged.parquet"
         created.append(purged_path)
         write_purged(io, purged_path, purged)

@@ -4,7 +4,8 @@
 metadata, manifests, data and delete files, lineage list and segments, key
 index segments), by
 the deleted-rows index inside the retention window (index segments and every
-data or archive file they point into: *pinned* files), or that is younger
+data or archive file they point into: *pinned* files; a segment that captured
+its images' values pins none), or that is younger
 than ``older_than`` (it may belong to a commit in flight). Everything else
 under the table's location is removed.
 """
@@ -19,7 +20,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 
-from index.deleted_rows import read_index_segment
+from index.deleted_rows import read_index
 from lineage import catalog
 from lineage.errors import CommitConflictError, InvalidArgumentError
 from lineage.fileio import local_path
@@ -121,7 +122,10 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
 
 
 def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
-    """(index segments, pointed-to files) the retention window needs, as local paths."""
+    """(index segments, pointed-to files) the retention window needs, as local paths.
+
+    A segment that captured its images' values pins no file.
+    """
     from cdf.retention import window  # cdf depends on lineage, not the reverse at import time
 
     oldest = window(state).oldest
@@ -129,8 +133,9 @@ def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
     for c in state.lineage.log.since(oldest):
         if c.index:
             segments.add(local_path(c.index))
-            for r in read_index_segment(state.iceberg.io, c.index):
-                files.add(local_path(r.file_path))
+            seg = read_index(state.iceberg.io, c.index)
+            if not seg.captured:
+                files.update(local_path(f) for f in seg.files)
     return segments, files
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
-from index.deleted_rows import read_index_segment
+from index.deleted_rows import read_index
 from index.purged import read_purged
 from lineage.deletes import positions_for
 from lineage.errors import LineageError
@@ -106,14 +106,16 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
             p.append(f"deleted-rows index segment of version {c.version} is missing: {c.index}")
             continue
         try:
-            entries = read_index_segment(table.iceberg.io, c.index)
+            seg = read_index(table.iceberg.io, c.index, with_values=True)  # a captured segment's values are checked too
         except LineageError as exc:
             p.append(str(exc))
             continue
-        for e in entries:
-            pointed.add(e.file_path)
+        for e in seg.entries():
             if e.valid_to != c.version:
                 p.append(f"index segment of version {c.version} records removals at version {e.valid_to}")
+            if seg.captured:
+                continue  # the values are in the segment: the file it names may be gone
+            pointed.add(e.file_path)
             if not _exists(e.file_path):
                 p.append(f"file pinned by the index (version {c.version}) is missing: {e.file_path}")
             elif len(e.positions) and int(e.positions.max()) >= pq.ParquetFile(local_path(e.file_path)).metadata.num_rows:

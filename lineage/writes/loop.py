@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
 from pyiceberg.table.snapshots import Operation
 
-from index.deleted_rows import RemovedImages
+from index.deleted_rows import RemovedImages, captured_values
 from index.key_index import KeyIndexChange
 from lineage import duck
 from lineage.commit import CommitRequest, CommitResult, commit_change
@@ -38,8 +39,9 @@ from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMov
 from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
+from lineage.values import read_at
 from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
-from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES
+from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES, capture_preimages
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,6 +88,7 @@ class Plan:
     operation: str
     files: list[LiveFile] = field(default_factory=list)
     removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
+    removed_values: pa.Table | None = None  # the removed images' data columns (row for row), for pre-image capture
     new_images: pa.Table | None = None  # data columns + ROW_ID, CREATED: updated images of existing rows
     inserts: pa.Table | None = None  # data columns: rows with fresh ids
     prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
@@ -135,7 +138,7 @@ def run_write(
         state = table.state_in_hand()  # carries the live files of the table's own last commit
         if expected_version is not None and state.version != expected_version:
             raise VersionMovedError(table.name, expected_version, state.version)
-        con = duck.connect(isolated=isolated)
+        con = duck.connect(isolated=True) if isolated else _LazyConnection()  # an isolated one is sealed by the plan
         try:
             try:
                 plan = plan_fn(state, con)
@@ -188,9 +191,11 @@ def _materialize_and_commit(
     # 1. removed images: position deletes, or rewritten files
     if plan.removed is not None and plan.removed.num_rows:
         groups = group_removed(plan.removed)
+        values = _captured(table, plan, groups) if capture_preimages(ice.metadata.properties) else None
         for fid, cols in groups.items():
             removed_images.append(
-                RemovedImages(plan.files[fid].path, cols["__pos"], cols["_row_id"], cols["_row_created_at_version"], cols["_row_last_updated_at_version"], version)
+                RemovedImages(plan.files[fid].path, cols["__pos"], cols["_row_id"], cols["_row_created_at_version"], cols["_row_last_updated_at_version"],
+                              version, None if values is None else values.take(pa.array(cols["__row"])))
             )
         if mode == MERGE_ON_READ:
             granularity = ice.metadata.properties.get(PROP_DELETE_GRANULARITY, "file")
@@ -262,3 +267,37 @@ def _materialize_and_commit(
     result = commit_change(ice, state, request, attempt)
     table.carry_files(result.snapshot_id, result.files)
     return info(result)
+
+
+def _captured(table: Table, plan: Plan, groups: dict[int, dict]) -> pa.Table:
+    """The removed images' values (rows of ``plan.removed``), columns named by field id, for the index segment.
+
+    Planners that read the removed rows pass their values; otherwise they are
+    read back by position from the files (the plan's files are still live).
+    """
+    field_ids = {f.name: f.field_id for f in table.iceberg.schema().fields}
+    values = plan.removed_values
+    if values is None:
+        fid = np.concatenate([np.full(len(c["__pos"]), f, np.int64) for f, c in groups.items()])
+        rows = np.concatenate([c["__row"] for c in groups.values()])
+        read = read_at([f.path for f in plan.files], fid, np.concatenate([c["__pos"] for c in groups.values()]), table.arrow_schema, field_ids)
+        order = np.empty(len(rows), np.int64)
+        order[rows] = np.arange(len(rows))
+        values = read.take(pa.array(order))
+    return captured_values(values, field_ids)
+
+
+class _LazyConnection:
+    """A DuckDB connection opened on first use: appends to a table without key clashes to check never need one."""
+
+    def __init__(self) -> None:
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def __getattr__(self, name: str) -> object:
+        if self._con is None:
+            self._con = duck.connect()
+        return getattr(self._con, name)
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()

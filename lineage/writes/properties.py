@@ -30,3 +30,15 @@ def check_mode(mode: str, what: str) -> str:
     if mode not in _MODES:
         raise InvalidArgumentError(f"{what} must be one of {_MODES}, got {mode!r}")
     return mode
+
+
+# Pre-image capture: writers that remove row images also store their values in the deleted-rows index.
+PROP_CAPTURE_PREIMAGES = "lineage.cdf.capture-preimages"
+
+
+def capture_preimages(properties: dict[str, str]) -> bool:
+    """Whether the table property :data:`PROP_CAPTURE_PREIMAGES` is on (``true``/``false``, default false)."""
+    raw = str(properties.get(PROP_CAPTURE_PREIMAGES, "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise InvalidArgumentError(f"table property {PROP_CAPTURE_PREIMAGES} must be 'true' or 'false', got {raw!r}")
+    return raw == "true"

@@ -51,7 +51,8 @@ def kept_rows(
 
 
 def group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
-    """Split removed images by file id, each sorted by position."""
+    """Split removed images by file id, each sorted by position; ``__row`` is each image's row in ``removed``."""
+    removed = removed.append_column("__row", pa.array(np.arange(removed.num_rows, dtype=np.int64)))
     removed = removed.sort_by([("__file_id", "ascending"), ("__pos", "ascending")])
     fid = removed.column("__file_id").to_numpy()
     bounds = np.flatnonzero(np.diff(fid)) + 1

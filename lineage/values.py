@@ -1,0 +1,196 @@
+"""Row values at given positions of Parquet files, read by Iceberg field id.
+
+The change feed, pre-image capture, re-homing and purge all need the values
+of row images they know only by ``(file, position)``. This module reads just
+the row groups holding those positions and just the columns asked for,
+decodes string columns as dictionaries (the strings of the rows taken are
+materialised, not those of the whole row group), and matches columns by the
+Iceberg field id the file records, so renamed columns keep their values,
+columns added after the file was written read as null and promoted types are
+cast. Row groups are decoded one at a time per worker, so memory stays at a
+few row groups plus the values returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lineage.fileio import local_path
+
+FIELD_ID = b"PARQUET:field_id"
+WORKERS = 2  # decoding threads; the machines we target have few cores and pyarrow decodes a row group in parallel too
+
+
+@dataclass(frozen=True)
+class _Task:
+    file: int  # index into the paths
+    row_group: int
+    start: int  # slice of the sorted positions this task returns
+    end: int
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _columns(pf: pq.ParquetFile, schema: pa.Schema, field_ids: dict[str, int] | None) -> list[str | None]:
+    """For each column of ``schema``, the name of the file's column holding it (None: absent, reads as null)."""
+    file_schema = pf.schema_arrow
+    by_id = {}
+    for f in file_schema:
+        fid = (f.metadata or {}).get(FIELD_ID)
+        if fid is not None:
+            by_id[int(fid)] = f.name
+    out: list[str | None] = []
+    for f in schema:
+        if by_id and field_ids and f.name in field_ids:
+            out.append(by_id.get(field_ids[f.name]))
+        else:
+            out.append(f.name if f.name in file_schema.names else None)
+    return out
+
+
+def _conform(table: pa.Table, sources: list[str | None], schema: pa.Schema, n: int) -> list[pa.Array]:
+    cols = []
+    for name, f in zip(sources, schema, strict=True):
+        if name is None:
+            cols.append(pa.nulls(n, f.type))
+            continue
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        cols.append(col if col.type == f.type else col.cast(f.type))
+    return cols
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    sources: list[str | None]  # file column per requested column
+    strings: list[str]  # file columns decoded as dictionaries
+    starts: np.ndarray  # first position of each row group
+    sizes: np.ndarray  # rows of each row group
+
+
+def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
+    pf = pq.ParquetFile(local_path(path))
+    md = pf.metadata
+    sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], np.int64)
+    sources = _columns(pf, schema, field_ids)
+    strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(pf.schema_arrow.field(s).type)]
+    return _File(path, sources, strings, np.cumsum(sizes) - sizes, sizes)
+
+
+def _read_task(f: _File, positions: np.ndarray, row_group: int, schema: pa.Schema) -> pa.Table:
+    wanted = sorted({s for s in f.sources if s is not None})
+    if wanted:
+        pf = pq.ParquetFile(local_path(f.path), read_dictionary=f.strings or None)
+        table = pf.read_row_group(row_group, columns=wanted, use_threads=False)
+        if len(positions) != int(f.sizes[row_group]):
+            table = table.take(pa.array(positions - int(f.starts[row_group]), pa.int64()))
+    else:
+        table = pa.table({})
+    return pa.Table.from_arrays(_conform(table, f.sources, schema, len(positions)), schema=schema)
+
+
+@dataclass
+class Gathered:
+    """Values read for a list of requests: ``pieces`` concatenated hold request i's values at row ``rows[i]``."""
+
+    pieces: list[pa.Table]
+    rows: np.ndarray
+
+
+def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, schema: pa.Schema,
+           field_ids: dict[str, int] | None = None) -> Gathered:
+    """Read the values of ``schema``'s columns at ``(paths[file_index[i]], positions[i])`` for every i.
+
+    ``field_ids`` maps column names to Iceberg field ids; files that record
+    field ids are matched by them (else by name). Pairs may repeat; each
+    distinct pair is read once.
+    """
+    n = len(positions)
+    if n == 0:
+        return Gathered([], np.zeros(0, np.int64))
+    key = file_index.astype(np.int64) << 40 | positions.astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    skey = key[order]
+    first = np.concatenate(([True], skey[1:] != skey[:-1]))
+    uniq = skey[first]
+    ufile = (uniq >> 40).astype(np.int64)
+    upos = uniq & ((1 << 40) - 1)
+    tasks: list[_Task] = []
+    files: dict[int, _File] = {}
+    bounds = np.flatnonzero(np.diff(ufile)) + 1
+    for s, e in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(uniq)])), strict=True):
+        k = int(ufile[s])
+        f = files[k] = _open(paths[k], schema, field_ids)
+        total = int(f.sizes.sum())
+        if int(upos[e - 1]) >= total:
+            raise IndexError(f"position {int(upos[e - 1])} is past the end of {paths[k]} ({total} rows)")
+        rg = np.searchsorted(f.starts, upos[s:e], side="right") - 1
+        rg_bounds = np.flatnonzero(np.diff(rg)) + 1
+        for rs, re_ in zip(np.concatenate(([0], rg_bounds)), np.concatenate((rg_bounds, [e - s])), strict=True):
+            tasks.append(_Task(k, int(rg[rs]), int(s + rs), int(s + re_)))
+
+    def run(t: _Task) -> pa.Table:
+        return _read_task(files[t.file], upos[t.start:t.end], t.row_group, schema)
+
+    if len(tasks) == 1:
+        pieces = [run(tasks[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            pieces = list(pool.map(run, tasks))
+    rows = np.empty(n, np.int64)
+    rows[order] = np.cumsum(first) - 1  # distinct pairs are read in sorted order
+    return Gathered(pieces, rows)
+
+
+def take_rows(pieces: list[pa.Table], rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+    """Rows ``rows`` of the concatenation of ``pieces`` (tables of ``schema``), built one column at a time.
+
+    ``pieces`` is consumed: each column is dropped from it once its output
+    column is built, so the peak stays near the pieces plus two columns,
+    where taking from a chunked table would first copy every column whole.
+    """
+    if not pieces:
+        return schema.empty_table()
+    indices = pa.array(rows, pa.int64())
+    identity = len(rows) == sum(p.num_rows for p in pieces) and (len(rows) == 0 or (rows[0] == 0 and bool((np.diff(rows) == 1).all())))
+    cols = []
+    for f in schema:
+        chunks = [c for p in pieces for c in p.column(f.name).chunks]
+        col = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
+        del chunks
+        for i, p in enumerate(pieces):
+            pieces[i] = p.drop_columns([f.name])
+        cols.append(col if identity else col.take(indices))
+        del col
+    pieces.clear()
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def read_at(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, schema: pa.Schema,
+            field_ids: dict[str, int] | None = None) -> pa.Table:
+    """The values at ``(paths[file_index[i]], positions[i])`` for every i, in that order (see :func:`gather`)."""
+    if len(positions) == 0:
+        return schema.empty_table()
+    got = gather(paths, file_index, positions, schema, field_ids)
+    return take_rows(got.pieces, got.rows, schema)
+
+
+def read_positions(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None = None) -> pa.Table:
+    """The values at ``positions`` (any order) of one file."""
+    return read_at([path], np.zeros(len(positions), np.int32), np.asarray(positions, np.int64), schema, field_ids)
+
+
+def with_field_ids(table: pa.Table, field_ids: dict[str, int]) -> pa.Table:
+    """``table`` whose columns carry their Iceberg field ids (written to Parquet, read back by :func:`gather`)."""
+    fields = [f.with_metadata({FIELD_ID: str(field_ids[f.name]).encode()}) if f.name in field_ids else f for f in table.schema]
+    return pa.Table.from_arrays(list(table.columns), schema=pa.schema(fields))
