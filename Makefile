@@ -10,8 +10,12 @@ BENCH_STAMP := $(VENV)/.installed-bench
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
 
+# Two pytest workers (pytest-xdist): CI has 2 cores; each worker starts its own local Spark session and
+# reference engine on first use. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) java reference-engine
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 venv: $(STAMP)
 
