@@ -676,8 +676,9 @@ def _readme_key_index(records: Records) -> str:
 CDC_TARGET_MS = 150  # issue 12: p50 commit of a 2,000-event batch on the 1M-row table
 
 
-def _n(v: Any, spec: str = ",.0f") -> str:
-    return "—" if v is None else format(v, spec)
+def _n(v: float | None) -> str:
+    """A whole number with thousands separators, or a dash."""
+    return "—" if v is None else f"{v:,.0f}"
 
 
 @section("cdc")

@@ -26,7 +26,7 @@ from lineage.errors import CommitConflictError, InvalidArgumentError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
-from lineage.outcome import commit_metadata
+from lineage.outcome import backoff, commit_metadata
 from lineage.state import TableState, main_branch_snapshots, state_at
 
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
@@ -94,7 +94,7 @@ def expire_ids(table, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
             commit_metadata(table.iceberg, apply, landed, f"expiring {len(wanted)} snapshot(s) of {table.name}")
             return
         except CommitFailedException:
-            time.sleep(min(2.0, 0.01 * 2 ** min(attempt, 8)))
+            backoff(attempt + 1)
             table.refresh()
     raise CommitConflictError(f"expiring snapshots gave up after {retries + 1} attempts: writers kept committing to {table.name}")
 
