@@ -12,7 +12,7 @@ makes the table's cache stale and it is rebuilt from the manifests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -22,6 +22,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lineage.deletes import referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
+from lineage.planning import PlannedFile, plan_snapshot
 from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
 
 
@@ -30,8 +31,12 @@ class LiveFile:
     """A data file of the snapshot, the delete files that apply to it, and its lineage."""
 
     data_file: DataFile
-    deletes: tuple[DataFile, ...]
+    deletes: tuple[DataFile, ...]  # position delete files
     lineage: FileLineage
+    # The data sequence number from the manifests; None for a file a commit of this process
+    # added and carried without re-planning (:meth:`SnapshotFiles.advance`).
+    sequence_number: int | None = None
+    equality_deletes: tuple[DataFile, ...] = ()
 
     @property
     def path(self) -> str:
@@ -74,8 +79,10 @@ class SnapshotFiles:
         for path, live in self.files.items():
             if path in gone:
                 continue
+            if live.equality_deletes:
+                return None  # equality deletes are matched by sequence number: plan afresh
             if live.deletes and any(d.file_path in gone for d in live.deletes):
-                live = LiveFile(live.data_file, tuple(d for d in live.deletes if d.file_path not in gone), live.lineage)
+                live = replace(live, deletes=tuple(d for d in live.deletes if d.file_path not in gone))
             files[path] = live
         segment_of = {p: moved.get(s, s) for p, s in self.segment_of.items() if p in files}
         for data_file, lineage in added:
@@ -89,7 +96,7 @@ class SnapshotFiles:
                 return None  # a partition-scoped or equality delete file: let pyiceberg match it
             live = files.get(target)
             if live is not None:
-                files[target] = LiveFile(live.data_file, live.deletes + (d,), live.lineage)
+                files[target] = replace(live, deletes=live.deletes + (d,))
         return SnapshotFiles(snapshot_id, files, segment_of)
 
 
@@ -130,7 +137,7 @@ class TableState:
                 self.memo["files"] = SnapshotFiles(0, {}, {})
             else:
                 by_file = self.lineage_by_file()
-                files = self._attach(_plan(self.iceberg, self.snapshot.snapshot_id), by_file)
+                files = self._attach(_plan(self.iceberg, self.snapshot), by_file)
                 self.memo["files"] = SnapshotFiles(
                     self.snapshot.snapshot_id, {f.path: f for f in files}, {f.path: by_file[f.path][0] for f in files}
                 )
@@ -149,20 +156,20 @@ class TableState:
             return files
         return _pruned(self.iceberg, files, prune)
 
-    def _attach(self, tasks: list, by_file: dict[str, tuple[str, FileLineage]]) -> list[LiveFile]:
+    def _attach(self, tasks: list[PlannedFile], by_file: dict[str, tuple[str, FileLineage]]) -> list[LiveFile]:
         out = []
         for task in tasks:
-            hit = by_file.get(task.file.file_path)
+            hit = by_file.get(task.data_file.file_path)
             if hit is None:
                 raise LineageMetadataError(
-                    f"data file {task.file.file_path} of version {self.version} has no lineage: it was written by a "
+                    f"data file {task.data_file.file_path} of version {self.version} has no lineage: it was written by a "
                     "writer that does not maintain row lineage; rewrite the table through this library"
                 )
-            if hit[1].record_count != task.file.record_count:
+            if hit[1].record_count != task.data_file.record_count:
                 raise LineageMetadataError(
-                    f"lineage of {task.file.file_path} covers {hit[1].record_count} rows but the file has {task.file.record_count}"
+                    f"lineage of {task.data_file.file_path} covers {hit[1].record_count} rows but the file has {task.data_file.record_count}"
                 )
-            out.append(LiveFile(task.file, tuple(task.delete_files), hit[1]))
+            out.append(LiveFile(task.data_file, task.position_deletes, hit[1], task.sequence_number, task.equality_deletes))
         return out
 
     def all_data_file_paths(self) -> set[str]:
@@ -180,9 +187,9 @@ class TableState:
         return paths
 
 
-def _plan(table: IcebergTable, snapshot_id: int) -> list:
-    """pyiceberg's scan tasks of every live data file of the snapshot (reads every manifest)."""
-    return list(table.scan(snapshot_id=snapshot_id).plan_files())
+def _plan(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
+    """Every live data file of the snapshot with its delete files (reads every manifest)."""
+    return plan_snapshot(table, snapshot)
 
 
 def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression) -> list[LiveFile]:

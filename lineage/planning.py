@@ -1,0 +1,134 @@
+"""Planning a snapshot's live files from its manifests, equality deletes included.
+
+pyiceberg's ``plan_files`` refuses snapshots that hold equality delete files,
+which every Flink CDC sink (and this library's own ``equality`` change-stream
+strategy) writes. This planner reads the manifests itself and matches delete
+files to data files with the rules of the Iceberg spec ("Scan Planning"):
+
+* a position delete file with data sequence number ``d`` applies to data
+  files with data sequence number ``<= d`` in the same partition (or to the
+  one file its ``file_path`` bounds name);
+* an equality delete file with data sequence number ``d`` applies to data
+  files with data sequence number **strictly** ``< d`` in the same partition,
+  or in every partition when its spec is unpartitioned (a global delete).
+
+Every entry keeps its data sequence number, which the reconciliation of
+foreign snapshots and CONVERT need.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.manifest import INITIAL_SEQUENCE_NUMBER, DataFile, DataFileContent, ManifestEntry, ManifestFile
+from pyiceberg.table import ManifestGroupPlanner
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.delete_file_index import DeleteFileIndex
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.typedef import Record
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """A live data file with its data sequence number and the delete files that apply to it."""
+
+    data_file: DataFile
+    sequence_number: int
+    position_deletes: tuple[DataFile, ...]
+    equality_deletes: tuple[DataFile, ...] = ()
+
+
+@dataclass
+class _ByPartition:
+    """Equality delete files of one partition, sorted by data sequence number."""
+
+    seqs: list[int] = field(default_factory=list)
+    files: list[DataFile] = field(default_factory=list)
+
+    def add(self, seq: int, delete_file: DataFile) -> None:
+        at = bisect_right(self.seqs, seq)
+        self.seqs.insert(at, seq)
+        self.files.insert(at, delete_file)
+
+    def newer_than(self, seq: int) -> list[DataFile]:
+        return self.files[bisect_right(self.seqs, seq) :]
+
+
+class EqualityDeleteIndex:
+    """Equality delete files by partition, answering which apply to a data file."""
+
+    def __init__(self, unpartitioned_specs: set[int]) -> None:
+        self._unpartitioned = unpartitioned_specs
+        self._global = _ByPartition()
+        self._by_partition: dict[tuple[int, Record], _ByPartition] = {}
+
+    def add(self, entry: ManifestEntry) -> None:
+        """Index one live equality delete entry."""
+        f = entry.data_file
+        seq = entry.sequence_number if entry.sequence_number is not None else INITIAL_SEQUENCE_NUMBER
+        if (f.spec_id or 0) in self._unpartitioned:
+            self._global.add(seq, f)
+        else:
+            self._by_partition.setdefault((f.spec_id or 0, f.partition), _ByPartition()).add(seq, f)
+
+    def __bool__(self) -> bool:
+        return bool(self._global.files) or bool(self._by_partition)
+
+    def for_data_file(self, seq: int, data_file: DataFile) -> tuple[DataFile, ...]:
+        """Equality delete files that apply to ``data_file`` of data sequence number ``seq``."""
+        out = self._global.newer_than(seq)
+        local = self._by_partition.get((data_file.spec_id or 0, data_file.partition))
+        if local is not None:
+            out = out + local.newer_than(seq)
+        return tuple(out)
+
+
+def sequence_of(entry: ManifestEntry) -> int:
+    """An entry's data sequence number (inherited from its manifest when it was added)."""
+    return entry.sequence_number if entry.sequence_number is not None else INITIAL_SEQUENCE_NUMBER
+
+
+def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iterator[ManifestEntry]:
+    """Every live (added or existing) entry of ``manifests``, read in parallel, in manifest order."""
+    planner = ManifestGroupPlanner(table.metadata, table.io, AlwaysTrue())
+    return chain.from_iterable(planner.plan_manifest_entries(list(manifests)))
+
+
+def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
+    """Every live data file of ``snapshot`` with the position and equality delete files that apply to it.
+
+    Data files come in manifest order, then entry order within a manifest (the
+    order pyiceberg's planner uses), so planning is deterministic.
+    """
+    data: list[ManifestEntry] = []
+    positions = DeleteFileIndex()
+    unpartitioned = {spec.spec_id for spec in table.metadata.partition_specs if spec.is_unpartitioned()}
+    equality = EqualityDeleteIndex(unpartitioned)
+    for entry in live_entries(table, snapshot.manifests(table.io)):
+        content = entry.data_file.content
+        if content == DataFileContent.DATA:
+            data.append(entry)
+        elif content == DataFileContent.POSITION_DELETES:
+            positions.add_delete_file(entry, partition_key=entry.data_file.partition)
+        elif content == DataFileContent.EQUALITY_DELETES:
+            equality.add(entry)
+        else:
+            raise ValueError(f"unknown content {content!r} of {entry.data_file.file_path}")
+    out = []
+    for entry in data:
+        seq = sequence_of(entry)
+        f = entry.data_file
+        pos = positions.for_data_file(seq, f, partition_key=f.partition) if not positions.is_empty() else set()
+        out.append(
+            PlannedFile(
+                f,
+                seq,
+                tuple(sorted(pos, key=lambda d: d.file_path)),
+                equality.for_data_file(seq, f) if equality else (),
+            )
+        )
+    return out
