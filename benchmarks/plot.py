@@ -22,6 +22,7 @@ sys.path.insert(0, HERE)
 
 import record  # noqa: E402
 import report  # noqa: E402
+import report_peers  # noqa: E402
 
 DEFAULT_OUT = os.path.join(record.RESULTS_DIR, "feed-growth.png")
 STYLE = {  # system -> (label, colour, marker, line style)
@@ -37,17 +38,17 @@ PANELS = (("cdf (a) all", "time_s", "feed (a): 25 change commits, s"), ("cdf (b)
 
 def series(records: report.Records) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """Panel title -> system -> [(rows, value)] from the newest peer run at each scale."""
-    scales = sorted({d["scale"] for d in records.select("run", where=report._is_peer_run)})
+    scales = sorted({d["scale"] for d in records.select("run", where=report_peers.is_peer_run)})
     out: dict[str, dict[str, list[tuple[int, float]]]] = {title: {} for _, _, title in PANELS}
     for scale in scales:
-        doc = records.latest("run", where=report._is_peer_run, scale=scale)
+        doc = records.latest("run", where=report_peers.is_peer_run, scale=scale)
         assert doc is not None
         s = doc["results"]["summary"]
         for group, field, title in PANELS:
             for system in STYLE:
                 if system not in doc["results"]["systems"]:
                     continue
-                value = s[field][group].get(system) if group else report._feed_peak(s, system)
+                value = s[field][group].get(system) if group else report_peers.feed_peak(s, system)
                 if value is not None:
                     out[title].setdefault(system, []).append((scale, float(value)))
     return out
