@@ -519,6 +519,12 @@ class Table:
 
         return rewrite_deletes(self, granularity)
 
+    def convert_equality_deletes(self) -> Any:
+        """CONVERT every equality delete file into position deletes (same answers; see lineage.maintenance.convert)."""
+        from lineage.maintenance.convert import convert_equality_deletes
+
+        return convert_equality_deletes(self._iceberg, lambda: self.refresh().iceberg, self.name)
+
     def expire_snapshots(self, older_than: Any = None, retain_last: int = 1) -> Any:
         """Expire old snapshots (the change feed does not need them)."""
         from lineage.maintenance import expire_snapshots

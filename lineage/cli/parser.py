@@ -10,6 +10,7 @@ from lineage.cli.context import DEFAULT_WAREHOUSE, EXIT_USAGE, PROG, Context
 from lineage.cli.format import FORMATS
 from lineage.cli.maintenance import (
     cmd_compact,
+    cmd_convert_deletes,
     cmd_expire,
     cmd_maintain,
     cmd_purge,
@@ -222,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub("rewrite-deletes", cmd_rewrite_deletes, "merge position delete files (one per data file or partition)")
     table_arg(p)
     p.add_argument("--granularity", choices=("file", "partition"), help="default: write.delete.granularity")
+
+    p = sub(
+        "convert-deletes", cmd_convert_deletes,
+        "turn every equality delete file into position deletes with the same sequence numbers (no reader's answer changes)",
+    )
+    table_arg(p)
 
     p = sub("rewrite-manifests", cmd_rewrite_manifests, "merge the current snapshot's manifests (tables that have many)")
     table_arg(p)
