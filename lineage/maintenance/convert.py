@@ -21,37 +21,33 @@ Concurrency: the commit asserts the snapshot it was planned on; when another
 writer commits first (new equality deletes included) the attempt's files are
 removed and CONVERT plans again on the new head.
 
-Resolution (:func:`resolve_equality_deletes`) reads the equality columns of
-each affected data file and joins them with the delete rows in DuckDB.
+Resolution is :func:`lineage.equality.resolve_equality_deletes` (the resolver
+the reconciliation of foreign snapshots uses), scanning the equality columns
+of the data files each delete applies to.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import duckdb
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from lineage import duck
 from lineage.commit import commit_files
+from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
-from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult
 from lineage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
-from lineage.planning import live_entries, plan_snapshot, sequence_of
+from lineage.planning import live_entries, sequence_of
 from lineage.writer import write_position_deletes
 
 OPERATION = "convert-deletes"
-FIELD_ID = b"PARQUET:field_id"
 
 
 @dataclass(frozen=True)
@@ -76,76 +72,33 @@ class Resolved:
     positions: np.ndarray
 
 
-def _columns_by_field_id(path: str, field_ids: Iterable[int]) -> pa.Table:
-    """The columns of a Parquet file with the given Iceberg field ids, named ``c<id>`` (by id, whatever their names)."""
-    schema = pq.read_schema(local_path(path))
-    by_id = {int(f.metadata[FIELD_ID]): f.name for f in schema if f.metadata and FIELD_ID in f.metadata}
-    ids = list(field_ids)
-    missing = [i for i in ids if i not in by_id]
-    table = pq.read_table(local_path(path), columns=[by_id[i] for i in ids if i in by_id])
-    out = {f"c{i}": table.column(by_id[i]) for i in ids if i in by_id}
-    for i in missing:  # a column added after the file was written: null in every row
-        out[f"c{i}"] = pa.nulls(table.num_rows)
-    return pa.table(out) if out else pa.table({})
+def resolve_snapshot(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Resolved], list[DataFile]]:
+    """The positions every live equality delete file of ``snapshot`` removes, per data file, and those delete files.
 
-
-def resolve_equality_deletes(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Resolved], dict[str, tuple[DataFile, int]]]:
-    """Per live equality delete file of ``snapshot``, the positions it removes from each data file it applies to.
-
-    Returns the resolutions and every live equality delete file by path with
-    its data sequence number (also those that apply to no data file).
+    Candidates are the snapshot's live data files with their data sequence
+    numbers; :func:`lineage.equality.resolve_equality_deletes` picks those each
+    delete applies to and matches its rows against their equality columns.
     """
-    equality: dict[str, tuple[DataFile, int]] = {}
+    unpartitioned = {spec.spec_id for spec in iceberg.metadata.partition_specs if spec.is_unpartitioned()}
+    deletes: list[EqualityDelete] = []
+    candidates: list[Candidate] = []
     for entry in live_entries(iceberg, snapshot.manifests(iceberg.io)):
-        if entry.data_file.content == DataFileContent.EQUALITY_DELETES:
-            equality[entry.data_file.file_path] = (entry.data_file, sequence_of(entry))
-    if not equality:
-        return [], equality
-    out: list[Resolved] = []
-    deletes_cache: dict[str, pa.Table] = {}
-    con = duck.connect()
-    try:
-        for planned in plan_snapshot(iceberg, snapshot):
-            by_ids: dict[tuple[int, ...], list[DataFile]] = defaultdict(list)
-            for d in planned.equality_deletes:
-                by_ids[tuple(d.equality_ids or ())].append(d)
-            for ids, files in by_ids.items():
-                data = _columns_by_field_id(planned.data_file.file_path, ids)
-                data = data.append_column("__pos", pa.array(np.arange(data.num_rows, dtype=np.int64)))
-                parts = []
-                for i, d in enumerate(files):
-                    if d.file_path not in deletes_cache:
-                        deletes_cache[d.file_path] = _columns_by_field_id(d.file_path, ids)
-                    parts.append(deletes_cache[d.file_path].append_column("__del", pa.array(np.full(deletes_cache[d.file_path].num_rows, i, np.int32))))
-                out.extend(_match(con, planned.data_file, data, pa.concat_tables(parts), files, ids, equality))
-    finally:
-        con.close()
-    return out, equality
-
-
-def _match(
-    con: duckdb.DuckDBPyConnection,
-    data_file: DataFile,
-    data: pa.Table,
-    deletes: pa.Table,
-    files: list[DataFile],
-    ids: tuple[int, ...],
-    equality: dict[str, tuple[DataFile, int]],
-) -> list[Resolved]:
-    """Positions of ``data`` equal (NULL = NULL) to a row of each delete file, in DuckDB."""
-    con.register("__data", data)
-    con.register("__deletes", deletes)
-    on = " AND ".join(f"d.c{i} IS NOT DISTINCT FROM e.c{i}" for i in ids)
-    hits = duck.fetch_arrow(con, f"SELECT DISTINCT e.__del, d.__pos FROM __data d JOIN __deletes e ON {on} ORDER BY 1, 2")
-    con.unregister("__data")
-    con.unregister("__deletes")
-    which = hits.column("__del").to_numpy()
-    pos = hits.column("__pos").to_numpy()
-    out = []
-    for i in np.unique(which):
-        f = files[int(i)]
-        out.append(Resolved(f, equality[f.file_path][1], data_file, pos[which == i].astype(np.int64)))
-    return out
+        f = entry.data_file
+        if f.content == DataFileContent.EQUALITY_DELETES:
+            deletes.append(EqualityDelete(f, sequence_of(entry), (f.spec_id or 0) in unpartitioned))
+        elif f.content == DataFileContent.DATA:
+            candidates.append(Candidate(f, sequence_of(entry)))
+    if not deletes:
+        return [], []
+    found = resolve_equality_deletes(iceberg.schema(), deletes, candidates)
+    data_files = {c.data_file.file_path: c.data_file for c in candidates}
+    out = [
+        Resolved(d.delete_file, d.sequence_number, data_files[path], pos)
+        for d in deletes
+        for path, pos in found.get(d.delete_file.file_path, {}).items()
+        if len(pos)
+    ]
+    return out, [d.delete_file for d in deletes]
 
 
 def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], IcebergTable], name: str) -> ConvertResult:
@@ -162,8 +115,8 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
         snap = ice.metadata.current_snapshot()
         if snap is None:
             return ConvertResult(OPERATION, None, attempts=a.number)
-        resolved, equality = resolve_equality_deletes(ice, snap)
-        if not equality:
+        resolved, removed = resolve_snapshot(ice, snap)
+        if not removed:
             return ConvertResult(OPERATION, None, detail="no equality delete files", attempts=a.number)
         # One position delete file per (equality delete sequence number, data file): the number is per delete file.
         groups: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
@@ -181,7 +134,6 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
             a.files.append(f.file_path)
             added.append(f)
             sequence_numbers[f.file_path] = seq
-        removed = [f for f, _ in equality.values()]
         snapshot_id = ice.metadata.new_snapshot_id()
         result = ConvertResult(
             OPERATION, ice.metadata.next_sequence_number(), files_added=len(added), files_removed=len(removed),
