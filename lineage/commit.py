@@ -345,6 +345,8 @@ def commit_files(
     strip_removed_stats: bool = False,
     rewrite_manifests: bool = False,
     delete_sequence_numbers: dict[str, int] | None = None,
+    metadata_updates: tuple = (),
+    metadata_requirements: tuple = (),
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -356,6 +358,9 @@ def commit_files(
     ``CommitPending``; unknown: ``CommitStateUnknownError``).
     ``delete_sequence_numbers`` gives added delete files (by path) an
     explicit data sequence number (the others inherit the snapshot's).
+    ``metadata_updates`` (schema, properties: e.g. a pyiceberg transaction's
+    staged updates, checked by ``metadata_requirements``) land in the same
+    catalog commit, before the snapshot.
     """
     base = _BaseMetadata(iceberg)
     producer = _LineageSnapshotProducer(operation, base, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
@@ -370,7 +375,8 @@ def commit_files(
         updates, requirements = producer.updates_and_requirements()
     finally:
         attempt.files.extend(producer.written_files())
-    requirements = requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
+    updates = tuple(metadata_updates) + tuple(updates)
+    requirements = tuple(metadata_requirements) + requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
     attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True
     send(
         iceberg,
@@ -399,6 +405,8 @@ class CommitRequest:
     strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
     key_index: KeyIndexChange | None = None  # keyed tables: how the commit changes the key index (index.key_index)
     rewrite_manifests: bool = False  # merge every bin of the snapshot's manifests (Table.rewrite_manifests)
+    metadata_updates: tuple = ()  # table metadata changes committed with the snapshot (adoption: key, properties)
+    metadata_requirements: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -511,6 +519,8 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         data_sequence_number=req.data_sequence_number,
         strip_removed_stats=req.strip_removed_stats,
         rewrite_manifests=req.rewrite_manifests,
+        metadata_updates=req.metadata_updates,
+        metadata_requirements=req.metadata_requirements,
     )
     remember_list(list_path, new_list)
     return attempt.result

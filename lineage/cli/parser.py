@@ -23,7 +23,7 @@ from lineage.cli.maintenance import (
 )
 from lineage.cli.mv import cmd_mv_create, cmd_mv_list, cmd_mv_refresh
 from lineage.cli.reads import cmd_changes, cmd_deleted_rows, cmd_scan
-from lineage.cli.tables import cmd_create, cmd_demo, cmd_info, cmd_log, cmd_tables
+from lineage.cli.tables import cmd_adopt, cmd_create, cmd_demo, cmd_info, cmd_log, cmd_tables
 from lineage.cli.writes import cmd_append, cmd_apply_changelog, cmd_delete, cmd_update, cmd_upsert
 
 
@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="partition transform, repeatable or comma separated: region, day(ts), bucket(16, id), truncate(4, name)",
     )
     p.add_argument("--property", action="append", metavar="KEY=VALUE", help="table property, repeatable")
+
+    p = sub("adopt", cmd_adopt, "make an existing Iceberg v2 table a lineage table (no data rewritten; the feed starts there)")
+    table_arg(p)
+    p.add_argument("--key", metavar="COLS", help="key columns, comma separated (default: the table's identifier fields, if any)")
 
     p = sub("info", cmd_info, "schema, key, partitioning, versions, files, lineage and index sizes, retention")
     table_arg(p)
