@@ -148,12 +148,14 @@ def apply_changelog(
         extra.update(position_properties(position))
     equality = uses_equality_strategy(table)
     strategy = None if equality else strategy_of(table)
-    if is_spark_dataframe(data):
-        if equality:
+    if is_spark_dataframe(data) and equality:
+        if not order_columns(order_by):
             raise InvalidArgumentError(
-                f"table {table.name} uses the equality changelog strategy, which takes Arrow or pandas batches; "
-                "collect the batch (e.g. df.toArrow()) or use write.changelog.strategy=position"
+                "a Spark DataFrame has no row order: pass order_by= with the column(s) that order each key's events "
+                "(e.g. a Kafka offset, a Debezium LSN or a sequence number)"
             )
+        data = data.toArrow()  # the equality strategy writes from the driver: the batch is collected once
+    if is_spark_dataframe(data):
         from lineage.writes.changelog_spark import apply_spark_changelog
 
         return apply_spark_changelog(

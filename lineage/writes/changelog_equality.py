@@ -51,14 +51,14 @@ from pyiceberg.table.snapshots import Operation
 from lineage import duck
 from lineage.commit import commit_files
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
-from lineage.metadata import SUMMARY_LIST, SUMMARY_OPERATION, read_list
-from lineage.outcome import Attempt, CommitLoop, newest_commit
+from lineage.metadata import SUMMARY_OPERATION
+from lineage.outcome import Attempt, CommitLoop
 from lineage.predicate import quote_ident
 from lineage.writer import ROW_ID, write_data_files, write_equality_deletes, write_position_deletes
 from lineage.writes.changelog_sql import POSITIVE, Relations
 from lineage.writes.loop import CommitInfo, log, ms_to_datetime
 from lineage.writes.properties import DEFAULT_RETRIES, PROP_RETRIES
-from lineage.writes.stream_position import PROP_STREAM_BATCH, PROP_STREAM_ID, StreamPosition
+from lineage.writes.stream_position import StreamPosition, last_stream_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from lineage.table import Table
@@ -121,27 +121,6 @@ def plan_batch(batch: ChangelogBatch, arrow_schema: pa.Schema, con: duckdb.DuckD
     return images, deleted_keys, superseded
 
 
-def last_stream_batch(table: Table, stream_id: str) -> int | None:
-    """The stream's newest committed batch id on ``main``, from snapshot summaries back to the last lineage list.
-
-    Equality commits (and foreign ones) have no lineage list of their own, so
-    the walk reads their summaries, newest first, until it meets a snapshot
-    with a lineage list, whose commit log answers for everything before.
-    """
-    ice = table.iceberg
-    snap = ice.metadata.current_snapshot()
-    while snap is not None:
-        props = snap.summary.additional_properties if snap.summary else {}
-        if props.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in props:
-            return int(props[PROP_STREAM_BATCH])
-        if SUMMARY_LIST in props:
-            log_ = read_list(ice.io, props[SUMMARY_LIST]).log.newest_first()
-            hit = newest_commit(log_, lambda p: p.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in p)
-            return None if hit is None else int(hit.properties[PROP_STREAM_BATCH])
-        snap = ice.metadata.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
-    return None
-
-
 def apply_equality_changelog(
     table: Table,
     batch: ChangelogBatch,
@@ -174,7 +153,7 @@ def apply_equality_changelog(
         if expected_version is not None and version != expected_version:
             raise VersionMovedError(table.name, expected_version, version)
         if position is not None:
-            last = last_stream_batch(table, position.stream_id)
+            last = last_stream_batch(table.iceberg, position.stream_id)
             if last is not None and position.batch_id <= last:
                 return _no_op(table)
         if images.num_rows == 0 and keys.num_rows == 0:
