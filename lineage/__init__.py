@@ -29,7 +29,7 @@ from lineage.errors import (
     VersionRangeError,
 )
 from lineage.table import COPY_ON_WRITE, MERGE_ON_READ, CommitInfo, Table, create_table, open_table
-from lineage.adopt import Adoption, adopt
+from lineage.adoption import Adoption, adopt
 
 __all__ = [
     "Adoption",

@@ -149,3 +149,44 @@ def test_adopt_command(warehouse):
     scanned = ok(run("--warehouse", warehouse, "-f", "json", "scan", "shop.plain")).stdout
     assert sorted(r["id"] for r in json.loads(scanned)) == [1, 3, 4, 5]
     fails(run("--warehouse", warehouse, "adopt", "shop.plain"), 2, "already")
+
+
+def test_adopt_converts_equality_deletes_also_those_added_meanwhile(warehouse, monkeypatch):
+    """Equality deletes (written here by the equality strategy on the plain table) are converted before adoption;
+    a writer adding more while adoption plans makes it convert again and plan anew."""
+    import lineage.adoption as adopt_module
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    cat = resolve_catalog(warehouse, None)
+    cat.create_namespace("shop")
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType()), identifier_field_ids=[1])
+    ice = cat.create_table("shop.cdc", schema=schema, properties={"write.changelog.strategy": "equality"})
+    ice.append(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]}, schema=pa.schema([pa.field("id", pa.int64(), False), ("name", pa.string())])))
+    model = {1: "a", 2: "b", 3: "c"}
+
+    def changelog(items):  # type: ignore[no-untyped-def]
+        writer = lineage.Table(cat.load_table("shop.cdc"), cat)  # a plain table: the equality strategy needs no lineage
+        writer.apply_changelog(pa.table({"_op": [o for o, _, _ in items], "id": [k for _, k, _ in items], "name": [n for _, _, n in items]}), upsert=True)
+        for op, k, n in items:
+            if op == "-D":
+                model.pop(k, None)
+            else:
+                model[k] = n
+
+    changelog([("+U", 1, "A"), ("-D", 2, None), ("+I", 4, "d")])
+    real = adopt_module.plan_snapshot
+    calls: list[int] = []
+
+    def plan_and_race(table, snapshot):  # type: ignore[no-untyped-def]
+        if not calls:
+            changelog([("-D", 3, None), ("+I", 5, "e")])
+        calls.append(1)
+        return real(table, snapshot)
+
+    monkeypatch.setattr(adopt_module, "plan_snapshot", plan_and_race)
+    adopted = lineage.adopt("shop.cdc", warehouse=warehouse)
+    assert adopted.converted == 2 and adopted.key == ("id",) and len(calls) >= 2
+    t = adopted.table
+    assert {r["id"]: r["name"] for r in t.scan().to_pylist()} == model
+    assert not verify(t).problems

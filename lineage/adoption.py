@@ -87,11 +87,15 @@ def adopt(
     ice, full = load_iceberg(cat, name)
     _check_adoptable(ice, full)
     names = _key_names(ice, key, full)
-    converted = 0
-    if _has_equality_deletes(ice):
+    converted = [0]
+
+    def convert() -> None:
         from lineage.maintenance.convert import convert_equality_deletes
 
-        converted = convert_equality_deletes(ice, lambda: ice.refresh(), full).equality_files
+        converted[0] += convert_equality_deletes(ice, lambda: ice.refresh(), full).equality_files
+
+    if _has_equality_deletes(ice):
+        convert()
 
     def attempt(a: Attempt) -> Adoption:
         _check_adoptable(ice, full)  # another process may have adopted it meanwhile
@@ -107,8 +111,9 @@ def adopt(
         view = IcebergTable(ice._identifier, txn.table_metadata, ice.metadata_location, ice.io, ice.catalog)  # the table as adopted
         snap = view.metadata.current_snapshot()
         planned = plan_snapshot(view, snap) if snap is not None else []
-        if any(p.equality_deletes for p in planned):
-            raise CommitFailedException("a writer added equality deletes after they were converted")  # plan again
+        if any(p.equality_deletes for p in planned):  # a writer added some after they were converted
+            convert()
+            raise CommitFailedException("equality deletes were added during adoption; converted them, planning again")
         version = view.metadata.next_sequence_number()
         lineages, next_row_id = [], 0
         for p in planned:
@@ -132,7 +137,7 @@ def adopt(
             OPERATION, Operation.REPLACE, key_index=change, metadata_updates=txn._updates, metadata_requirements=txn._requirements
         )
         result = commit_change(ice, state, request, a)
-        return Adoption(result.version, result.snapshot_id, len(lineages), next_row_id, tuple(names), converted, Table(ice, cat))
+        return Adoption(result.version, result.snapshot_id, len(lineages), next_row_id, tuple(names), converted[0], Table(ice, cat))
 
     retries = int(ice.metadata.properties.get("commit.retry.num-retries", 20))
     loop: CommitLoop[Adoption] = CommitLoop(f"{full}: adopt", lambda: ice, lambda: ice.refresh(), retries)
