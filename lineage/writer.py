@@ -148,6 +148,7 @@ def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Seq
     meta = iceberg.metadata
     schema = meta.schema()
     eq_schema = Schema(*[schema.find_field(i) for i in field_ids], schema_id=schema.schema_id, identifier_field_ids=list(field_ids))
+    keys = keys.select([schema.find_column_name(i) for i in field_ids])  # in the equality schema's order
     keys = keys.cast(pa.schema([pa.field(f.name, f.type, nullable=not schema.find_field(f.name).required) for f in keys.schema]))
     spec = meta.spec()
     if spec.is_unpartitioned():
