@@ -164,6 +164,9 @@ def test_equality_strategy_refuses_what_it_cannot_do(warehouse):
     version = t.version
     with pytest.raises(InvalidArgumentError, match="upsert=True"):
         t.apply_changelog(_events([("+I", 1, 1.0)]))
+    tied = _events([("+I", 1, 1.0), ("-D", 1, None)]).append_column("seq", pa.array([5, 5]))
+    with pytest.raises(InvalidArgumentError, match="order_by"):
+        t.apply_changelog(tied, upsert=True, order_by="seq")
     p = lineage.create_table("shop.parts", SCHEMA, key=["id"], partition_by=["name"], warehouse=warehouse, properties=EQ)
     with pytest.raises(InvalidArgumentError, match="not key columns"):
         p.apply_changelog(_events([("+I", 1, 1.0)]), upsert=True)

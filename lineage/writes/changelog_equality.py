@@ -102,10 +102,11 @@ def plan_batch(batch: ChangelogBatch, arrow_schema: pa.Schema, con: duckdb.DuckD
     key = list(batch.key)
     con.register("events", batch.events)
     keys = ", ".join(quote_ident(k) for k in key)
-    # Only ambiguous order (ties) is checked: there is no live state to check events against.
-    con.execute(f"CREATE OR REPLACE TEMP TABLE __start AS SELECT {keys}, NULL::BIGINT AS _row_id FROM events LIMIT 0")
-    rel = Relations(key, batch.columns, batch.order, (), quote_ident, start="__start")
-    check_problems(con, rel, batch, True, False)
+    if batch.explicit_order:
+        # Only ambiguous order (ties) is checked: there is no live state to check events against.
+        con.execute(f"CREATE OR REPLACE TEMP TABLE __start AS SELECT {keys}, NULL::BIGINT AS _row_id FROM events LIMIT 0")
+        rel = Relations(key, batch.columns, batch.order, (), quote_ident, start="__start")
+        check_problems(con, rel, batch, True, False)
     order = ", ".join(quote_ident(c) for c in batch.order)
     cols = ", ".join(quote_ident(c) for c in batch.columns)
     positive = "(" + ", ".join(str(c) for c in POSITIVE) + ")"
