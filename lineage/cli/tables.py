@@ -177,7 +177,8 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             pinned_only = sorted(pinned - live_paths)
         except Exception:
             pinned_only = []
-        snapshots = [s.sequence_number for s in main_branch_snapshots(ice)]
+        # Snapshots from before an adoption have no lineage: scan --as-of starts at the adoption version.
+        snapshots = [s.sequence_number for s in main_branch_snapshots(ice) if s.sequence_number >= (lst.adopted or 0)]
         root = local_path(ice.metadata.location)
         # Current folders, and those of tables written by earlier releases.
         lineage_disk = _dir_bytes([lineage_dir(root), os.path.join(root, "metadata", "lineage")])
