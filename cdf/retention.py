@@ -7,7 +7,9 @@ The guarantee is set by two table properties:
   current at some time in the last D days.
 
 With both set, either suffices (the window is the longer of the two). With
-neither, every version since the table's creation is available.
+neither, every version since the table's creation is available. A table made
+a lineage table by ``lineage.adopt`` has no feed before its adoption version:
+ranges start there at the earliest.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Window:
     oldest: int
     current: int
     log: CommitLog
+    adopted: int | None = None  # the adoption version (lineage.adopt): no range starts before it
 
     @property
     def commits(self) -> tuple[CommitEntry, ...]:
@@ -62,9 +65,10 @@ def window(state: TableState, now_ms: int | None = None) -> Window:
     n = _positive(props, PROP_RETENTION_VERSIONS, int)
     d = _positive(props, PROP_RETENTION_DAYS, float)
     # An expired log (Table.maintain) reaches back to its floor: ranges may start there, not before.
-    floor = log.floor.version if log.floor else 0
+    adopted = state.lineage.adopted
+    floor = max(log.floor.version if log.floor else 0, adopted or 0)
     if n is None and d is None:
-        return Window(floor, current, log)
+        return Window(floor, current, log, adopted)
     candidates = []
     if n is not None:
         candidates.append(max(0, current - int(n)))
@@ -73,7 +77,7 @@ def window(state: TableState, now_ms: int | None = None) -> Window:
         horizon = int(now_ms - d * 86_400_000)
         # The version current at the horizon: the last commit at or before it.
         candidates.append(log.version_at(horizon) or 0)
-    return Window(max(floor, min(candidates)), current, log)
+    return Window(max(floor, min(candidates)), current, log, adopted)
 
 
 def _to_ms(ts: object, what: str) -> int:
@@ -103,7 +107,7 @@ def version_at(win: Window, ts: object, what: str) -> int:
 def _check_version(win: Window, v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidArgumentError(f"{what} must be an integer version, got {v!r}")
-    floor = win.log.floor.version if win.log.floor else 0
+    floor = max(win.log.floor.version if win.log.floor else 0, win.adopted or 0)
     # versions up to the floor of an expired log were commits; a range starting there is refused by retention
     known = 0 <= v <= floor or (v <= win.current and win.log.find(v) is not None)
     if not known or v > win.current:
@@ -140,6 +144,11 @@ def resolve_range(
     if a > b:
         raise VersionRangeError(
             f"the range is reversed: from {a} is after to {b}; the start is exclusive and the end inclusive, so pass from <= to"
+        )
+    if win.adopted is not None and a < win.adopted:
+        raise RetentionError(
+            f"version {a} is before version {win.adopted}, where this Iceberg table was adopted as a lineage table "
+            f"(lineage.adopt): its change feed starts at version {win.adopted}; pass from_version >= {win.adopted}"
         )
     if a < win.oldest:
         raise RetentionError(

@@ -29,8 +29,10 @@ from lineage.errors import (
     VersionRangeError,
 )
 from lineage.table import COPY_ON_WRITE, MERGE_ON_READ, CommitInfo, Table, create_table, open_table
+from lineage.adoption import Adoption, adopt
 
 __all__ = [
+    "Adoption",
     "BadPredicateError",
     "COPY_ON_WRITE",
     "CatalogFailedError",
@@ -52,6 +54,7 @@ __all__ = [
     "UnknownVersionError",
     "UnsupportedFormatError",
     "VersionRangeError",
+    "adopt",
     "create_table",
     "open_table",
 ]

@@ -140,3 +140,16 @@ def identifier(name: str) -> tuple[str, str]:
     if any(not p for p in parts):
         raise InvalidArgumentError(f"table name {name!r} has an empty part")
     return ".".join(parts[:-1]), parts[-1]
+
+
+def load_iceberg(catalog: Catalog, name: str) -> tuple[IcebergTable, str]:
+    """Load table ``name`` (``ns.table``) from ``catalog``: the pyiceberg table and its full name, or TableNotFoundError."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from lineage.errors import TableNotFoundError
+
+    ns, tbl = identifier(name)
+    try:
+        return catalog.load_table((ns, tbl)), f"{ns}.{tbl}"
+    except NoSuchTableError:
+        raise TableNotFoundError(f"table {ns}.{tbl} does not exist in this catalog") from None

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
@@ -56,14 +58,32 @@ from lineage.writer import WrittenFile
 
 
 class _DeleteManifestWriter(ManifestWriterV2):
-    """A v2 manifest writer for delete files."""
+    """A v2 manifest writer for delete files.
+
+    pyiceberg 0.12 declares ``equality_ids`` as a list of longs; the spec (and
+    Iceberg Java, which fails with a ClassCastException on longs) has a list
+    of ints. Both encode the same in Avro, so only the declared type changes.
+    """
 
     def content(self) -> ManifestContent:
         return ManifestContent.DELETES
 
+    def _with_partition(self, format_version):  # type: ignore[no-untyped-def]
+        schema = super()._with_partition(format_version)
+        return Schema(*[_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields], schema_id=schema.schema_id)
+
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+
+def _int_equality_ids(data_file: NestedField) -> NestedField:
+    """The manifest entry's ``data_file`` field with ``equality_ids`` as a list of ints (field 135, element 136)."""
+    fields = [
+        NestedField(135, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc) if f.field_id == 135 else f
+        for f in data_file.field_type.fields
+    ]
+    return NestedField(data_file.field_id, data_file.name, StructType(*fields), required=data_file.required, doc=data_file.doc)
 
 
 def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
@@ -112,6 +132,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self._timestamp_ms = timestamp_ms
         self._snapshot_id = snapshot_id
         self._data_sequence_number = data_sequence_number
+        self.delete_sequence_numbers: dict[str, int] = {}  # delete file path -> an explicit data sequence number (CONVERT)
         self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
 
     def _manifests(self) -> list[ManifestFile]:
@@ -134,7 +155,14 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         if deletes:
             with self._delete_writer(spec) as writer:
                 for f in deletes:
-                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=self.delete_sequence_numbers.get(f.file_path),
+                            data_file=f,
+                        )
+                    )
             manifests.append(writer.to_manifest_file())
         carried = self._carried_manifests()
         out: list[ManifestFile] = []
@@ -316,6 +344,9 @@ def commit_files(
     data_sequence_number: int | None = None,
     strip_removed_stats: bool = False,
     rewrite_manifests: bool = False,
+    delete_sequence_numbers: dict[str, int] | None = None,
+    metadata_updates: tuple = (),
+    metadata_requirements: tuple = (),
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -325,11 +356,17 @@ def commit_files(
     when the catalog call fails otherwise, the outcome is established by
     :func:`lineage.outcome.send` (landed: returns; not in the table:
     ``CommitPending``; unknown: ``CommitStateUnknownError``).
+    ``delete_sequence_numbers`` gives added delete files (by path) an
+    explicit data sequence number (the others inherit the snapshot's).
+    ``metadata_updates`` (schema, properties: e.g. a pyiceberg transaction's
+    staged updates, checked by ``metadata_requirements``) land in the same
+    catalog commit, before the snapshot.
     """
     base = _BaseMetadata(iceberg)
     producer = _LineageSnapshotProducer(operation, base, iceberg.io, properties, timestamp_ms, snapshot_id, data_sequence_number)
     producer.strip_removed_stats = strip_removed_stats
     producer.rewrite_all = rewrite_manifests
+    producer.delete_sequence_numbers = dict(delete_sequence_numbers or {})
     for f in added:
         producer.append_data_file(f)
     for f in removed:
@@ -338,7 +375,8 @@ def commit_files(
         updates, requirements = producer.updates_and_requirements()
     finally:
         attempt.files.extend(producer.written_files())
-    requirements = requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
+    updates = tuple(metadata_updates) + tuple(updates)
+    requirements = tuple(metadata_requirements) + requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
     attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True
     send(
         iceberg,
@@ -367,6 +405,8 @@ class CommitRequest:
     strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
     key_index: KeyIndexChange | None = None  # keyed tables: how the commit changes the key index (index.key_index)
     rewrite_manifests: bool = False  # merge every bin of the snapshot's manifests (Table.rewrite_manifests)
+    metadata_updates: tuple = ()  # table metadata changes committed with the snapshot (adoption: key, properties)
+    metadata_requirements: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -479,6 +519,8 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         data_sequence_number=req.data_sequence_number,
         strip_removed_stats=req.strip_removed_stats,
         rewrite_manifests=req.rewrite_manifests,
+        metadata_updates=req.metadata_updates,
+        metadata_requirements=req.metadata_requirements,
     )
     remember_list(list_path, new_list)
     return attempt.result

@@ -219,6 +219,7 @@ class LineageList:
     log: CommitLog = field(default_factory=CommitLog)
     purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
     key_index: tuple[str, ...] | None = None  # key index segments, oldest first (index.key_index); None: no index
+    adopted: int | None = None  # the version at which lineage.adopt made an existing Iceberg table a lineage table
     segment_bytes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -253,6 +254,7 @@ class LineageList:
 _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], Any]], ...] = (
     ("purged", "purged", str, str),
     ("key_index", "key-index", list, tuple),  # key index segments, oldest first; absent: the table has no index
+    ("adopted", "adopted", int, int),  # adoption version: the change feed starts there (cdf.retention)
 )
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lineage.errors import InvalidArgumentError
-from lineage.writes.stream_position import last_committed_batch
+from lineage.writes.stream_position import last_stream_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog import Catalog
@@ -117,10 +117,10 @@ class ChangelogSink:
             return
         table = self.table()
         sid = self.resolve_stream_id(df)
-        done = last_committed_batch(table.state(), sid)
-        if done is not None and batch_id <= done.batch_id:
+        done = last_stream_batch(table.iceberg, sid)
+        if done is not None and batch_id <= done:
             # A replay found before any Spark job runs; apply_changelog would find it too, atomically.
-            log.info("stream %s: batch %d is already in %s (version %d); skipped", sid, batch_id, table.name, done.version)
+            log.info("stream %s: batch %d is already in %s; skipped", sid, batch_id, table.name)
             _fault("skipped", batch_id)
             return
         info = table.apply_changelog(

@@ -25,14 +25,14 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.exceptions import NamespaceAlreadyExistsError
 from pyiceberg.exceptions import TableAlreadyExistsError as _IceExists
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
 from lineage import duck
-from lineage.catalog import current_metadata_location, identifier, resolve_catalog
+from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
 from lineage.duck import duckdb_types
 from lineage.errors import (
     BadPredicateError,
@@ -40,7 +40,6 @@ from lineage.errors import (
     KeyViolationError,
     LineageMetadataError,
     TableAlreadyExistsError,
-    TableNotFoundError,
     UnknownColumnError,
 )
 from lineage.outcome import has_commit, is_transient, reload
@@ -149,13 +148,12 @@ def create_table(
 def open_table(name: str, *, warehouse: str | os.PathLike[str] | None = None, catalog: Catalog | None = None) -> Table:
     """Open a table created by :func:`create_table`."""
     cat = resolve_catalog(warehouse, catalog)
-    ns, tbl = identifier(name)
-    try:
-        ice = cat.load_table((ns, tbl))
-    except NoSuchTableError:
-        raise TableNotFoundError(f"table {ns}.{tbl} does not exist in this catalog") from None
+    ice, full = load_iceberg(cat, name)
     if ice.metadata.properties.get(PROP_LINEAGE) != "true":
-        raise InvalidArgumentError(f"table {ns}.{tbl} is a plain Iceberg table, not one created with lineage.create_table")
+        raise InvalidArgumentError(
+            f"table {full} is a plain Iceberg table, not a lineage table; make it one (no data is rewritten) with "
+            f"lineage.adopt({full!r}, key=[...]) or `lineage adopt {full}`"
+        )
     return Table(ice, cat)
 
 
@@ -518,6 +516,12 @@ class Table:
         from lineage.maintenance import rewrite_deletes
 
         return rewrite_deletes(self, granularity)
+
+    def convert_equality_deletes(self) -> Any:
+        """CONVERT every equality delete file into position deletes (same answers; see lineage.maintenance.convert)."""
+        from lineage.maintenance.convert import convert_equality_deletes
+
+        return convert_equality_deletes(self._iceberg, lambda: self.refresh().iceberg, self.name)
 
     def expire_snapshots(self, older_than: Any = None, retain_last: int = 1) -> Any:
         """Expire old snapshots (the change feed does not need them)."""

@@ -1,4 +1,4 @@
-"""Writing Parquet data files and position delete files for a commit.
+"""Writing Parquet data files, position delete files and equality delete files for a commit.
 
 Data files are written through pyiceberg (field ids, statistics, partition
 values); we only decide which rows go to which file so that each file's
@@ -15,6 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import _determine_partitions, write_file
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import TableProperties, WriteTask
 from pyiceberg.table.locations import load_location_provider
@@ -107,11 +109,16 @@ def write_copy(iceberg: IcebergTable, data: pa.Table, template: DataFile) -> Dat
     metadata = iceberg.metadata
     task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=metadata.schema(), record_batches=data.to_batches(), partition_key=None)
     (df,) = list(write_file(iceberg.io, metadata, iter([task])))
+    return restamped(df, df.content, template.partition, None, _spec_id(template, metadata.default_spec_id))
+
+
+def restamped(df: DataFile, content: DataFileContent, partition: Any, equality_ids: list[int] | None, spec_id: int) -> DataFile:
+    """A copy of the writer's ``df`` with another content, partition, equality ids and spec id (statistics kept)."""
     return DataFile.from_args(
-        content=df.content,
+        content=content,
         file_path=df.file_path,
         file_format=df.file_format,
-        partition=template.partition,
+        partition=partition,
         record_count=df.record_count,
         file_size_in_bytes=df.file_size_in_bytes,
         column_sizes=df.column_sizes,
@@ -121,11 +128,44 @@ def write_copy(iceberg: IcebergTable, data: pa.Table, template: DataFile) -> Dat
         lower_bounds=df.lower_bounds,
         upper_bounds=df.upper_bounds,
         split_offsets=df.split_offsets,
-        equality_ids=None,
+        equality_ids=equality_ids,
         sort_order_id=None,
-        spec_id=_spec_id(template, metadata.default_spec_id),
+        spec_id=spec_id,
         key_metadata=None,
     )
+
+
+def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Sequence[int]) -> list[DataFile]:
+    """Equality delete files (one per partition of the current spec) of the rows ``keys`` on columns ``field_ids``.
+
+    ``keys`` has exactly the columns of ``field_ids`` (by name); each row
+    deletes the rows of older data files equal to it in those columns. The
+    partition of a row follows from its values, so the spec's source columns
+    must be among them (or the spec unpartitioned: a global delete).
+    """
+    if keys.num_rows == 0:
+        return []
+    meta = iceberg.metadata
+    schema = meta.schema()
+    eq_schema = Schema(*[schema.find_field(i) for i in field_ids], schema_id=schema.schema_id, identifier_field_ids=list(field_ids))
+    keys = keys.select([schema.find_column_name(i) for i in field_ids])  # in the equality schema's order
+    keys = keys.cast(pa.schema([pa.field(f.name, f.type, nullable=not schema.find_field(f.name).required) for f in keys.schema]))
+    spec = meta.spec()
+    if spec.is_unpartitioned():
+        parts = [(None, keys)]
+    else:
+        parts = [(p.partition_key, p.arrow_table_partition.select(keys.column_names)) for p in _determine_partitions(spec, schema, keys)]
+    # pyiceberg's writer writes the table's current schema: hand it metadata whose schema is the equality columns.
+    eq_meta = meta.model_copy(update={"schemas": [eq_schema]})
+    write_uuid = uuid.uuid4()
+    tasks = [
+        WriteTask(write_uuid=write_uuid, task_id=i, schema=eq_schema, record_batches=part.to_batches(), partition_key=pk)
+        for i, (pk, part) in enumerate(parts)
+    ]
+    return [
+        restamped(df, DataFileContent.EQUALITY_DELETES, df.partition, list(field_ids), meta.default_spec_id)
+        for df in write_file(iceberg.io, eq_meta, iter(tasks))
+    ]
 
 
 def _spec_id(data_file: DataFile, default: int) -> int:

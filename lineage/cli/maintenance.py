@@ -1,4 +1,4 @@
-"""``lineage compact``, ``rewrite-deletes``, ``rewrite-manifests``, ``expire``, ``vacuum``, ``rehome``, ``reindex``,
+"""``lineage compact``, ``rewrite-deletes``, ``convert-deletes``, ``rewrite-manifests``, ``expire``, ``vacuum``, ``rehome``, ``reindex``,
 ``purge``, ``maintain`` and ``verify``."""
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def cmd_compact(ctx: Context) -> int:
 
 def cmd_rewrite_deletes(ctx: Context) -> int:
     return _run_maintenance(ctx, "rewriting the delete files of", lambda t: t.rewrite_deletes(ctx.args.granularity))
+
+
+def cmd_convert_deletes(ctx: Context) -> int:
+    return _run_maintenance(ctx, "converting the equality deletes of", lambda t: t.convert_equality_deletes())
 
 
 def cmd_rewrite_manifests(ctx: Context) -> int:

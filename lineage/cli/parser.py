@@ -10,6 +10,7 @@ from lineage.cli.context import DEFAULT_WAREHOUSE, EXIT_USAGE, PROG, Context
 from lineage.cli.format import FORMATS
 from lineage.cli.maintenance import (
     cmd_compact,
+    cmd_convert_deletes,
     cmd_expire,
     cmd_maintain,
     cmd_purge,
@@ -22,7 +23,7 @@ from lineage.cli.maintenance import (
 )
 from lineage.cli.mv import cmd_mv_create, cmd_mv_list, cmd_mv_refresh
 from lineage.cli.reads import cmd_changes, cmd_deleted_rows, cmd_scan
-from lineage.cli.tables import cmd_create, cmd_demo, cmd_info, cmd_log, cmd_tables
+from lineage.cli.tables import cmd_adopt, cmd_create, cmd_demo, cmd_info, cmd_log, cmd_tables
 from lineage.cli.writes import cmd_append, cmd_apply_changelog, cmd_delete, cmd_update, cmd_upsert
 
 
@@ -123,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--property", action="append", metavar="KEY=VALUE", help="table property, repeatable")
 
+    p = sub("adopt", cmd_adopt, "make an existing Iceberg v2 table a lineage table (no data rewritten; the feed starts there)")
+    table_arg(p)
+    p.add_argument("--key", metavar="COLS", help="key columns, comma separated (default: the table's identifier fields, if any)")
+
     p = sub("info", cmd_info, "schema, key, partitioning, versions, files, lineage and index sizes, retention")
     table_arg(p)
 
@@ -222,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub("rewrite-deletes", cmd_rewrite_deletes, "merge position delete files (one per data file or partition)")
     table_arg(p)
     p.add_argument("--granularity", choices=("file", "partition"), help="default: write.delete.granularity")
+
+    p = sub(
+        "convert-deletes", cmd_convert_deletes,
+        "turn every equality delete file into position deletes with the same sequence numbers (no reader's answer changes)",
+    )
+    table_arg(p)
 
     p = sub("rewrite-manifests", cmd_rewrite_manifests, "merge the current snapshot's manifests (tables that have many)")
     table_arg(p)

@@ -108,6 +108,31 @@ def cmd_create(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_adopt(ctx: Context) -> int:
+    import lineage
+
+    a = ctx.args
+    key = parse_columns(a.key) if a.key else None
+    with ctx.progress.task(f"adopting {a.table}"):
+        done = lineage.adopt(a.table, key=key, catalog=ctx.catalog())
+    rec = {
+        "table": done.table.name,
+        "version": done.version,
+        "snapshot_id": done.snapshot_id,
+        "data_files": done.data_files,
+        "rows": done.rows,
+        "key": list(done.key),
+        "converted_equality_deletes": done.converted,
+    }
+    converted = f"; {done.converted} equality delete file(s) converted to position deletes first" if done.converted else ""
+    text = (
+        f"adopted {rec['table']} at version {done.version}: {done.rows} row id(s) over {done.data_files} data file(s), "
+        f"key {', '.join(done.key) or '(none)'}{converted}; the change feed starts at version {done.version}\n"
+    )
+    ctx.out.record(rec, text=text)
+    return EXIT_OK
+
+
 def table_info(t: Any, progress: Progress) -> dict[str, Any]:
     """Everything ``lineage info`` reports about a table, as a JSON-able dict."""
     from cdf.retention import PROP_RETENTION_DAYS, PROP_RETENTION_VERSIONS, window
@@ -152,7 +177,8 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             pinned_only = sorted(pinned - live_paths)
         except Exception:
             pinned_only = []
-        snapshots = [s.sequence_number for s in main_branch_snapshots(ice)]
+        # Snapshots from before an adoption have no lineage: scan --as-of starts at the adoption version.
+        snapshots = [s.sequence_number for s in main_branch_snapshots(ice) if s.sequence_number >= (lst.adopted or 0)]
         root = local_path(ice.metadata.location)
         # Current folders, and those of tables written by earlier releases.
         lineage_disk = _dir_bytes([lineage_dir(root), os.path.join(root, "metadata", "lineage")])

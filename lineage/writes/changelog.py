@@ -23,7 +23,9 @@ property ``write.changelog.strategy``: ``position`` (default) resolves keys
 to live images at write time (through the key index, see
 :mod:`lineage.writes.keys`) and writes position deletes plus new images; the
 commit keeps the key index (a delta segment with the batch's removed keys and
-new images), as :meth:`lineage.Table.upsert` does.
+new images), as :meth:`lineage.Table.upsert` does. ``equality`` commits like
+Flink's Iceberg sink, with equality deletes and no key lookup (upsert mode
+only; see :mod:`lineage.writes.changelog_equality`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PROP_STRATEGY = "write.changelog.strategy"
 DEFAULT_STRATEGY = "position"
+EQUALITY_STRATEGY = "equality"  # commits by itself, without the write loop: lineage.writes.changelog_equality
 OPERATION = "changelog"
 SEQ = "__seq"  # batch position when no order_by is given
 
@@ -102,7 +105,14 @@ def strategy_of(table: Table) -> ChangelogStrategy:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise InvalidArgumentError(f"table property {PROP_STRATEGY} must be one of {sorted(STRATEGIES)}, got {name!r}") from None
+        raise InvalidArgumentError(
+            f"table property {PROP_STRATEGY} must be one of {sorted([*STRATEGIES, EQUALITY_STRATEGY])}, got {name!r}"
+        ) from None
+
+
+def uses_equality_strategy(table: Table) -> bool:
+    """Whether the table's change streams commit with equality deletes (``write.changelog.strategy = equality``)."""
+    return table.properties.get(PROP_STRATEGY, DEFAULT_STRATEGY) == EQUALITY_STRATEGY
 
 
 # ---------------------------------------------------------------- entry point
@@ -136,7 +146,15 @@ def apply_changelog(
         if clash:
             raise InvalidArgumentError(f"properties {clash} are set by stream=; do not pass them yourself")
         extra.update(position_properties(position))
-    strategy = strategy_of(table)
+    equality = uses_equality_strategy(table)
+    strategy = None if equality else strategy_of(table)
+    if is_spark_dataframe(data) and equality:
+        if not order_columns(order_by):
+            raise InvalidArgumentError(
+                "a Spark DataFrame has no row order: pass order_by= with the column(s) that order each key's events "
+                "(e.g. a Kafka offset, a Debezium LSN or a sequence number)"
+            )
+        data = data.toArrow()  # the equality strategy writes from the driver: the batch is collected once
     if is_spark_dataframe(data):
         from lineage.writes.changelog_spark import apply_spark_changelog
 
@@ -145,6 +163,11 @@ def apply_changelog(
             expected_version=expected_version, position=position,
         )
     batch = prepare_batch(table, to_arrow_table(data), op_column, order_by)
+    if equality:
+        from lineage.writes.changelog_equality import apply_equality_changelog
+
+        return apply_equality_changelog(table, batch, upsert=upsert, properties=extra, expected_version=expected_version, position=position)
+    assert strategy is not None
 
     def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
         if position is not None and position.applied_in(state):

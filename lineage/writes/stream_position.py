@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyiceberg.table import Table as IcebergTable
+
 from lineage.errors import InvalidArgumentError
+from lineage.metadata import SUMMARY_LIST, read_list
 from lineage.outcome import newest_commit
 from lineage.state import TableState
 
@@ -74,3 +77,24 @@ def last_committed_batch(state: TableState, stream_id: str) -> CommittedBatch | 
     """
     c = newest_commit(state.lineage.log.newest_first(), lambda props: props.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in props)
     return None if c is None else CommittedBatch(stream_id, int(c.properties[PROP_STREAM_BATCH]), c.version)
+
+
+def last_stream_batch(iceberg: IcebergTable, stream_id: str) -> int | None:
+    """The stream's newest committed batch id on ``main`` of ``iceberg`` as loaded (None if it never committed).
+
+    Equality-strategy commits (and foreign ones) have no lineage list of their
+    own, so the walk reads snapshot summaries, newest first, until it meets a
+    snapshot with a lineage list, whose commit log answers for everything
+    before (for a table only lineage writers write: at once).
+    """
+    snap = iceberg.metadata.current_snapshot()
+    while snap is not None:
+        props = snap.summary.additional_properties if snap.summary else {}
+        if props.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in props:
+            return int(props[PROP_STREAM_BATCH])
+        if SUMMARY_LIST in props:
+            log_ = read_list(iceberg.io, props[SUMMARY_LIST]).log.newest_first()
+            hit = newest_commit(log_, lambda p: p.get(PROP_STREAM_ID) == stream_id and PROP_STREAM_BATCH in p)
+            return None if hit is None else int(hit.properties[PROP_STREAM_BATCH])
+        snap = iceberg.metadata.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+    return None

@@ -1,0 +1,164 @@
+"""CONVERT: turn every live equality delete file into position delete files, changing no reader's answer.
+
+Iceberg's rule for an equality delete file with data sequence number ``d``:
+it removes the rows of data files with a data sequence number strictly below
+``d`` (same partition, or every partition for an unpartitioned spec) that
+equal one of its rows in its ``equality_ids`` columns, NULL matching NULL.
+CONVERT resolves each one to the positions it removes, per data file, and
+commits one ``replace`` snapshot that removes the equality delete files and
+adds position delete files **carrying the data sequence number ``d`` of the
+equality delete they replace**. A position delete applies to its data file
+when the file's data sequence number is ``<= d``, which holds for every file
+the equality delete applied to, so every reader sees the same rows before and
+after; afterwards the table holds no equality delete files.
+
+The snapshot carries ``lineage.operation = convert-deletes`` and no lineage
+list: it changes no row (a reconciler sees only delete files replaced by
+position deletes of rows that were already deleted). It works on any
+Iceberg v2 table (adoption converts first).
+
+Concurrency: the commit asserts the snapshot it was planned on; when another
+writer commits first (new equality deletes included) the attempt's files are
+removed and CONVERT plans again on the new head.
+
+Resolution is :func:`lineage.equality.resolve_equality_deletes` (the resolver
+the reconciliation of foreign snapshots uses), scanning the equality columns
+of the data files each delete applies to.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Operation, Snapshot
+
+from lineage.commit import commit_files
+from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
+from lineage.errors import CommitConflictError
+from lineage.maintenance._common import MaintenanceResult
+from lineage.metadata import SUMMARY_OPERATION
+from lineage.outcome import Attempt, CommitLoop
+from lineage.planning import live_entries, sequence_of
+from lineage.writer import write_position_deletes
+
+OPERATION = "convert-deletes"
+
+
+@dataclass(frozen=True)
+class ConvertResult(MaintenanceResult):
+    """What CONVERT did: equality delete files (and their rows) replaced by position delete files (and positions)."""
+
+    equality_files: int = 0
+    equality_rows: int = 0
+    position_files: int = 0
+    positions: int = 0
+    data_files: int = 0  # data files that got position deletes
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Positions one equality delete file removes from one data file."""
+
+    delete_file: DataFile
+    sequence_number: int  # the equality delete's data sequence number
+    data_file: DataFile
+    positions: np.ndarray
+
+
+def resolve_snapshot(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Resolved], list[DataFile]]:
+    """The positions every live equality delete file of ``snapshot`` removes, per data file, and those delete files.
+
+    Candidates are the snapshot's live data files with their data sequence
+    numbers; :func:`lineage.equality.resolve_equality_deletes` picks those each
+    delete applies to and matches its rows against their equality columns.
+    """
+    unpartitioned = {spec.spec_id for spec in iceberg.metadata.partition_specs if spec.is_unpartitioned()}
+    deletes: list[EqualityDelete] = []
+    candidates: list[Candidate] = []
+    for entry in live_entries(iceberg, snapshot.manifests(iceberg.io)):
+        f = entry.data_file
+        if f.content == DataFileContent.EQUALITY_DELETES:
+            deletes.append(EqualityDelete(f, sequence_of(entry), (f.spec_id or 0) in unpartitioned))
+        elif f.content == DataFileContent.DATA:
+            candidates.append(Candidate(f, sequence_of(entry)))
+    if not deletes:
+        return [], []
+    found = resolve_equality_deletes(iceberg.schema(), deletes, candidates)
+    data_files = {c.data_file.file_path: c.data_file for c in candidates}
+    out = [
+        Resolved(d.delete_file, d.sequence_number, data_files[path], pos)
+        for d in deletes
+        for path, pos in found.get(d.delete_file.file_path, {}).items()
+        if len(pos)
+    ]
+    return out, [d.delete_file for d in deletes]
+
+
+def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], IcebergTable], name: str) -> ConvertResult:
+    """CONVERT every live equality delete file of ``iceberg``'s ``main`` (see the module docs).
+
+    ``refresh`` reloads ``iceberg`` from the catalog (the commit loop calls it
+    before every attempt); ``name`` names the table in messages.
+    """
+    retries = int(iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    table = [iceberg]
+
+    def attempt(a: Attempt) -> ConvertResult:
+        ice = table[0]
+        snap = ice.metadata.current_snapshot()
+        if snap is None:
+            return ConvertResult(OPERATION, None, attempts=a.number)
+        resolved, removed = resolve_snapshot(ice, snap)
+        if not removed:
+            return ConvertResult(OPERATION, None, detail="no equality delete files", attempts=a.number)
+        # One position delete file per (equality delete sequence number, data file): the number is per delete file.
+        groups: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
+        targets: dict[str, DataFile] = {}
+        for r in resolved:
+            groups[(r.sequence_number, r.data_file.file_path)].append(r.positions)
+            targets[r.data_file.file_path] = r.data_file
+        added: list[DataFile] = []
+        sequence_numbers: dict[str, int] = {}
+        positions = 0
+        for (seq, path), parts in sorted(groups.items()):
+            pos = np.unique(np.concatenate(parts))
+            positions += len(pos)
+            (f,) = write_position_deletes(ice, [(targets[path], pos)])
+            a.files.append(f.file_path)
+            added.append(f)
+            sequence_numbers[f.file_path] = seq
+        snapshot_id = ice.metadata.new_snapshot_id()
+        result = ConvertResult(
+            OPERATION, ice.metadata.next_sequence_number(), files_added=len(added), files_removed=len(removed),
+            bytes_added=sum(f.file_size_in_bytes for f in added), bytes_removed=sum(f.file_size_in_bytes for f in removed),
+            detail=f"{len(removed)} equality delete file(s) ({sum(f.record_count for f in removed)} rows) -> "
+            f"{len(added)} position delete file(s) ({positions} positions in {len(targets)} data file(s))",
+            equality_files=len(removed), equality_rows=sum(f.record_count for f in removed), position_files=len(added),
+            positions=positions, data_files=len(targets), attempts=a.number,
+        )
+        a.result = result
+        commit_files(
+            ice, operation=Operation.REPLACE, added=added, removed=removed, properties={SUMMARY_OPERATION: OPERATION},
+            timestamp_ms=max(int(time.time() * 1000), snap.timestamp_ms + 1), snapshot_id=snapshot_id, attempt=a,
+            delete_sequence_numbers=sequence_numbers,
+        )
+        return result
+
+    def reload() -> None:
+        table[0] = refresh()
+
+    loop: CommitLoop[ConvertResult] = CommitLoop(f"{name}: {OPERATION}", lambda: table[0], reload, retries)
+    return loop.run(
+        attempt,
+        lambda n: CommitConflictError(
+            f"gave up after {n} attempts: other writers kept committing to {name}; nothing was converted. "
+            "Retry later or raise the table property commit.retry.num-retries"
+        ),
+    )
