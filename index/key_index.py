@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +78,7 @@ from index.key_segment import (
     KeyField,
     Segment,
     distinct_keys,
+    drop_tombstones,
     entry_schema,
     keys_equal,
     make_segment,
@@ -267,6 +268,8 @@ class KeyIndex:
         if not key:
             raise InvalidArgumentError(f"table {'.'.join(state.iceberg.name())} has no key, so it has no key index")
         files = state.live_files()
+        if not files:  # an empty table: nothing to scan, an index of no segment
+            return KeyIndex(key, [], state.version, state.lineage.key_index)
         names = [k.name for k in key]
         schema = pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
         con = duck.connect()
@@ -318,6 +321,9 @@ class KeyIndex:
         ``__input`` (the row of ``keys``). Cost: O(k log n) per segment.
         """
         keys = self.conform_keys(keys)
+        schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
+        if not any(s.entries for s in self.segments):  # an empty index (e.g. the first append of a table)
+            return schema.empty_table()
         hashes = key_hash(keys)
         unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
         resolved = np.zeros(keys.num_rows, bool)
@@ -334,7 +340,6 @@ class KeyIndex:
                 parts.append(seg.take(records[live]).append_column(INPUT, pa.array(rows[live], pa.int64())))
             resolved[rows] = True
             unresolved = unresolved[~resolved[unresolved]]
-        schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
         if not parts:
             return schema.empty_table()
         found = pa.concat_tables(parts)
@@ -432,11 +437,16 @@ def next_key_index(
         raise LineageMetadataError(
             f"internal: the commit removes {removed_images} image(s) but names the keys of {0 if removed is None else removed.num_rows}"
         )
-    segments = list(index.segments)
+    segments = [s for s in index.segments if s.entries]  # an empty segment holds nothing to merge
     if moves:
         entries = _written_entries(io, index, written, delete_files, change.written_keys)
         delta = delta_segment(index, entries, removed)
-        if delta is not None:
+        if delta is not None and not segments:
+            # Nothing older: the delta is the whole index. Its tombstones (of keys that were never
+            # live here) hide nothing, so it becomes the base as it is, without a merge.
+            delta = drop_tombstones(delta) if not delta.base else delta
+            delta = replace(delta, base=True, level=0)
+        if delta is not None and delta.entries:
             segments.append(delta)
     policy = MergePolicy.of(state.iceberg.metadata.properties)
     while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
@@ -484,27 +494,39 @@ def _written_entries(
     if not written:
         return schema.empty_table()
     dead = _deleted_now([fl.file_path for fl in written], delete_files)
-    parts = []
-    for fl in written:
+    key_parts: list[pa.Table] = []
+    ints: dict[str, list[np.ndarray]] = {ROW_ID: [], POS: [], CREATED: [], UPDATED: []}
+    file_ids: list[np.ndarray] = []
+    for i, fl in enumerate(written):
         keys = known.get(fl.file_path)
         if keys is None:
             keys = read_file_keys(io, fl.file_path, index.names)
         if keys.num_rows != fl.record_count:
             raise LineageMetadataError(f"{fl.file_path} has {keys.num_rows} rows, its lineage {fl.record_count}")
-        keep = np.ones(fl.record_count, bool)
-        gone = dead.get(fl.file_path)
-        if gone is not None:
-            keep[gone[gone < fl.record_count]] = False
-        pos = np.flatnonzero(keep)
         keys = index.conform_keys(keys)
-        cols = {k.name: keys.column(k.name).take(pa.array(pos)) for k in index.key}
-        cols[ROW_ID] = pa.array(decode_sequence(fl.row_ids)[pos], pa.int64())
-        cols[FILE_PATH] = pa.array(np.full(len(pos), fl.file_path, dtype=object), pa.string())
-        cols[POS] = pa.array(pos, pa.int64())
-        cols[CREATED] = pa.array(decode_values(fl.created)[pos], pa.int64())
-        cols[UPDATED] = pa.array(decode_values(fl.updated)[pos], pa.int64())
-        parts.append(pa.table(cols, schema=schema))
-    return pa.concat_tables(parts)
+        gone = dead.get(fl.file_path)
+        if gone is None:  # every row is live: no gather
+            pos = np.arange(fl.record_count, dtype=np.int64)
+            key_parts.append(keys)
+            ints[ROW_ID].append(decode_sequence(fl.row_ids))
+            ints[CREATED].append(decode_values(fl.created))
+            ints[UPDATED].append(decode_values(fl.updated))
+        else:
+            keep = np.ones(fl.record_count, bool)
+            keep[gone[gone < fl.record_count]] = False
+            pos = np.flatnonzero(keep)
+            key_parts.append(keys.take(pa.array(pos)))
+            ints[ROW_ID].append(decode_sequence(fl.row_ids)[pos])
+            ints[CREATED].append(decode_values(fl.created)[pos])
+            ints[UPDATED].append(decode_values(fl.updated)[pos])
+        ints[POS].append(pos)
+        file_ids.append(np.full(len(pos), i, np.int32))
+    # The file path as a dictionary (one string per file, not per row): segments store it that way.
+    files = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(file_ids), pa.int32()), pa.array([fl.file_path for fl in written], pa.string()))
+    keys = pa.concat_tables(key_parts)
+    columns = [keys.column(k.name) for k in index.key] + [pa.array(np.concatenate(ints[c]).astype(np.int64, copy=False)) for c in (ROW_ID,)]
+    columns += [files] + [pa.array(np.concatenate(ints[c]).astype(np.int64, copy=False)) for c in (POS, CREATED, UPDATED)]
+    return pa.Table.from_arrays(columns, names=schema.names)
 
 
 def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:

@@ -200,6 +200,14 @@ def make_segment(
                      {c: np.take(v, order) for c, v in ints.items()}, level, base)
 
 
+def drop_tombstones(segment: Segment) -> Segment:
+    """``segment`` without its tombstones (still sorted; the same segment when it has none)."""
+    tomb = segment.tombstones
+    if not tomb.any():
+        return segment
+    return replace(segment, batch=segment.batch.filter(pa.array(~tomb)))
+
+
 def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
     """``values`` as ``dtype`` followed by ``zeros`` zeros (no copy when there is nothing to add or convert)."""
     values = values if values.dtype == dtype else values.astype(dtype)
