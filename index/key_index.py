@@ -104,6 +104,8 @@ PROP_FANOUT = "lineage.key-index.merge-fanout"
 PROP_BASE_FRACTION = "lineage.key-index.base-fraction"
 PROP_WRITER_LIMIT = "lineage.key-index.writer-merge-limit"
 PROP_MAX_SEGMENTS = "lineage.key-index.max-segments"
+PROP_DEFER_ROWS = "lineage.key-index.defer-rows"
+DEFAULT_DEFER_ROWS = 100_000
 _PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
 INPUT = "__input"
 
@@ -168,6 +170,28 @@ class MergePolicy:
         return policy
 
 
+def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
+    """Whether an append of ``rows`` rows planned with ``index`` leaves the index to its first keyed use.
+
+    Only when the index holds no entry (the table has no live key, so the
+    append needs no lookup) and the append has at least
+    ``lineage.key-index.defer-rows`` rows (default 100,000; 0 never defers).
+    The commit then names no index, exactly as after a write path that does
+    not know it: the next write that needs the index builds it from one scan
+    of the key columns and commits it, and ``verify`` accepts its absence.
+    """
+    if index.entries or rows == 0:
+        return False
+    raw = iceberg.metadata.properties.get(PROP_DEFER_ROWS, str(DEFAULT_DEFER_ROWS))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be a whole number of rows, got {raw!r}") from None
+    if limit < 0:
+        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be >= 0 (0: never defer), got {limit}")
+    return limit > 0 and rows >= limit
+
+
 @dataclass(frozen=True)
 class SegmentInfo:
     """What the merge policy knows of a segment."""
@@ -229,6 +253,11 @@ class KeyIndex:
     def names(self) -> list[str]:
         """The key column names."""
         return [k.name for k in self.key]
+
+    @property
+    def entries(self) -> int:
+        """Records (entries and tombstones) in all segments: 0 for the index of a table with no live key."""
+        return sum(s.entries for s in self.segments)
 
     @property
     def pending(self) -> bool:
@@ -322,7 +351,7 @@ class KeyIndex:
         """
         keys = self.conform_keys(keys)
         schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
-        if not any(s.entries for s in self.segments):  # an empty index (e.g. the first append of a table)
+        if not self.entries:  # an empty index (e.g. the first append of a table)
             return schema.empty_table()
         hashes = key_hash(keys)
         unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
