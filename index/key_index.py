@@ -95,7 +95,7 @@ from lineage.predicate import quote_ident
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids
-from lineage.state import TableState
+from lineage.state import LiveFile, TableState
 
 log = logging.getLogger(__name__)
 
@@ -299,27 +299,17 @@ class KeyIndex:
         files = state.live_files()
         if not files:  # an empty table: nothing to scan, an index of no segment
             return KeyIndex(key, [], state.version, state.lineage.key_index)
-        names = [k.name for k in key]
-        schema = pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
-        con = duck.connect()
-        try:
-            register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata))
-            cols = ", ".join(quote_ident(n) for n in names)
-            found = duck.fetch_arrow(
-                con, f"SELECT {cols}, _row_id, __file_id, __pos, _row_created_at_version, _row_last_updated_at_version FROM live"
-            )
-        finally:
-            con.close()
-        paths = pa.array([f.path for f in files], pa.string())
-        entries = found.select(names).cast(schema)
-        file_ids = found.column("__file_id").combine_chunks().cast(pa.int32()) if found.num_rows else pa.array([], pa.int32())
-        entries = (
-            entries.append_column(ROW_ID, found.column("_row_id").cast(pa.int64()))
-            .append_column(FILE_PATH, pa.DictionaryArray.from_arrays(file_ids, paths))
-            .append_column(POS, found.column("__pos").cast(pa.int64()))
-            .append_column(CREATED, found.column("_row_created_at_version").cast(pa.int64()))
-            .append_column(UPDATED, found.column("_row_last_updated_at_version").cast(pa.int64()))
-        )
+        shell = KeyIndex(key, [], state.version)
+        # Files without delete files, read by name (valid while no schema renamed or retyped a column): the key
+        # columns straight from Parquet, lineage from the list's runs, as a commit's delta does. The rest through
+        # the live view, which applies delete files (ours and foreign equality deletes) and field-id projection.
+        by_name = projection_field_ids(state.iceberg.metadata) is None
+        direct = [f for f in files if by_name and not f.deletes]
+        scanned = [f for f in files if not (by_name and not f.deletes)]
+        parts = [_file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {})] if direct else []
+        if scanned:
+            parts.append(_scanned_entries(state, key, scanned))
+        entries = parts[0] if len(parts) == 1 else pa.concat_tables([parts[0], parts[1].cast(parts[0].schema)])
         segment = make_segment(key, entries, level=0, base=True)
         dup = _duplicate_keys(segment)
         if dup:
@@ -380,6 +370,29 @@ class KeyIndex:
             return entry_schema(self.key).empty_table()
         merged = self.segments[0] if len(self.segments) == 1 else merge_segments(self.segments, base=True, level=0)
         return merged.live()
+
+
+def _scanned_entries(state: TableState, key: tuple[KeyField, ...], files: Sequence[LiveFile]) -> pa.Table:
+    """Entries for the live rows of ``files``, from one DuckDB scan of the live view."""
+    names = [k.name for k in key]
+    schema = pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
+    con = duck.connect()
+    try:
+        register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata))
+        cols = ", ".join(quote_ident(n) for n in names)
+        found = duck.fetch_arrow(con, f"SELECT {cols}, _row_id, __file_id, __pos, _row_created_at_version, _row_last_updated_at_version FROM live")
+    finally:
+        con.close()
+    paths = pa.array([f.path for f in files], pa.string())
+    entries = found.select(names).cast(schema)
+    file_ids = found.column("__file_id").combine_chunks().cast(pa.int32()) if found.num_rows else pa.array([], pa.int32())
+    return (
+        entries.append_column(ROW_ID, found.column("_row_id").cast(pa.int64()))
+        .append_column(FILE_PATH, pa.DictionaryArray.from_arrays(file_ids, paths))
+        .append_column(POS, found.column("__pos").cast(pa.int64()))
+        .append_column(CREATED, found.column("_row_created_at_version").cast(pa.int64()))
+        .append_column(UPDATED, found.column("_row_last_updated_at_version").cast(pa.int64()))
+    )
 
 
 def _compatible(segment: Segment, key: tuple[KeyField, ...]) -> bool:
@@ -468,7 +481,7 @@ def next_key_index(
         )
     segments = [s for s in index.segments if s.entries]  # an empty segment holds nothing to merge
     if moves:
-        entries = _written_entries(io, index, written, delete_files, change.written_keys)
+        entries = _file_entries(io, index, written, delete_files, change.written_keys)
         delta = delta_segment(index, entries, removed)
         if delta is not None and not segments:
             # Nothing older: the delta is the whole index. Its tombstones (of keys that were never
@@ -515,10 +528,12 @@ def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | N
     return segment
 
 
-def _written_entries(
+def _file_entries(
     io: FileIO, index: KeyIndex, written: Sequence[FileLineage], delete_files: Sequence[DataFile], known: Mapping[str, pa.Table]
 ) -> pa.Table:
-    """Entries for the live rows of the commit's new data files."""
+    """Entries for the rows of data files (a commit's new files, or live files without delete files) that
+    ``delete_files`` (position deletes) leave live: key columns read by name (or taken from ``known``),
+    lineage decoded from the files' runs."""
     schema = entry_schema(index.key)
     if not written:
         return schema.empty_table()
