@@ -157,7 +157,7 @@ def test_a_damaged_index_is_reported_and_reindex_repairs_it(warehouse, monkeypat
     # A newer format version is refused, not misread (a new file replaces the old inode: a mapped copy stays valid).
     segment = local_path(t.state().lineage.key_index[-1])
     reader = pa.ipc.open_file(pa.memory_map(segment))
-    meta = {**{k.decode(): v.decode() for k, v in reader.schema.metadata.items()}, "lineage.format-version": "2"}
+    meta = {**{k.decode(): v.decode() for k, v in reader.schema.metadata.items()}, "lineage.format-version": str(key_segment.SEGMENT_FORMAT_VERSION + 1)}
     batch = reader.get_batch(0).replace_schema_metadata(meta)
     with pa.OSFile(segment + ".new", "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
         writer.write_batch(batch)
