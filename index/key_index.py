@@ -568,8 +568,12 @@ def _file_entries(
     # The file path as a dictionary (one string per file, not per row): segments store it that way.
     files = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(file_ids), pa.int32()), pa.array([fl.file_path for fl in written], pa.string()))
     keys = pa.concat_tables(key_parts)
-    columns = [keys.column(k.name) for k in index.key] + [pa.array(np.concatenate(ints[c]).astype(np.int64, copy=False)) for c in (ROW_ID,)]
-    columns += [files] + [pa.array(np.concatenate(ints[c]).astype(np.int64, copy=False)) for c in (POS, CREATED, UPDATED)]
+
+    def joined(name: str) -> pa.Array:
+        parts = ints[name]
+        return pa.array((parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64, copy=False))
+
+    columns = [keys.column(k.name) for k in index.key] + [joined(ROW_ID), files] + [joined(c) for c in (POS, CREATED, UPDATED)]
     return pa.Table.from_arrays(columns, names=schema.names)
 
 

@@ -200,10 +200,48 @@ def make_segment(
     indices = _padded(files.indices.to_numpy(zero_copy_only=False), np.int32, n_dead)
     ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in _INT_ENTRIES}
     tomb = np.concatenate([np.zeros(n_live, bool), np.ones(n_dead, bool)])
-    hashes = key_hash(keys)
-    order = np.argsort(hashes)  # keys are unique: the order among equal hashes does not matter
-    return _assemble(key, hashes[order], keys.take(pa.array(order)), tomb[order], indices[order], dictionary.cast(pa.string()),
-                     {c: np.take(v, order) for c, v in ints.items()}, level, base)
+    order, hashes = hash_order(key_hash(keys))
+    return _assemble(key, hashes, keys.take(pa.array(order)), tomb[order], indices[order], dictionary.cast(pa.string()),
+                     {c: _gather(_narrowed(v), order) for c, v in ints.items()}, level, base)
+
+
+def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order that sorts ``hashes`` (equal hashes keep their input order), and the sorted hashes.
+
+    A plain sort of 64-bit values is several times faster than an argsort, so the row number is packed
+    into the hash's low bits and the packed values are sorted; that orders by the high bits exactly and
+    breaks ties by row number. Rows whose hashes differ only in the low bits (rare) may come out of
+    order; one stable pass over the nearly sorted result (linear for timsort) puts them right.
+    """
+    n = len(hashes)
+    bits = max(1, (n - 1).bit_length())
+    if n < 2 or bits > 40:
+        order = np.argsort(hashes, kind="stable")
+        return order, hashes[order]
+    mask = np.uint64((1 << bits) - 1)
+    packed = hashes & ~mask
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & mask).astype(np.int64)
+    ordered = hashes[order]
+    if n > 1 and bool((ordered[1:] < ordered[:-1]).any()):
+        fix = np.argsort(ordered, kind="stable")
+        order, ordered = order[fix], ordered[fix]
+    return order, ordered
+
+
+def _narrowed(values: np.ndarray) -> np.ndarray:
+    """``values`` as int32 when they all fit (format 2 stores them so; a gather of half the bytes), else int64."""
+    if len(values) and values.dtype != np.int32 and np.iinfo(np.int32).min <= values.min() and values.max() <= np.iinfo(np.int32).max:
+        return values.astype(np.int32)
+    return values
+
+
+def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``; a constant column (the versions of a bulk load) without the random gather."""
+    if len(values) and values[0] == values.min() == values.max():
+        return np.full(len(order), values[0], values.dtype)
+    return np.take(values, order)
 
 
 def drop_tombstones(segment: Segment) -> Segment:
@@ -267,10 +305,8 @@ def _assemble(
 def _narrow(values: np.ndarray) -> pa.Array:
     """An entry column as int32 when every value fits (format 2: most tables' row ids, positions and
     versions do), else int64. Readers widen to int64."""
-    values = values.astype(np.int64, copy=False)
-    if len(values) and (values.min() < np.iinfo(np.int32).min or values.max() > np.iinfo(np.int32).max):
-        return pa.array(values, pa.int64())
-    return pa.array(values.astype(np.int32), pa.int32())
+    values = _narrowed(values)
+    return pa.array(values, pa.int32() if values.dtype == np.int32 else pa.int64())
 
 
 def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Segment:
@@ -297,7 +333,7 @@ def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Se
         [pa.concat_arrays([_combined(s.batch.column(n)) for s in newest_first]) for n in names], schema=_key_schema(key)
     )
     rank = np.concatenate([np.full(s.entries, i, np.int64) for i, s in enumerate(newest_first)])
-    order = np.argsort(hashes, kind="stable")  # newest first within equal hashes
+    order, _ = hash_order(hashes)  # stable: newest first within equal hashes
     keep = _newest_per_key(hashes, keys, rank, order)
     if base:
         keep = keep[~tomb[keep]]

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import lineage  # noqa: F401  (imports the package in dependency order)
 from conftest import key_hash_mask
 from index import key_hash as kh
+from index import key_segment
 from index.key_index import FULL, MAINTENANCE, WRITER, KeyIndex, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     SEGMENT_FORMAT_VERSION,
@@ -137,6 +138,16 @@ def test_uuid_and_multi_column_keys(tmp_path):
     probe = pa.table({"u": pa.array([ids[0], ids[1], ids[2]], pa.binary(16)).cast(pa.uuid()), "region": ["us", "eu", "eu"]})
     found = lookup_segments([read_key_segment(IO, path)], probe)
     assert sorted(found.values()) == [6, 7]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.sampled_from([0, 0xFF, 0xFFFF, 2**64 - 1]), st.integers(0, 3))
+def test_hash_order_is_a_stable_argsort(values, mask, repeat):
+    """hash_order packs row numbers into the low bits for speed; ties and low-bit-only differences stay exact."""
+    hashes = np.array(values * (repeat + 1), np.uint64) & np.uint64(mask)  # repeats: equal hashes; masks: low bits only
+    order, ordered = key_segment.hash_order(hashes)
+    expected = np.argsort(hashes, kind="stable")
+    assert order.tolist() == expected.tolist() and ordered.tolist() == hashes[expected].tolist()
 
 
 # ---------------------------------------------------------------- the file format
