@@ -40,14 +40,19 @@ def hash_name() -> str:
     return HASH_NAME if _MASK == _FULL else f"{HASH_NAME}/mask={int(_MASK):x}"
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer: a bijection of uint64 that spreads every input bit."""
-    z = x + _GOLDEN
-    z ^= z >> np.uint64(30)
-    z *= _M1
-    z ^= z >> np.uint64(27)
-    z *= _M2
-    z ^= z >> np.uint64(31)
+def _mix(x: np.ndarray, *, inplace: bool = False) -> np.ndarray:
+    """SplitMix64's finalizer: a bijection of uint64 that spreads every input bit.
+
+    With ``inplace`` the result overwrites ``x``. One scratch array serves every shift (fresh
+    temporaries per step cost more than the arithmetic on large key batches).
+    """
+    z = np.add(x, _GOLDEN, out=x if inplace else None)
+    t = np.empty_like(z)
+    for shift, mult in ((30, _M1), (27, _M2), (31, None)):
+        np.right_shift(z, np.uint64(shift), out=t)
+        z ^= t
+        if mult is not None:
+            z *= mult
     return z
 
 
@@ -124,9 +129,12 @@ def column_hash(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return column_hash(arr.cast(pa.large_string() if pa.types.is_string_view(t) else pa.large_binary()))
     if t.bit_width and t.bit_width % 8 == 0 and (t.bit_width <= 64 or t.bit_width % 64 == 0):
         words = _fixed_words(arr)
-        h = _mix(words[:, 0].copy())
+        # Mixed in place: the first word is a private copy (_fixed_words widens one-word values with
+        # astype; a column of several words is strided, so ascontiguousarray copies it), never Arrow's buffer.
+        h = _mix(np.ascontiguousarray(words[:, 0]), inplace=True)
         for i in range(1, words.shape[1]):
-            h = _mix(h ^ words[:, i])
+            h ^= words[:, i]
+            h = _mix(h, inplace=True)
         return h
     raise InvalidArgumentError(f"key columns of type {t} cannot be indexed")
 
@@ -135,5 +143,9 @@ def key_hash(keys: pa.Table) -> np.ndarray:
     """The 64-bit hash of every row of ``keys`` (its columns in key order)."""
     h = np.full(keys.num_rows, np.uint64(len(keys.column_names)), np.uint64)
     for j, name in enumerate(keys.column_names):
-        h = _mix(h * _M1 + column_hash(keys.column(name)) + np.uint64(j))
-    return h & _MASK
+        h *= _M1
+        h += column_hash(keys.column(name))
+        h += np.uint64(j)
+        h = _mix(h, inplace=True)
+    h &= _MASK
+    return h

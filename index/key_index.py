@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +78,7 @@ from index.key_segment import (
     KeyField,
     Segment,
     distinct_keys,
+    drop_tombstones,
     entry_schema,
     keys_equal,
     make_segment,
@@ -94,7 +95,7 @@ from lineage.predicate import quote_ident
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids
-from lineage.state import TableState
+from lineage.state import LiveFile, TableState
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ PROP_FANOUT = "lineage.key-index.merge-fanout"
 PROP_BASE_FRACTION = "lineage.key-index.base-fraction"
 PROP_WRITER_LIMIT = "lineage.key-index.writer-merge-limit"
 PROP_MAX_SEGMENTS = "lineage.key-index.max-segments"
+PROP_DEFER_ROWS = "lineage.key-index.defer-rows"
+DEFAULT_DEFER_ROWS = 100_000
 _PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
 INPUT = "__input"
 
@@ -165,6 +168,28 @@ class MergePolicy:
                 f"{PROP_WRITER_LIMIT} >= 0, {PROP_MAX_SEGMENTS} >= 1 (got {policy})"
             )
         return policy
+
+
+def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
+    """Whether an append of ``rows`` rows planned with ``index`` leaves the index to its first keyed use.
+
+    Only when the index holds no entry (the table has no live key, so the
+    append needs no lookup) and the append has at least
+    ``lineage.key-index.defer-rows`` rows (default 100,000; 0 never defers).
+    The commit then names no index, exactly as after a write path that does
+    not know it: the next write that needs the index builds it from one scan
+    of the key columns and commits it, and ``verify`` accepts its absence.
+    """
+    if index.entries or rows == 0:
+        return False
+    raw = iceberg.metadata.properties.get(PROP_DEFER_ROWS, str(DEFAULT_DEFER_ROWS))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be a whole number of rows, got {raw!r}") from None
+    if limit < 0:
+        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be >= 0 (0: never defer), got {limit}")
+    return limit > 0 and rows >= limit
 
 
 @dataclass(frozen=True)
@@ -230,6 +255,11 @@ class KeyIndex:
         return [k.name for k in self.key]
 
     @property
+    def entries(self) -> int:
+        """Records (entries and tombstones) in all segments: 0 for the index of a table with no live key."""
+        return sum(s.entries for s in self.segments)
+
+    @property
     def pending(self) -> bool:
         """Whether some segment (a fresh build) is not written yet; the next commit that carries this index writes it."""
         return any(s.path is None for s in self.segments)
@@ -267,27 +297,19 @@ class KeyIndex:
         if not key:
             raise InvalidArgumentError(f"table {'.'.join(state.iceberg.name())} has no key, so it has no key index")
         files = state.live_files()
-        names = [k.name for k in key]
-        schema = pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
-        con = duck.connect()
-        try:
-            register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata))
-            cols = ", ".join(quote_ident(n) for n in names)
-            found = duck.fetch_arrow(
-                con, f"SELECT {cols}, _row_id, __file_id, __pos, _row_created_at_version, _row_last_updated_at_version FROM live"
-            )
-        finally:
-            con.close()
-        paths = pa.array([f.path for f in files], pa.string())
-        entries = found.select(names).cast(schema)
-        file_ids = found.column("__file_id").combine_chunks().cast(pa.int32()) if found.num_rows else pa.array([], pa.int32())
-        entries = (
-            entries.append_column(ROW_ID, found.column("_row_id").cast(pa.int64()))
-            .append_column(FILE_PATH, pa.DictionaryArray.from_arrays(file_ids, paths))
-            .append_column(POS, found.column("__pos").cast(pa.int64()))
-            .append_column(CREATED, found.column("_row_created_at_version").cast(pa.int64()))
-            .append_column(UPDATED, found.column("_row_last_updated_at_version").cast(pa.int64()))
-        )
+        if not files:  # an empty table: nothing to scan, an index of no segment
+            return KeyIndex(key, [], state.version, state.lineage.key_index)
+        shell = KeyIndex(key, [], state.version)
+        # Files without delete files, read by name (valid while no schema renamed or retyped a column): the key
+        # columns straight from Parquet, lineage from the list's runs, as a commit's delta does. The rest through
+        # the live view, which applies delete files (ours and foreign equality deletes) and field-id projection.
+        by_name = projection_field_ids(state.iceberg.metadata) is None
+        direct = [f for f in files if by_name and not f.deletes]
+        scanned = [f for f in files if not (by_name and not f.deletes)]
+        parts = [_file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {})] if direct else []
+        if scanned:
+            parts.append(_scanned_entries(state, key, scanned))
+        entries = parts[0] if len(parts) == 1 else pa.concat_tables([parts[0], parts[1].cast(parts[0].schema)])
         segment = make_segment(key, entries, level=0, base=True)
         dup = _duplicate_keys(segment)
         if dup:
@@ -318,6 +340,9 @@ class KeyIndex:
         ``__input`` (the row of ``keys``). Cost: O(k log n) per segment.
         """
         keys = self.conform_keys(keys)
+        schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
+        if not self.entries:  # an empty index (e.g. the first append of a table)
+            return schema.empty_table()
         hashes = key_hash(keys)
         unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
         resolved = np.zeros(keys.num_rows, bool)
@@ -334,7 +359,6 @@ class KeyIndex:
                 parts.append(seg.take(records[live]).append_column(INPUT, pa.array(rows[live], pa.int64())))
             resolved[rows] = True
             unresolved = unresolved[~resolved[unresolved]]
-        schema = entry_schema(self.key).append(pa.field(INPUT, pa.int64(), nullable=False))
         if not parts:
             return schema.empty_table()
         found = pa.concat_tables(parts)
@@ -346,6 +370,29 @@ class KeyIndex:
             return entry_schema(self.key).empty_table()
         merged = self.segments[0] if len(self.segments) == 1 else merge_segments(self.segments, base=True, level=0)
         return merged.live()
+
+
+def _scanned_entries(state: TableState, key: tuple[KeyField, ...], files: Sequence[LiveFile]) -> pa.Table:
+    """Entries for the live rows of ``files``, from one DuckDB scan of the live view."""
+    names = [k.name for k in key]
+    schema = pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
+    con = duck.connect()
+    try:
+        register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata))
+        cols = ", ".join(quote_ident(n) for n in names)
+        found = duck.fetch_arrow(con, f"SELECT {cols}, _row_id, __file_id, __pos, _row_created_at_version, _row_last_updated_at_version FROM live")
+    finally:
+        con.close()
+    paths = pa.array([f.path for f in files], pa.string())
+    entries = found.select(names).cast(schema)
+    file_ids = found.column("__file_id").combine_chunks().cast(pa.int32()) if found.num_rows else pa.array([], pa.int32())
+    return (
+        entries.append_column(ROW_ID, found.column("_row_id").cast(pa.int64()))
+        .append_column(FILE_PATH, pa.DictionaryArray.from_arrays(file_ids, paths))
+        .append_column(POS, found.column("__pos").cast(pa.int64()))
+        .append_column(CREATED, found.column("_row_created_at_version").cast(pa.int64()))
+        .append_column(UPDATED, found.column("_row_last_updated_at_version").cast(pa.int64()))
+    )
 
 
 def _compatible(segment: Segment, key: tuple[KeyField, ...]) -> bool:
@@ -432,11 +479,16 @@ def next_key_index(
         raise LineageMetadataError(
             f"internal: the commit removes {removed_images} image(s) but names the keys of {0 if removed is None else removed.num_rows}"
         )
-    segments = list(index.segments)
+    segments = [s for s in index.segments if s.entries]  # an empty segment holds nothing to merge
     if moves:
-        entries = _written_entries(io, index, written, delete_files, change.written_keys)
+        entries = _file_entries(io, index, written, delete_files, change.written_keys)
         delta = delta_segment(index, entries, removed)
-        if delta is not None:
+        if delta is not None and not segments:
+            # Nothing older: the delta is the whole index. Its tombstones (of keys that were never
+            # live here) hide nothing, so it becomes the base as it is, without a merge.
+            delta = drop_tombstones(delta) if not delta.base else delta
+            delta = replace(delta, base=True, level=0)
+        if delta is not None and delta.entries:
             segments.append(delta)
     policy = MergePolicy.of(state.iceberg.metadata.properties)
     while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
@@ -476,35 +528,53 @@ def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | N
     return segment
 
 
-def _written_entries(
+def _file_entries(
     io: FileIO, index: KeyIndex, written: Sequence[FileLineage], delete_files: Sequence[DataFile], known: Mapping[str, pa.Table]
 ) -> pa.Table:
-    """Entries for the live rows of the commit's new data files."""
+    """Entries for the rows of data files (a commit's new files, or live files without delete files) that
+    ``delete_files`` (position deletes) leave live: key columns read by name (or taken from ``known``),
+    lineage decoded from the files' runs."""
     schema = entry_schema(index.key)
     if not written:
         return schema.empty_table()
     dead = _deleted_now([fl.file_path for fl in written], delete_files)
-    parts = []
-    for fl in written:
+    key_parts: list[pa.Table] = []
+    ints: dict[str, list[np.ndarray]] = {ROW_ID: [], POS: [], CREATED: [], UPDATED: []}
+    file_ids: list[np.ndarray] = []
+    for i, fl in enumerate(written):
         keys = known.get(fl.file_path)
         if keys is None:
             keys = read_file_keys(io, fl.file_path, index.names)
         if keys.num_rows != fl.record_count:
             raise LineageMetadataError(f"{fl.file_path} has {keys.num_rows} rows, its lineage {fl.record_count}")
-        keep = np.ones(fl.record_count, bool)
-        gone = dead.get(fl.file_path)
-        if gone is not None:
-            keep[gone[gone < fl.record_count]] = False
-        pos = np.flatnonzero(keep)
         keys = index.conform_keys(keys)
-        cols = {k.name: keys.column(k.name).take(pa.array(pos)) for k in index.key}
-        cols[ROW_ID] = pa.array(decode_sequence(fl.row_ids)[pos], pa.int64())
-        cols[FILE_PATH] = pa.array(np.full(len(pos), fl.file_path, dtype=object), pa.string())
-        cols[POS] = pa.array(pos, pa.int64())
-        cols[CREATED] = pa.array(decode_values(fl.created)[pos], pa.int64())
-        cols[UPDATED] = pa.array(decode_values(fl.updated)[pos], pa.int64())
-        parts.append(pa.table(cols, schema=schema))
-    return pa.concat_tables(parts)
+        gone = dead.get(fl.file_path)
+        if gone is None:  # every row is live: no gather
+            pos = np.arange(fl.record_count, dtype=np.int64)
+            key_parts.append(keys)
+            ints[ROW_ID].append(decode_sequence(fl.row_ids))
+            ints[CREATED].append(decode_values(fl.created))
+            ints[UPDATED].append(decode_values(fl.updated))
+        else:
+            keep = np.ones(fl.record_count, bool)
+            keep[gone[gone < fl.record_count]] = False
+            pos = np.flatnonzero(keep)
+            key_parts.append(keys.take(pa.array(pos)))
+            ints[ROW_ID].append(decode_sequence(fl.row_ids)[pos])
+            ints[CREATED].append(decode_values(fl.created)[pos])
+            ints[UPDATED].append(decode_values(fl.updated)[pos])
+        ints[POS].append(pos)
+        file_ids.append(np.full(len(pos), i, np.int32))
+    # The file path as a dictionary (one string per file, not per row): segments store it that way.
+    files = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(file_ids), pa.int32()), pa.array([fl.file_path for fl in written], pa.string()))
+    keys = pa.concat_tables(key_parts)
+
+    def joined(name: str) -> pa.Array:
+        parts = ints[name]
+        return pa.array((parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64, copy=False))
+
+    columns = [keys.column(k.name) for k in index.key] + [joined(ROW_ID), files] + [joined(c) for c in (POS, CREATED, UPDATED)]
+    return pa.Table.from_arrays(columns, names=schema.names)
 
 
 def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:

@@ -1,6 +1,6 @@
 """Key index segments: the on-disk format, point lookups and merges.
 
-A segment (``key-index-segment`` format 1) is one **uncompressed Arrow IPC
+A segment (``key-index-segment`` format 2) is one **uncompressed Arrow IPC
 file** holding one record batch sorted by the 64-bit key hash
 (:mod:`index.key_hash`). Columns:
 
@@ -8,12 +8,19 @@ file** holding one record batch sorted by the 64-bit key hash
 ``__hash``                         uint64, ascending
 *the key columns*                  the table's key columns, in the table's types
 ``__tombstone``                    bool: the key has no live image (as of this segment)
-``_row_id``                        int64 (0 for a tombstone)
-``__file_path``                    dictionary<int32, string>: data file (null for a tombstone)
-``__pos``                          int64: position in the data file
-``_row_created_at_version``        int64
-``_row_last_updated_at_version``   int64
+``_row_id``                        int32 or int64 (0 for a tombstone)
+``__file_path``                    dictionary<int16 or int32, string>: data file (null for a tombstone)
+``__pos``                          int32 or int64: position in the data file
+``_row_created_at_version``        int32 or int64
+``_row_last_updated_at_version``   int32 or int64
 =================================  ==========================================
+
+Format 2 stores each integer entry column as int32 when all its values fit
+(most tables: row ids, positions and versions under 2**31) and the file
+dictionary's indices as int16 when the segment names fewer than 32,768
+files: an entry of a 64-bit key takes about 34 bytes instead of format 1's
+52 (every entry column int64, indices int32). Readers accept both formats
+and widen to int64; writers write format 2.
 
 The schema metadata carries ``lineage.format`` / ``lineage.format-version``
 (a newer version is refused with :class:`UnsupportedFormatError`), the hash
@@ -45,7 +52,7 @@ from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.fileio import ImmutableFileCache, local_path, read_bytes
 
 SEGMENT_FORMAT = "key-index-segment"
-SEGMENT_FORMAT_VERSION = 1
+SEGMENT_FORMAT_VERSION = 2  # 2: entry columns int32 where the values fit, file indices int16 (1: all int64 / int32)
 
 HASH = "__hash"
 TOMBSTONE = "__tombstone"
@@ -56,7 +63,6 @@ CREATED = "_row_created_at_version"
 UPDATED = "_row_last_updated_at_version"
 ENTRY_COLUMNS = (ROW_ID, FILE_PATH, POS, CREATED, UPDATED)
 _INT_ENTRIES = (ROW_ID, POS, CREATED, UPDATED)
-_FILE_TYPE = pa.dictionary(pa.int32(), pa.string())
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ class Segment:
         """Key and entry columns of ``records`` (file paths decoded)."""
         cols = {k.name: self.batch.column(k.name).take(pa.array(records)) for k in self.key}
         for name in _INT_ENTRIES:
-            cols[name] = self.batch.column(name).take(pa.array(records))
+            cols[name] = self.batch.column(name).take(pa.array(records)).cast(pa.int64())
         cols[FILE_PATH] = self.batch.column(FILE_PATH).take(pa.array(records)).cast(pa.string())
         return pa.table({f.name: cols[f.name] for f in entry_schema(self.key)}, schema=entry_schema(self.key))
 
@@ -194,10 +200,56 @@ def make_segment(
     indices = _padded(files.indices.to_numpy(zero_copy_only=False), np.int32, n_dead)
     ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in _INT_ENTRIES}
     tomb = np.concatenate([np.zeros(n_live, bool), np.ones(n_dead, bool)])
-    hashes = key_hash(keys)
-    order = np.argsort(hashes)  # keys are unique: the order among equal hashes does not matter
-    return _assemble(key, hashes[order], keys.take(pa.array(order)), tomb[order], indices[order], dictionary.cast(pa.string()),
-                     {c: np.take(v, order) for c, v in ints.items()}, level, base)
+    order, hashes = hash_order(key_hash(keys))
+    return _assemble(key, hashes, keys.take(pa.array(order)), tomb[order], indices[order], dictionary.cast(pa.string()),
+                     {c: _gather(_narrowed(v), order) for c, v in ints.items()}, level, base)
+
+
+def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order that sorts ``hashes`` (equal hashes keep their input order), and the sorted hashes.
+
+    A plain sort of 64-bit values is several times faster than an argsort, so the row number is packed
+    into the hash's low bits and the packed values are sorted; that orders by the high bits exactly and
+    breaks ties by row number. Rows whose hashes differ only in the low bits (rare) may come out of
+    order; one stable pass over the nearly sorted result (linear for timsort) puts them right.
+    """
+    n = len(hashes)
+    bits = max(1, (n - 1).bit_length())
+    if n < 2 or bits > 40:
+        order = np.argsort(hashes, kind="stable")
+        return order, hashes[order]
+    mask = np.uint64((1 << bits) - 1)
+    packed = hashes & ~mask
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & mask).astype(np.int64)
+    ordered = hashes[order]
+    if n > 1 and bool((ordered[1:] < ordered[:-1]).any()):
+        fix = np.argsort(ordered, kind="stable")
+        order, ordered = order[fix], ordered[fix]
+    return order, ordered
+
+
+def _narrowed(values: np.ndarray) -> np.ndarray:
+    """``values`` as int32 when they all fit (format 2 stores them so; a gather of half the bytes), else int64."""
+    if len(values) and values.dtype != np.int32 and np.iinfo(np.int32).min <= values.min() and values.max() <= np.iinfo(np.int32).max:
+        return values.astype(np.int32)
+    return values
+
+
+def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``; a constant column (the versions of a bulk load) without the random gather."""
+    if len(values) and values[0] == values.min() == values.max():
+        return np.full(len(order), values[0], values.dtype)
+    return np.take(values, order)
+
+
+def drop_tombstones(segment: Segment) -> Segment:
+    """``segment`` without its tombstones (still sorted; the same segment when it has none)."""
+    tomb = segment.tombstones
+    if not tomb.any():
+        return segment
+    return replace(segment, batch=segment.batch.filter(pa.array(~tomb)))
 
 
 def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
@@ -224,10 +276,11 @@ def _assemble(
     """Build the record batch of a segment from sorted parts (unused dictionary entries dropped)."""
     live = ~tomb
     used = np.unique(file_indices[live])
-    remap = np.zeros(max(len(dictionary), 1), np.int32)
-    remap[used] = np.arange(len(used), dtype=np.int32)
+    index_type = np.int16 if len(used) <= np.iinfo(np.int16).max else np.int32  # format 2: the narrowest that holds them
+    remap = np.zeros(max(len(dictionary), 1), index_type)
+    remap[used] = np.arange(len(used), dtype=index_type)
     files = pa.DictionaryArray.from_arrays(
-        pa.array(remap[file_indices] if len(file_indices) else np.zeros(0, np.int32), pa.int32(), mask=tomb),
+        pa.array(remap[file_indices] if len(file_indices) else np.zeros(0, index_type), pa.from_numpy_dtype(index_type), mask=tomb),
         dictionary.take(pa.array(used, pa.int64())) if len(used) else pa.array([], pa.string()),
     )
     arrays = [pa.array(hashes, pa.uint64())]
@@ -241,12 +294,19 @@ def _assemble(
     for name in ENTRY_COLUMNS:
         if name == FILE_PATH:
             arrays.append(files)
-            fields.append(pa.field(FILE_PATH, _FILE_TYPE, nullable=True))
+            fields.append(pa.field(FILE_PATH, files.type, nullable=True))
         else:
-            arrays.append(pa.array(ints[name], pa.int64()))
-            fields.append(pa.field(name, pa.int64(), nullable=False))
+            arrays.append(_narrow(ints[name]))
+            fields.append(pa.field(name, arrays[-1].type, nullable=False))
     batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
     return Segment(batch, tuple(key), level, base, hash_name())
+
+
+def _narrow(values: np.ndarray) -> pa.Array:
+    """An entry column as int32 when every value fits (format 2: most tables' row ids, positions and
+    versions do), else int64. Readers widen to int64."""
+    values = _narrowed(values)
+    return pa.array(values, pa.int32() if values.dtype == np.int32 else pa.int64())
 
 
 def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Segment:
@@ -267,13 +327,13 @@ def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Se
     hashes = np.concatenate([s.hashes for s in newest_first])
     tomb = np.concatenate([s.tombstones for s in newest_first])
     indices = np.concatenate(index_parts).astype(np.int32)
-    ints = {c: np.concatenate([s.batch.column(c).to_numpy() for s in newest_first]) for c in _INT_ENTRIES}
+    ints = {c: np.concatenate([s.batch.column(c).to_numpy().astype(np.int64, copy=False) for s in newest_first]) for c in _INT_ENTRIES}
     names = [k.name for k in key]
     keys = pa.Table.from_arrays(
         [pa.concat_arrays([_combined(s.batch.column(n)) for s in newest_first]) for n in names], schema=_key_schema(key)
     )
     rank = np.concatenate([np.full(s.entries, i, np.int64) for i, s in enumerate(newest_first)])
-    order = np.argsort(hashes, kind="stable")  # newest first within equal hashes
+    order, _ = hash_order(hashes)  # stable: newest first within equal hashes
     keep = _newest_per_key(hashes, keys, rank, order)
     if base:
         keep = keep[~tomb[keep]]
@@ -367,6 +427,9 @@ def _open(fileio: FileIO, path: str) -> Segment:
         key = tuple(KeyField(int(k["id"]), str(k["name"]), batch.schema.field(str(k["name"])).type) for k in json.loads(meta["key-index.key"]))
         for name in (HASH, TOMBSTONE, *ENTRY_COLUMNS):
             batch.schema.field(name)
+        for name in _INT_ENTRIES:  # int64 in format 1; int32 or int64 in format 2
+            if not pa.types.is_integer(batch.schema.field(name).type):
+                raise ValueError(f"column {name} has type {batch.schema.field(name).type}, expected an integer type")
         return Segment(batch.replace_schema_metadata(None), key, int(meta["key-index.level"]), meta["key-index.base"] == "true",
                        meta["key-index.hash"], path)
     except Exception as exc:

@@ -30,7 +30,7 @@ from pyiceberg.exceptions import TableAlreadyExistsError as _IceExists
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
-from index.key_index import KeyIndex, KeyIndexChange, index_enabled
+from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
 from lineage import duck
 from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
 from lineage.duck import duckdb_types
@@ -320,6 +320,9 @@ class Table:
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             index = KeyIndex.open(state) if check_keys else None
+            if index is not None and defers_build(index, state.iceberg, batch.num_rows):
+                # No live key to clash with (in-batch duplicates were refused above); the index is built on first use.
+                return Plan("append", inserts=batch, inserted=batch.num_rows)
             if index is not None:
                 keyed.reject_live_keys(index, batch.select(key), _APPEND_HINT)
                 return Plan("append", inserts=batch, inserted=batch.num_rows, key_index=KeyIndexChange(index=index))

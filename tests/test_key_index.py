@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import io as _io
+import os
 import uuid
 
 import numpy as np
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 import lineage  # noqa: F401  (imports the package in dependency order)
 from conftest import key_hash_mask
 from index import key_hash as kh
+from index import key_segment
 from index.key_index import FULL, MAINTENANCE, WRITER, KeyIndex, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     SEGMENT_FORMAT_VERSION,
@@ -138,6 +140,16 @@ def test_uuid_and_multi_column_keys(tmp_path):
     assert sorted(found.values()) == [6, 7]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.sampled_from([0, 0xFF, 0xFFFF, 2**64 - 1]), st.integers(0, 3))
+def test_hash_order_is_a_stable_argsort(values, mask, repeat):
+    """hash_order packs row numbers into the low bits for speed; ties and low-bit-only differences stay exact."""
+    hashes = np.array(values * (repeat + 1), np.uint64) & np.uint64(mask)  # repeats: equal hashes; masks: low bits only
+    order, ordered = key_segment.hash_order(hashes)
+    expected = np.argsort(hashes, kind="stable")
+    assert order.tolist() == expected.tolist() and ordered.tolist() == hashes[expected].tolist()
+
+
 # ---------------------------------------------------------------- the file format
 
 
@@ -170,6 +182,57 @@ def test_format_tag_and_version_are_checked(tmp_path):
     garbage.write_bytes(b"not arrow at all")
     with pytest.raises(LineageMetadataError, match="unreadable"):
         read_key_segment(IO, str(garbage))
+
+
+V1_SEGMENT = os.path.join(os.path.dirname(__file__), "data", "key-index-segment-v1.arrow")  # written by format 1's writer
+
+
+def test_format_1_segments_are_still_read_and_merge_into_format_2(tmp_path):
+    old = read_key_segment(IO, V1_SEGMENT)
+    assert old.batch.schema.field("__pos").type == pa.int64()  # format 1 as its writer left it
+    probe = pa.table({"id": pa.array([1, 2, 4, 6, 8, 2**40], pa.int64())})
+    found = KeyIndex(ID, [old]).lookup(probe)
+    assert found.schema.field("__pos").type == pa.int64() and found.schema.field("_row_id").type == pa.int64()
+    assert found.select(["id", "_row_id", "__file_path", "__pos", "_row_created_at_version", "_row_last_updated_at_version"]).to_pylist() == [
+        {"id": 1, "_row_id": 10, "__file_path": "s3://b/t/data/a.parquet", "__pos": 0, "_row_created_at_version": 1, "_row_last_updated_at_version": 1},
+        {"id": 2, "_row_id": 11, "__file_path": "s3://b/t/data/a.parquet", "__pos": 1, "_row_created_at_version": 1, "_row_last_updated_at_version": 3},
+        {"id": 8, "_row_id": 14, "__file_path": "s3://b/t/data/b.parquet", "__pos": 1, "_row_created_at_version": 2, "_row_last_updated_at_version": 4},
+        {"id": 2**40, "_row_id": 3_000_000_000, "__file_path": "s3://b/t/data/b.parquet", "__pos": 2, "_row_created_at_version": 2,
+         "_row_last_updated_at_version": 2},
+    ]
+    # A newer format 2 delta over it: merged, the newest record wins and the result is written as format 2.
+    new = make_segment(ID, entries({"id": [2, 4]}, [20, 21], file="c.parquet"), pa.table({"id": pa.array([3], pa.int64())}), level=0)
+    merged = merge_segments([old, new], base=True, level=0)
+    path = str(tmp_path / "merged.arrow")
+    write_key_segment(IO, path, merged, 6)
+    back = read_key_segment(IO, path)
+    meta = pa.ipc.open_file(pa.memory_map(path)).schema.metadata
+    assert meta[b"lineage.format-version"] == b"2"
+    assert lookup_segments([back], pa.table({"id": pa.array([1, 2, 3, 4, 5, 7, 8, 2**40], pa.int64())})) == {
+        (1,): 10, (2,): 20, (4,): 21, (5,): 13, (8,): 14, (2**40,): 3_000_000_000}
+    assert back.batch.schema.field("_row_id").type == pa.int64()  # a row id above 2**31 keeps the column wide
+    assert back.batch.schema.field("__pos").type == pa.int32() and back.batch.schema.field("__file_path").type.index_type == pa.int16()
+
+
+def test_format_2_narrows_only_what_fits(tmp_path):
+    small = make_segment(ID, entries({"id": [1, 2, 3]}, [0, 1, 2]), level=0, base=True)
+    types = {f.name: f.type for f in small.batch.schema}
+    assert [types[c] for c in ("_row_id", "__pos", "_row_created_at_version", "_row_last_updated_at_version")] == [pa.int32()] * 4
+    wide = entries({"id": [1, 2]}, [2**31, -(2**31) - 1])
+    seg = make_segment(ID, wide, level=0, base=True)
+    path = str(tmp_path / "wide.arrow")
+    write_key_segment(IO, path, seg, 1)
+    back = read_key_segment(IO, path)
+    assert back.batch.schema.field("_row_id").type == pa.int64() and back.batch.schema.field("__pos").type == pa.int32()
+    assert sorted(back.live().column("_row_id").to_pylist()) == [-(2**31) - 1, 2**31]
+    assert back.live().schema.field("_row_id").type == pa.int64()
+    bad = str(tmp_path / "bad.arrow")
+    batch = back.batch.set_column(back.batch.schema.get_field_index("__pos"), "__pos", pa.array(["x", "y"]))
+    meta = pa.ipc.open_file(pa.memory_map(path)).schema.metadata
+    with pa.OSFile(bad, "wb") as sink, pa.ipc.new_file(sink, batch.schema.with_metadata(meta)) as writer:
+        writer.write_batch(batch.replace_schema_metadata(meta))
+    with pytest.raises(LineageMetadataError, match="damaged"):
+        read_key_segment(IO, bad)
 
 
 class _MemoryIO:

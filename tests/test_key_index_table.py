@@ -1,4 +1,4 @@
-"""The key index on real tables: first use, staleness, damage, crashes, races, maintenance, the lookup API.
+"""The key index on real tables: first use, deferred build, staleness, damage, crashes, races, maintenance, the lookup API.
 
 The random-sequence property (every path keeps the index equal to a key
 scan) is tests/test_key_index_property.py; the format itself is
@@ -21,7 +21,7 @@ from pyiceberg.table.snapshots import Operation
 import lineage
 from conftest import SCHEMA
 from index import key_segment
-from index.key_index import KeyIndex
+from index.key_index import PROP_DEFER_ROWS, KeyIndex
 from lineage.commit import CommitRequest, commit_change
 from lineage.outcome import Attempt
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError, UnsupportedFormatError
@@ -157,7 +157,7 @@ def test_a_damaged_index_is_reported_and_reindex_repairs_it(warehouse, monkeypat
     # A newer format version is refused, not misread (a new file replaces the old inode: a mapped copy stays valid).
     segment = local_path(t.state().lineage.key_index[-1])
     reader = pa.ipc.open_file(pa.memory_map(segment))
-    meta = {**{k.decode(): v.decode() for k, v in reader.schema.metadata.items()}, "lineage.format-version": "2"}
+    meta = {**{k.decode(): v.decode() for k, v in reader.schema.metadata.items()}, "lineage.format-version": str(key_segment.SEGMENT_FORMAT_VERSION + 1)}
     batch = reader.get_batch(0).replace_schema_metadata(meta)
     with pa.OSFile(segment + ".new", "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
         writer.write_batch(batch)
@@ -221,17 +221,18 @@ def test_a_crash_leaves_the_commit_with_its_index_delta_or_nothing(warehouse, mo
     assert {r["id"]: r["name"] for r in t.scan().to_pylist()} == {1: "x", 2: "k", 3: "k"}
 
 
-def test_a_writer_that_loses_the_race_replans_with_the_winners_index(warehouse, monkeypatch):
-    loser = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
-    loser.append(_batch([1, 2]))
-    winner = lineage.open_table("s.t", warehouse=warehouse)
+def _race(monkeypatch, winner: lineage.Table, batch: pa.Table) -> dict:
+    """Make ``winner.append(race["batch"])`` land between a writer's plan and its next commit attempt.
+
+    ``race["batch"]`` starts as ``batch``; set it again for another race; ``race["lost"]`` counts lost commits.
+    """
     real = commit_module.commit_files
-    race = {"winner_key": 50, "lost": 0}
+    race: dict = {"batch": batch, "lost": 0}
 
     def racing(*args, **kwargs):
-        if race["winner_key"] is not None:
-            key, race["winner_key"] = race["winner_key"], None
-            winner.append(_batch([key], "winner"))  # lands between the loser's plan and its commit
+        if race["batch"] is not None:
+            pending, race["batch"] = race["batch"], None
+            winner.append(pending)
         try:
             return real(*args, **kwargs)
         except CommitFailedException:
@@ -239,10 +240,17 @@ def test_a_writer_that_loses_the_race_replans_with_the_winners_index(warehouse, 
             raise
 
     monkeypatch.setattr(commit_module, "commit_files", racing)
+    return race
+
+
+def test_a_writer_that_loses_the_race_replans_with_the_winners_index(warehouse, monkeypatch):
+    loser = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    loser.append(_batch([1, 2]))
+    race = _race(monkeypatch, lineage.open_table("s.t", warehouse=warehouse), _batch([50], "winner"))
     with pytest.raises(KeyViolationError, match="50"):
         loser.append(_batch([50], "loser"))  # planned when 50 was absent; the re-plan sees the winner's key
     assert race["lost"] == 1
-    race["winner_key"] = 60
+    race["batch"] = _batch([60], "winner")
     info = loser.upsert(_batch([60], "loser"))
     assert (info.attempts, info.inserted, info.updated) == (2, 0, 1)  # updates the winner's row, no duplicate key
     rows = {r["id"]: (r["name"], r["_row_created_at_version"]) for r in loser.scan().to_pylist()}
@@ -358,3 +366,69 @@ def test_change_streams_look_keys_up_in_the_index_and_keep_it(warehouse, monkeyp
             info = off.apply_changelog(_events([("-U", 1, "x", 1.0), ("+U", 1, "y", 2.0), ("-D", 3, "x", 1.0)]))
         assert (info.updated, info.deleted) == (1, 1) and scanned == [2]
         assert off.state().lineage.key_index is None
+
+
+# ---------------------------------------------------------------- deferred build (lineage.key-index.defer-rows)
+# A bulk append into an empty keyed table commits no index; the first keyed write builds and commits it.
+
+
+def _table(warehouse: str, defer_rows: int | str, name: str = "s.t") -> lineage.Table:
+    return lineage.create_table(name, SCHEMA, key=["id"], warehouse=warehouse, properties={PROP_DEFER_ROWS: str(defer_rows)})
+
+
+def test_a_bulk_append_into_an_empty_table_defers_the_index_to_its_first_keyed_use(warehouse):
+    t = _table(warehouse, 5)
+    t.append(_batch(list(range(10))))
+    assert t.state().lineage.key_index is None  # deferred: the commit names no index
+    assert verify(t).ok
+    with pytest.raises(KeyViolationError, match="already in the table"):
+        t.append(_batch([3]))  # the check builds the index from a scan and finds the live key
+    assert t.state().lineage.key_index is None and t.count() == 10  # a refused write commits nothing
+    info = t.upsert(_batch([4, 20], "new"))
+    assert (info.updated, info.inserted) == (1, 1)
+    _consistent(t)  # the first keyed write committed the whole index
+    rows = {r["id"]: r["name"] for r in t.scan().to_pylist()}
+    assert rows[4] == "new" and rows[20] == "new" and rows[5] == "x"
+    t.append(_batch(list(range(100, 110))))  # no longer empty: an ordinary keyed append, index kept
+    _consistent(t)
+
+
+def test_small_appends_and_defer_rows_zero_keep_the_index_eager(warehouse):
+    small = _table(warehouse, 5, "s.small")
+    small.append(_batch([1, 2, 3, 4]))  # under the threshold
+    _consistent(small)
+    never = _table(warehouse, 0, "s.never")
+    never.append(_batch(list(range(50))))
+    _consistent(never)
+    default = lineage.create_table("s.default", SCHEMA, key=["id"], warehouse=warehouse)
+    default.append(_batch(list(range(50))))  # the default threshold (100,000 rows) is far above
+    _consistent(default)
+
+
+def test_a_deferred_append_still_refuses_duplicate_and_null_keys(warehouse):
+    t = _table(warehouse, 2)
+    with pytest.raises(KeyViolationError, match="more than once"):
+        t.append(_batch([1, 2, 2, 3]))
+    with pytest.raises(KeyViolationError, match="null"):
+        t.append(pa.table({"id": pa.array([1, None, 3], pa.int64()), "name": ["a"] * 3, "amount": [1.0] * 3}))
+    assert t.version == 0 and t.count() == 0
+
+
+def test_a_bad_defer_rows_property_is_refused_and_nothing_is_written(warehouse):
+    for bad in ("many", "-1"):
+        t = _table(warehouse, bad, f"s.bad{bad.strip('-')}")
+        with pytest.raises(InvalidArgumentError, match=PROP_DEFER_ROWS):
+            t.append(_batch([1, 2, 3]))
+        assert t.count() == 0
+
+
+def test_a_writer_racing_a_deferred_bulk_append_sees_its_keys(warehouse, monkeypatch):
+    loser = _table(warehouse, 5)
+    winner = lineage.open_table("s.t", warehouse=warehouse)
+    race = _race(monkeypatch, winner, _batch(list(range(10)), "winner"))  # a deferred bulk append wins the race
+    with pytest.raises(KeyViolationError, match="7"):
+        loser.append(_batch([7], "loser"))  # planned on the empty table; the re-plan builds the winner's index
+    assert race["lost"] == 1
+    assert winner.state().lineage.key_index is None and winner.count() == 10
+    loser.append(_batch([70], "loser"))
+    _consistent(loser)
