@@ -219,6 +219,8 @@ class LineageList:
     log: CommitLog = field(default_factory=CommitLog)
     purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
     key_index: tuple[str, ...] | None = None  # key index segments, oldest first (index.key_index); None: no index
+    # Resolved-delete files (lineage.equality): positions that equality deletes of reconciled snapshots remove.
+    resolved_deletes: tuple[str, ...] | None = None
     segment_bytes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -253,6 +255,7 @@ class LineageList:
 _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], Any]], ...] = (
     ("purged", "purged", str, str),
     ("key_index", "key-index", list, tuple),  # key index segments, oldest first; absent: the table has no index
+    ("resolved_deletes", "resolved-deletes", list, tuple),  # resolved equality deletes (lineage.equality)
 )
 
 

@@ -12,6 +12,7 @@ makes the table's cache stale and it is rebuilt from the manifests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.deletes import referenced_data_path
+from lineage.deletes import read_position_deletes, referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
 from lineage.planning import PlannedFile, plan_snapshot
 from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
@@ -37,11 +38,19 @@ class LiveFile:
     # added and carried without re-planning (:meth:`SnapshotFiles.advance`).
     sequence_number: int | None = None
     equality_deletes: tuple[DataFile, ...] = ()
+    # Resolved-delete files (lineage.equality) naming positions of this file that equality deletes remove.
+    # Not Iceberg files: commits never add or remove them; readers apply them like position deletes.
+    resolved: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
         """The data file's location as Iceberg records it."""
         return self.data_file.file_path
+
+    @property
+    def delete_paths(self) -> list[str]:
+        """Every file of (file_path, pos) rows removing positions of this file: position deletes and resolved deletes."""
+        return [d.file_path for d in self.deletes] + list(self.resolved)
 
 
 @dataclass
@@ -137,7 +146,7 @@ class TableState:
                 self.memo["files"] = SnapshotFiles(0, {}, {})
             else:
                 by_file = self.lineage_by_file()
-                files = self._attach(_plan(self.iceberg, self.snapshot), by_file)
+                files = _with_resolved(self._attach(_plan(self.iceberg, self.snapshot), by_file), self.lineage.resolved_deletes or ())
                 self.memo["files"] = SnapshotFiles(
                     self.snapshot.snapshot_id, {f.path: f for f in files}, {f.path: by_file[f.path][0] for f in files}
                 )
@@ -187,6 +196,17 @@ class TableState:
         return paths
 
 
+def _with_resolved(files: list[LiveFile], resolved: tuple[str, ...]) -> list[LiveFile]:
+    """``files`` with the resolved-delete files that name positions of each attached."""
+    if not resolved:
+        return files
+    by_path: dict[str, list[str]] = {}
+    for path in resolved:
+        for data_path in read_position_deletes(path):
+            by_path.setdefault(data_path, []).append(path)
+    return [replace(f, resolved=tuple(by_path[f.path])) if f.path in by_path else f for f in files]
+
+
 def _plan(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
     """Every live data file of the snapshot with its delete files (reads every manifest)."""
     return plan_snapshot(table, snapshot)
@@ -217,17 +237,39 @@ def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression
         return files
 
 
+# Derives the lineage list of a snapshot another engine committed (lineage.reconcile registers itself here, so
+# this module, which the reconciler imports, does not import it back).
+_RECONCILER: list[Callable[[IcebergTable, Snapshot], LineageList]] = []
+
+
+def register_reconciler(reconcile: Callable[[IcebergTable, Snapshot], LineageList]) -> None:
+    """Install the function that derives the lineage list of a foreign snapshot (see :mod:`lineage.reconcile`)."""
+    _RECONCILER[:] = [reconcile]
+
+
+def own_list_path(snapshot: Snapshot) -> str | None:
+    """The lineage list a snapshot's summary points at (None: another engine committed it)."""
+    summary = snapshot.summary.additional_properties if snapshot.summary else {}
+    return summary.get(SUMMARY_LIST)
+
+
 def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageList:
-    """Read the lineage list a snapshot points at (the empty list for no snapshot)."""
+    """The lineage list of a snapshot (the empty list for no snapshot).
+
+    A snapshot committed by this library points at its list; one committed
+    by another engine gets its list from the reconciler (derived from its
+    parent's list and its manifests, persisted once).
+    """
     if snapshot is None:
         return LineageList.empty()
-    summary = snapshot.summary.additional_properties if snapshot.summary else {}
-    path = summary.get(SUMMARY_LIST)
+    path = own_list_path(snapshot)
     if path is None:
-        raise LineageMetadataError(
-            f"snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}) was committed by a writer that does not "
-            "maintain row lineage; only this library may write to a lineage table"
-        )
+        if not _RECONCILER:
+            raise LineageMetadataError(
+                f"snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}) was committed by a writer that does not "
+                "maintain row lineage, and no reconciler is installed (import lineage)"
+            )
+        return _RECONCILER[0](table, snapshot)
     return read_list(table.io, path)
 
 

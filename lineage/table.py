@@ -45,6 +45,7 @@ from lineage.errors import (
 )
 from lineage.outcome import has_commit, is_transient, reload
 from lineage.predicate import parse_predicate, quote_ident
+from lineage.reconcile import reconcile_table
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import (
     LINEAGE_COLUMNS,
@@ -240,6 +241,16 @@ class Table:
         self.refresh()
         return state_at(self._iceberg, as_of, memo=self._memo)
 
+    def reconcile(self) -> list[int]:
+        """Derive and persist the lineage of every commit other engines made (see :mod:`lineage.reconcile`).
+
+        Reads and writes do this on their own when they meet a foreign
+        snapshot; this makes it explicit. Returns the foreign versions on the
+        main branch, oldest first.
+        """
+        self.refresh()
+        return reconcile_table(self._iceberg)
+
     def state_in_hand(self) -> TableState:
         """The state of the metadata this object holds, without asking the catalog (write loops refresh themselves)."""
         return state_at(self._iceberg, memo=self._memo)
@@ -257,6 +268,7 @@ class Table:
                 updated=c.updated,
                 deleted=c.deleted,
                 properties=dict(c.properties),
+                foreign=c.foreign,
             )
             for c in lst.commits
         ]

@@ -151,13 +151,13 @@ class CompactionRule:
 
     def too_many_deletes(self, f: LiveFile) -> bool:
         """Whether ``f``'s deletes alone make it worth rewriting."""
-        if not f.deletes:
+        if not f.deletes and not f.resolved:
             return False
-        if self.delete_file_threshold is not None and len(f.deletes) >= self.delete_file_threshold:
+        if self.delete_file_threshold is not None and len(f.delete_paths) >= self.delete_file_threshold:
             return True
         if self.delete_ratio_threshold <= 0:
             return True
-        deleted = len(positions_for(f.path, [d.file_path for d in f.deletes]))
+        deleted = len(positions_for(f.path, f.delete_paths))
         return deleted >= self.delete_ratio_threshold * max(1, f.data_file.record_count)
 
 

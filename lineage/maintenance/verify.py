@@ -84,7 +84,7 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
         if len(ids):
             max_row_id = max(max_row_id, int(ids.max()))
         if check_row_ids and _exists(f.path):
-            deleted = positions_for(f.path, [d.file_path for d in f.deletes if _exists(d.file_path)])
+            deleted = positions_for(f.path, [d for d in f.delete_paths if _exists(d)])
             keep = np.ones(len(ids), bool)
             keep[deleted[deleted < len(ids)]] = False
             row_ids.append(ids[keep])

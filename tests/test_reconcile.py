@@ -1,0 +1,144 @@
+"""Foreign commits on a lineage table (DESIGN section 8): Spark 3.5 + Iceberg 1.10 and Flink-style commits
+through the reference engine write the table; this library reconciles their snapshots.
+
+After every foreign commit: our scan equals Spark's read; untouched rows keep their row ids and updated keys
+keep row id and created version; ``history()`` shows the commit marked foreign with its counts; the change
+feed (per version and net) matches a model of the commit; ``verify`` is clean; our next write succeeds and
+sees the foreign rows. Spark is slow: tables are tiny and the reference engine is shared.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+from conftest import SCHEMA, rows
+
+import cdf
+import lineage
+from lineage.maintenance import verify
+from lineage.reconcile import reconciled_list_path
+
+pytestmark = pytest.mark.reference
+
+NAME = "shop.orders"
+
+
+def _batch(items: list[tuple[int, str, float]]) -> pa.Table:
+    return pa.Table.from_pylist([{"id": i, "name": n, "amount": a} for i, n, a in items], schema=SCHEMA)
+
+
+def _ids(t: lineage.Table) -> dict[int, tuple[int, int, int]]:
+    """key -> (row id, created version, updated version)."""
+    out = t.scan()
+    return {
+        r["id"]: (r["_row_id"], r["_row_created_at_version"], r["_row_last_updated_at_version"])
+        for r in out.select(["id", "_row_id", "_row_created_at_version", "_row_last_updated_at_version"]).to_pylist()
+    }
+
+
+def _same_as_spark(reference, warehouse: str, t: lineage.Table) -> None:
+    t.refresh()
+    ours = t.scan(with_lineage=False)
+    theirs = reference.read(warehouse, NAME).cast(SCHEMA)
+    assert rows(ours) == rows(theirs), "our scan differs from Spark's read"
+
+
+def _feed(t: lineage.Table, a: int, b: int | None = None, *, net: bool = False) -> list[tuple]:
+    out = cdf.changes(t, a, b, net=net)
+    return sorted((r["id"], r["_change_type"], r["_row_id"]) for r in out.to_pylist())
+
+
+def _foreign_entry(t: lineage.Table):  # noqa: ANN202
+    last = t.history()[-1]
+    assert last.version == t.version
+    return last
+
+
+@pytest.fixture
+def keyed(warehouse):
+    t = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch([(1, "a", 1.0), (2, "b", 2.0), (3, "c", 3.0), (4, "d", 4.0)]))
+    return t
+
+
+@pytest.mark.parametrize("mode", ["merge-on-read", "copy-on-write"])
+def test_spark_dml_is_reconciled(reference, warehouse, keyed, mode):
+    """INSERT, DELETE, UPDATE and MERGE by Spark in one write mode: lineage, history, feed, verify, our next write."""
+    t = keyed
+    reference.sql(
+        warehouse,
+        f"ALTER TABLE {NAME} SET TBLPROPERTIES ('write.delete.mode'='{mode}', 'write.update.mode'='{mode}', 'write.merge.mode'='{mode}')",
+    )
+    t.refresh()
+    before = _ids(t)
+    v0 = t.version
+
+    reference.sql(warehouse, f"INSERT INTO {NAME} VALUES (5, 'e', 5.0), (6, 'f', 6.0)")
+    _same_as_spark(reference, warehouse, t)
+    after = _ids(t)
+    assert {k: after[k] for k in before} == before  # untouched rows keep their lineage
+    v1 = t.version
+    assert after[5][1:] == after[6][1:] == (v1, v1) and len({after[5][0], after[6][0]} | {r[0] for r in before.values()}) == 6
+    entry = _foreign_entry(t)
+    assert entry.foreign == "spark" and entry.operation == "append" and (entry.inserted, entry.updated, entry.deleted) == (2, 0, 0)
+    assert _feed(t, v1 - 1) == sorted([(5, "insert", after[5][0]), (6, "insert", after[6][0])])
+
+    reference.sql(warehouse, f"DELETE FROM {NAME} WHERE id = 2")
+    _same_as_spark(reference, warehouse, t)
+    v2 = t.version
+    now = _ids(t)
+    assert 2 not in now and {k: now[k] for k in (1, 3, 4, 5, 6)} == {k: after[k] for k in (1, 3, 4, 5, 6)}
+    assert _feed(t, v2 - 1) == [(2, "delete", after[2][0])]
+    assert _foreign_entry(t).deleted == 1 and _foreign_entry(t).inserted == 0
+
+    reference.sql(warehouse, f"UPDATE {NAME} SET amount = amount * 10 WHERE id IN (1, 5)")
+    _same_as_spark(reference, warehouse, t)
+    v3 = t.version
+    now3 = _ids(t)
+    for k in (1, 5):
+        assert now3[k] == (after[k][0], after[k][1], v3), f"key {k} must keep row id and created version"
+    for k in (3, 4, 6):
+        assert now3[k] == after[k]
+    assert _feed(t, v3 - 1) == sorted(
+        [(k, c, after[k][0]) for k in (1, 5) for c in ("update_preimage", "update_postimage")]
+    )
+    e3 = _foreign_entry(t)
+    assert (e3.inserted, e3.updated, e3.deleted) == (0, 2, 0)
+
+    src = _batch([(3, "c2", 30.0), (7, "g", 7.0)])
+    reference.sql(
+        warehouse,
+        f"MERGE INTO {NAME} t USING src s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+        views={"src": src},
+    )
+    _same_as_spark(reference, warehouse, t)
+    v4 = t.version
+    now4 = _ids(t)
+    assert now4[3] == (after[3][0], after[3][1], v4) and now4[7][1:] == (v4, v4)
+    assert {k: now4[k] for k in (1, 4, 5, 6)} == {k: now3[k] for k in (1, 4, 5, 6)}
+    assert _feed(t, v4 - 1) == sorted(
+        [(3, "update_preimage", after[3][0]), (3, "update_postimage", after[3][0]), (7, "insert", now4[7][0])]
+    )
+    # Net over all four foreign commits: 2 deleted, 1 and 3 updated (5 inserted then updated: an insert), 5, 6, 7 inserted.
+    net = _feed(t, v0, net=True)
+    assert sorted({(k, c) for k, c, _ in net}) == sorted(
+        [(1, "update_preimage"), (1, "update_postimage"), (2, "delete"), (3, "update_preimage"), (3, "update_postimage"),
+         (5, "insert"), (6, "insert"), (7, "insert")]
+    )
+    assert [h.foreign for h in t.history()][-4:] == ["spark"] * 4
+    assert not verify(t).problems
+
+    # Our next writes build on the foreign snapshots and keep them in the commit log.
+    t.upsert(_batch([(4, "d2", 40.0), (8, "h", 8.0)]))
+    t.delete("id = 6")
+    now5 = _ids(t)
+    assert now5[4][0] == after[4][0] and now5[7] == now4[7] and 6 not in now5
+    assert [h.foreign for h in t.history()][-6:] == ["spark"] * 4 + [None, None]
+    _same_as_spark(reference, warehouse, t)
+    assert not verify(t).problems
+    # The reconciled list is persisted where every reader finds it.
+    foreign = [s for s in t.iceberg.metadata.snapshots if "lineage.list" not in s.summary.additional_properties]
+    assert len(foreign) == 4 and all(os.path.exists(reconciled_list_path(t.iceberg, s.snapshot_id)) for s in foreign)
+    reference.forget(warehouse)
