@@ -24,7 +24,8 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
-from pyiceberg.manifest import write_manifest_list
+from pyiceberg.manifest import data_file_with_partition, manifest_entry_schema_with_data_file, write_manifest_list
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, write_index_segment
@@ -55,7 +56,26 @@ from lineage.state import SnapshotFiles, TableState
 from lineage.writer import WrittenFile
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
+class _ManifestWriter(ManifestWriterV2):
+    """A v2 manifest writer whose ``equality_ids`` are ``list<int>`` as the Iceberg spec says.
+
+    pyiceberg 0.12 declares them ``list<long>``; Iceberg Java then fails to read
+    the manifest (ClassCastException Long -> Integer) as soon as it holds an
+    equality delete file, e.g. a Flink sink's manifest our commit rewrote.
+    """
+
+    def _with_partition(self, format_version):  # type: ignore[no-untyped-def]
+        data_file = data_file_with_partition(format_version=format_version, partition_type=self._spec.partition_type(self._schema))
+        fields = [
+            NestedField(f.field_id, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
+            if f.field_id == 135
+            else f
+            for f in data_file.fields
+        ]
+        return manifest_entry_schema_with_data_file(format_version=format_version, data_file=StructType(*fields))
+
+
+class _DeleteManifestWriter(_ManifestWriter):
     """A v2 manifest writer for delete files."""
 
     def content(self) -> ManifestContent:
@@ -193,6 +213,12 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                         writer.existing(entry)
                         count += 1
         return writer.to_manifest_file() if count else None
+
+    def new_manifest_writer(self, spec):  # type: ignore[no-untyped-def]
+        """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`)."""
+        if self._transaction.table_metadata.format_version != 2:
+            return super().new_manifest_writer(spec)
+        return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
         return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)

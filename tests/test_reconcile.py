@@ -142,3 +142,119 @@ def test_spark_dml_is_reconciled(reference, warehouse, keyed, mode):
     foreign = [s for s in t.iceberg.metadata.snapshots if "lineage.list" not in s.summary.additional_properties]
     assert len(foreign) == 4 and all(os.path.exists(reconciled_list_path(t.iceberg, s.snapshot_id)) for s in foreign)
     reference.forget(warehouse)
+
+
+@pytest.mark.parametrize("partition_by", [None, ["bucket(2, id)"]])
+def test_flink_equality_deletes_are_reconciled_and_read(reference, warehouse, partition_by):
+    """Flink-style checkpoints with equality deletes: our readers apply them; an upserted key, and a key deleted
+    and written again in one checkpoint, keep their row ids (updates); a key written and deleted within the
+    checkpoint never appears; the feed shows one event per key."""
+    t = lineage.create_table(NAME, SCHEMA, key=["id"], partition_by=partition_by, warehouse=warehouse)
+    t.append(_batch([(1, "a", 1.0), (2, "b", 2.0), (3, "c", 3.0), (4, "d", 4.0)]))
+    before = _ids(t)
+    reference.flink_commit(
+        warehouse,
+        NAME,
+        [
+            ("+I", {"id": 1, "name": "a2", "amount": 10.0}),  # upsert of a live key: equality delete + new image
+            ("-D", {"id": 2}),  # equality delete only
+            ("-D", {"id": 4}),  # deleted ...
+            ("+I", {"id": 4, "name": "d2", "amount": 40.0}),  # ... and written again: an update
+            ("+I", {"id": 10, "name": "j", "amount": 100.0}),
+            ("+I", {"id": 11, "name": "k", "amount": 110.0}),
+            ("-D", {"id": 11}),  # written and deleted within the checkpoint: a position delete
+        ],
+        upsert=True,
+    )
+    _same_as_spark(reference, warehouse, t)
+    v = t.version
+    now = _ids(t)
+    assert sorted(now) == [1, 3, 4, 10]
+    assert now[1] == (before[1][0], before[1][1], v) and now[4] == (before[4][0], before[4][1], v) and now[3] == before[3]
+    assert now[10][1:] == (v, v) and now[10][0] not in {r[0] for r in before.values()}
+    entry = _foreign_entry(t)
+    assert entry.foreign == "flink" and (entry.inserted, entry.updated, entry.deleted) == (1, 2, 1)
+    assert _feed(t, v - 1) == sorted(
+        [(1, "update_preimage", before[1][0]), (1, "update_postimage", before[1][0]), (2, "delete", before[2][0]),
+         (4, "update_preimage", before[4][0]), (4, "update_postimage", before[4][0]), (10, "insert", now[10][0])]
+    )
+    assert rows(t.scan(with_lineage=False)) == rows(_batch([(1, "a2", 10.0), (3, "c", 3.0), (4, "d2", 40.0), (10, "j", 100.0)]))
+    assert not verify(t).problems
+
+    # Non-upsert mode: -U/+U of a key and a full-row delete.
+    reference.flink_commit(
+        warehouse, NAME,
+        [("-U", {"id": 3, "name": "c", "amount": 3.0}), ("+U", {"id": 3, "name": "c3", "amount": 33.0}),
+         ("-D", {"id": 10, "name": "j", "amount": 100.0})],
+        upsert=False,
+    )
+    _same_as_spark(reference, warehouse, t)
+    v2 = t.version
+    now2 = _ids(t)
+    assert now2[3] == (before[3][0], before[3][1], v2) and 10 not in now2 and now2[1] == now[1]
+    assert _feed(t, v2 - 1) == sorted(
+        [(3, "update_preimage", before[3][0]), (3, "update_postimage", before[3][0]), (10, "delete", now[10][0])]
+    )
+    # Net over both checkpoints: 10 inserted then deleted nets to nothing.
+    assert sorted({(k, c) for k, c, _ in _feed(t, v - 1, net=True)}) == sorted(
+        [(1, "update_preimage"), (1, "update_postimage"), (2, "delete"), (3, "update_preimage"), (3, "update_postimage"),
+         (4, "update_preimage"), (4, "update_postimage")]
+    )
+    # Our writes on top: they see the foreign rows through the equality deletes.
+    t.upsert(_batch([(2, "b2", 20.0), (3, "c4", 34.0)]))
+    t.delete("id = 1")
+    assert rows(t.scan(with_lineage=False)) == rows(_batch([(2, "b2", 20.0), (3, "c4", 34.0), (4, "d2", 40.0)]))
+    assert _ids(t)[3][0] == before[3][0]
+    _same_as_spark(reference, warehouse, t)
+    assert not verify(t).problems
+    # Compaction drops the equality-deleted rows with their data files; nothing changes for any reader.
+    t.compact()
+    assert rows(t.scan(with_lineage=False)) == rows(_batch([(2, "b2", 20.0), (3, "c4", 34.0), (4, "d2", 40.0)]))
+    _same_as_spark(reference, warehouse, t)
+    assert not verify(t).problems
+    reference.forget(warehouse)
+
+
+def test_spark_rewrite_data_files_is_moves_only(reference, warehouse, keyed):
+    """rewrite_data_files and rewrite_position_delete_files (replace snapshots): lineage kept, no change events."""
+    t = keyed
+    t.delete("id = 4")
+    reference.sql(warehouse, f"INSERT INTO {NAME} VALUES (5, 'e', 5.0)")
+    reference.sql(warehouse, f"DELETE FROM {NAME} WHERE id = 1")
+    t.refresh()
+    before = _ids(t)
+    v0 = t.version
+    reference.sql(warehouse, f"CALL system.rewrite_position_delete_files(table => '{NAME}', options => map('rewrite-all', 'true'))")
+    reference.sql(warehouse, f"CALL system.rewrite_data_files(table => '{NAME}', options => map('rewrite-all', 'true'))")
+    t.refresh()
+    assert t.iceberg.metadata.current_snapshot().summary.operation.value == "replace"
+    _same_as_spark(reference, warehouse, t)
+    assert _ids(t) == before
+    assert _feed(t, v0) == []
+    assert all((h.inserted, h.updated, h.deleted) == (0, 0, 0) for h in t.history() if h.version > v0)
+    assert not verify(t).problems
+    t.upsert(_batch([(2, "b2", 2.5)]))
+    assert _ids(t)[2][0] == before[2][0]
+    reference.forget(warehouse)
+
+
+def test_keyless_table_pairs_identical_rows(reference, warehouse):
+    """A table without a key: copy-on-write carry-over pairs identical rows (duplicates included) as moves;
+    a changed row is a delete and an insert."""
+    t = lineage.create_table(NAME, SCHEMA, warehouse=warehouse)
+    t.append(_batch([(1, "a", 1.0), (1, "a", 1.0), (2, "b", 2.0), (3, "c", 3.0)]))
+    reference.sql(
+        warehouse,
+        f"ALTER TABLE {NAME} SET TBLPROPERTIES ('write.delete.mode'='copy-on-write', 'write.update.mode'='copy-on-write')",
+    )
+    before = t.scan()
+    v0 = t.version
+    reference.sql(warehouse, f"UPDATE {NAME} SET amount = 30.0 WHERE id = 3")
+    _same_as_spark(reference, warehouse, t)
+    after = t.scan()
+    kept = {(r["id"], r["_row_id"]) for r in after.to_pylist() if r["id"] != 3}
+    assert kept == {(r["id"], r["_row_id"]) for r in before.to_pylist() if r["id"] != 3}
+    feed = cdf.changes(t, v0)
+    assert sorted((r["id"], r["_change_type"], r["amount"]) for r in feed.to_pylist()) == [(3, "delete", 3.0), (3, "insert", 30.0)]
+    assert not verify(t).problems
+    reference.forget(warehouse)

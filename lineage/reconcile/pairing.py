@@ -9,7 +9,8 @@ moves (a multiset match, ties broken by position order); the rest are deletes
 and inserts. Unpaired added images get fresh row ids from the high-water mark
 in order (added files in manifest order, positions ascending); so do the
 positions the snapshot deleted in its own files (never visible, but lineage
-covers every position).
+covers every position; their created and updated versions are 0, so no
+change-feed range includes them).
 """
 
 from __future__ import annotations

@@ -52,10 +52,10 @@ def engine_of(snapshot: Snapshot) -> str | None:
     props = snapshot.summary.additional_properties if snapshot.summary else {}
     if SUMMARY_OPERATION in props:
         return None
+    if "flink.job-id" in props:  # before engine-name: a Flink job's commit may run in a JVM that also sets it
+        return "flink"
     if props.get("engine-name"):
         return str(props["engine-name"])
-    if "flink.job-id" in props:
-        return "flink"
     if "spark.app.id" in props:
         return "spark"
     return "unknown"
@@ -124,6 +124,10 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
         updated[live_pos] = a_updated[offset : offset + count]
         fresh = np.flatnonzero(rids < 0)
         rids[fresh] = np.arange(next_row_id, next_row_id + len(fresh), dtype=np.int64)
+        # Positions the snapshot deleted in its own files are never visible; version 0 keeps them out of every
+        # change-feed range (the feed takes live images from lineage runs, not from delete files).
+        created[dead_pos] = 0
+        updated[dead_pos] = 0
         next_row_id += len(fresh)
         offset += count
         written.append(WrittenFile(f, rids, created, updated))
