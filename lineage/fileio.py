@@ -10,7 +10,9 @@ import io as _io
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlparse
 
@@ -19,9 +21,32 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
 
+_OVERWRITE: ContextVar[bool] = ContextVar("lineage_overwrite", default=False)
+
+
+@contextmanager
+def overwriting() -> Iterator[None]:
+    """Let :func:`write_bytes` replace existing files in this block.
+
+    For writers whose file names are deterministic and whose content is the
+    same whoever writes it (the reconciliation of a foreign snapshot), so a
+    second writer, or one repairing a truncated file, writes the file again.
+    """
+    token = _OVERWRITE.set(True)
+    try:
+        yield
+    finally:
+        _OVERWRITE.reset(token)
+
+
+def overwrite_allowed() -> bool:
+    """Whether the caller is inside :func:`overwriting`."""
+    return _OVERWRITE.get()
+
+
 def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
-    """Write ``data`` to a new file at ``path`` (it must not exist) and return its size."""
-    with fileio.new_output(path).create(overwrite=False) as out:
+    """Write ``data`` to a new file at ``path`` (it must not exist, except in :func:`overwriting`); return its size."""
+    with fileio.new_output(path).create(overwrite=_OVERWRITE.get()) as out:
         out.write(data)
     return len(data)
 

@@ -13,7 +13,7 @@ import os
 
 import pyarrow as pa
 import pytest
-from conftest import SCHEMA, rows
+from conftest import SCHEMA, assert_interop, rows
 
 import cdf
 import lineage
@@ -141,6 +141,7 @@ def test_spark_dml_is_reconciled(reference, warehouse, keyed, mode):
     # The reconciled list is persisted where every reader finds it.
     foreign = [s for s in t.iceberg.metadata.snapshots if "lineage.list" not in s.summary.additional_properties]
     assert len(foreign) == 4 and all(os.path.exists(reconciled_list_path(t.iceberg, s.snapshot_id)) for s in foreign)
+    assert_interop(t)  # pyiceberg's scan and DuckDB's iceberg_scan read Spark's files and position deletes
     reference.forget(warehouse)
 
 
@@ -180,6 +181,7 @@ def test_flink_equality_deletes_are_reconciled_and_read(reference, warehouse, pa
     )
     assert rows(t.scan(with_lineage=False)) == rows(_batch([(1, "a2", 10.0), (3, "c", 3.0), (4, "d2", 40.0), (10, "j", 100.0)]))
     assert not verify(t).problems
+    _third_party_readers_on_equality_deletes(t)
 
     # Non-upsert mode: -U/+U of a key and a full-row delete.
     reference.flink_commit(
@@ -258,3 +260,90 @@ def test_keyless_table_pairs_identical_rows(reference, warehouse):
     assert sorted((r["id"], r["_change_type"], r["amount"]) for r in feed.to_pylist()) == [(3, "delete", 3.0), (3, "insert", 30.0)]
     assert not verify(t).problems
     reference.forget(warehouse)
+
+
+def test_our_write_that_loses_to_a_foreign_commit_replans_on_top_of_it(reference, warehouse, keyed, monkeypatch):
+    """Between our planning and our commit Spark commits an UPDATE; our upsert fails once, re-plans on the
+    reconciled foreign snapshot and lands; both changes are in the table and the commit log."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    import lineage.commit as commit_module
+
+    t = keyed
+    before = _ids(t)
+    real_commit = commit_module.commit_files
+    seen = {"armed": True, "failures": 0}
+
+    def racing_commit(*args, **kwargs):
+        if seen["armed"]:
+            seen["armed"] = False
+            reference.sql(warehouse, f"UPDATE {NAME} SET amount = -1.0 WHERE id = 1")
+        try:
+            return real_commit(*args, **kwargs)
+        except CommitFailedException:
+            seen["failures"] += 1
+            raise
+
+    monkeypatch.setattr(commit_module, "commit_files", racing_commit)
+    t.upsert(_batch([(2, "b2", 20.0), (9, "z", 9.0)]))
+    assert seen["failures"] == 1
+    assert rows(t.scan(with_lineage=False)) == rows(
+        _batch([(1, "a", -1.0), (2, "b2", 20.0), (3, "c", 3.0), (4, "d", 4.0), (9, "z", 9.0)])
+    )
+    now = _ids(t)
+    assert now[1][0] == before[1][0] and now[2][0] == before[2][0]
+    assert [h.foreign for h in t.history()][-2:] == ["spark", None]
+    _same_as_spark(reference, warehouse, t)
+    assert not verify(t).problems
+    reference.forget(warehouse)
+
+
+def test_foreign_versions_in_every_engine_and_reader(reference, warehouse, keyed, spark):
+    """The Spark CDF engine agrees with DuckDB across foreign commits; to_spark applies equality deletes;
+    DuckDB's iceberg_scan reads the table (position deletes); the reconciled list survives a truncated file."""
+    t = keyed
+    v0 = t.version
+    reference.sql(warehouse, f"UPDATE {NAME} SET name = 'x' WHERE id = 3")
+    reference.row_delta(warehouse, NAME, upserts=[{"id": 4, "name": "d2", "amount": 4.5}], deletes=[{"id": 1}])
+    t.refresh()
+    duck_feed = cdf.changes(t, v0)
+    spark_feed = cdf.changes(t, v0, engine="spark", spark=spark).toPandas()
+    key = ["id", "_change_type", "_commit_version", "_row_id"]
+    assert sorted(map(tuple, spark_feed[key].values.tolist())) == sorted(
+        tuple(r[k] for k in key) for r in duck_feed.to_pylist()
+    )
+    assert {r["_change_type"] for r in duck_feed.to_pylist()} == {"update_preimage", "update_postimage", "delete"}
+    df = t.to_spark(spark)
+    assert sorted(r["id"] for r in df.select("id").collect()) == [2, 3, 4]
+    # A truncated reconciled list is rewritten by the next reader.
+    foreign = t.iceberg.metadata.current_snapshot()
+    path = reconciled_list_path(t.iceberg, foreign.snapshot_id)
+    with open(path, "w") as f:
+        f.write("{\"form")
+    from lineage.metadata import _LIST_CACHE
+    import lineage.reconcile as rec
+
+    _LIST_CACHE._items.clear()
+    rec._CACHE.clear()
+    again = lineage.open_table(NAME, warehouse=warehouse)
+    assert rows(again.scan()) == rows(t.scan())
+    assert os.path.getsize(path) > 10
+    reference.forget(warehouse)
+
+
+def _third_party_readers_on_equality_deletes(t: lineage.Table) -> None:
+    """pyiceberg 0.12 refuses to plan a snapshot with equality deletes (the README says so); DuckDB's
+    iceberg_scan reads it, with our rows."""
+    with pytest.raises(ValueError, match="[Ee]quality"):
+        t.iceberg.scan().to_arrow()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    assert "pyiceberg" in readme and "equality delete" in readme.lower()
+    from lineage import duck
+
+    ours = t.scan(with_lineage=False)
+    con = duck.connect("iceberg")
+    try:
+        ddb = con.execute(f"SELECT id, name, amount FROM iceberg_scan('{t.iceberg.metadata_location}')").to_arrow_table()
+    finally:
+        con.close()
+    assert rows(ddb) == rows(ours), "DuckDB iceberg_scan differs from ours on equality deletes"

@@ -25,6 +25,7 @@ from index.key_index import KeyIndexChange, index_enabled, table_key
 from lineage.commit import CommitRequest, build_lineage
 from lineage.equality import write_resolved_deletes
 from lineage.errors import KeyViolationError
+from lineage.fileio import overwriting
 from lineage.metadata import SUMMARY_OPERATION, LineageList, lineage_dir
 from lineage.reconcile.changes import snapshot_changes
 from lineage.reconcile.images import Images, derive_images, read_positions
@@ -158,7 +159,8 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     created_files: list[str] = []
     if images.resolved:
         resolved_path = f"{lineage_dir(iceberg.metadata.location)}/{tag}-resolved-deletes.parquet"
-        write_resolved_deletes(iceberg.io, resolved_path, images.resolved)
+        with overwriting():
+            write_resolved_deletes(iceberg.io, resolved_path, images.resolved)
 
     def with_resolved(lst: LineageList) -> LineageList:
         if resolved_path is None:
@@ -183,12 +185,13 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
         next_row_id=next_row_id,
     )
     kwargs = dict(version=version, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms, tag=tag, created=created_files)
-    try:
-        built = build_lineage(iceberg, parent, req, **kwargs)  # type: ignore[arg-type]
-    except KeyViolationError as exc:
-        # Another engine may write duplicate keys; the table then has no key index until they are gone.
-        log.warning("snapshot %s leaves duplicate keys (%s); the key index is dropped", snapshot.snapshot_id, exc)
-        built = build_lineage(iceberg, parent, dataclasses.replace(req, key_index=None), **kwargs)  # type: ignore[arg-type]
+    with overwriting():  # names derived from the snapshot id, the same content whoever writes them
+        try:
+            built = build_lineage(iceberg, parent, req, **kwargs)  # type: ignore[arg-type]
+        except KeyViolationError as exc:
+            # Another engine may write duplicate keys; the table then has no key index until they are gone.
+            log.warning("snapshot %s leaves duplicate keys (%s); the key index is dropped", snapshot.snapshot_id, exc)
+            built = build_lineage(iceberg, parent, dataclasses.replace(req, key_index=None), **kwargs)  # type: ignore[arg-type]
     return built.lineage_list
 
 
