@@ -9,7 +9,10 @@ sees the foreign rows. Spark is slow: tables are tiny and the reference engine i
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -223,7 +226,14 @@ def test_spark_rewrite_data_files_is_moves_only(reference, warehouse, keyed):
     t.delete("id = 4")
     reference.sql(warehouse, f"INSERT INTO {NAME} VALUES (5, 'e', 5.0)")
     reference.sql(warehouse, f"DELETE FROM {NAME} WHERE id = 1")
+    # The CLI derives and stores the foreign commits' lineage explicitly.
+    cli = subprocess.run(
+        [sys.executable, "-m", "lineage.cli", "--warehouse", warehouse, "-f", "json", "reconcile", NAME],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr
     t.refresh()
+    assert json.loads(cli.stdout)["foreign_versions"] == [t.version - 1, t.version]
     before = _ids(t)
     v0 = t.version
     reference.sql(warehouse, f"CALL system.rewrite_position_delete_files(table => '{NAME}', options => map('rewrite-all', 'true'))")
