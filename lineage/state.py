@@ -12,6 +12,7 @@ makes the table's cache stale and it is rebuilt from the manifests.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -142,8 +143,11 @@ class TableState:
     def files(self) -> SnapshotFiles:
         """Every live data file of the snapshot with deletes, lineage and segment (planned once per state)."""
         if "files" not in self.memo:
+            recalled = recall_files(self.iceberg, self.snapshot.snapshot_id) if self.snapshot is not None else None
             if self.snapshot is None:
                 self.memo["files"] = SnapshotFiles(0, {}, {})
+            elif recalled is not None:
+                self.memo["files"] = recalled
             else:
                 by_file = self.lineage_by_file()
                 files = _with_resolved(self._attach(_plan(self.iceberg, self.snapshot), by_file), self.lineage.resolved_deletes or ())
@@ -297,6 +301,27 @@ def forget_planned_files() -> None:
     _GENERATION[0] += 1
 
 
+# The planned files of the last few snapshots this process knew, by (table uuid, snapshot id, generation):
+# when another engine commits on top of a snapshot a long-lived Table had planned, reconciling the new
+# snapshot starts from its parent's files instead of planning the parent again.
+_RECENT: OrderedDict[tuple[str, int, int], SnapshotFiles] = OrderedDict()
+_RECENT_SIZE = 4
+
+
+def remember_files(table: IcebergTable, files: SnapshotFiles) -> None:
+    """Keep ``files`` (of snapshot ``files.snapshot_id``) for :func:`recall_files`."""
+    key = (table.metadata.table_uuid.hex, files.snapshot_id, _GENERATION[0])
+    _RECENT[key] = files
+    _RECENT.move_to_end(key)
+    while len(_RECENT) > _RECENT_SIZE:
+        _RECENT.popitem(last=False)
+
+
+def recall_files(table: IcebergTable, snapshot_id: int) -> SnapshotFiles | None:
+    """The files of ``snapshot_id`` if this process planned or derived them recently."""
+    return _RECENT.get((table.metadata.table_uuid.hex, snapshot_id, _GENERATION[0]))
+
+
 def carried_memo(snapshot_id: int, files: SnapshotFiles | None) -> dict:
     """A memo for :func:`state_at` holding the files a commit of this process derived for its snapshot."""
     return {"snapshot-id": snapshot_id, "generation": _GENERATION[0], **({"files": files} if files is not None else {})}
@@ -318,6 +343,8 @@ def state_at(table: IcebergTable, version: int | None = None, memo: dict | None 
             memo = {}
         current_id = current.snapshot_id if current is not None else None
         if memo.get("snapshot-id", -1) != current_id or memo.get("generation") != _GENERATION[0]:
+            if memo.get("generation") == _GENERATION[0] and memo.get("files") is not None:
+                remember_files(table, memo["files"])  # the parent of a foreign commit, most likely
             memo.clear()
             memo.update({"snapshot-id": current_id, "generation": _GENERATION[0]})
         return TableState(table, current, lineage_list_of(table, current), memo)

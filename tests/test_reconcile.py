@@ -13,9 +13,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 from conftest import SCHEMA, assert_interop, rows
 
 import cdf
@@ -357,3 +360,104 @@ def _third_party_readers_on_equality_deletes(t: lineage.Table) -> None:
     finally:
         con.close()
     assert rows(ddb) == rows(ours), "DuckDB iceberg_scan differs from ours on equality deletes"
+
+
+# ---------------------------------------------------------------------- property: interleaved writers
+
+
+def _net(before: dict[int, tuple], after: dict[int, tuple]) -> list[tuple]:
+    """Expected net feed between two states given as row id -> (key, name, amount)."""
+    out = []
+    for rid in before.keys() | after.keys():
+        if rid not in after:
+            out.append((before[rid][0], "delete", rid))
+        elif rid not in before:
+            out.append((after[rid][0], "insert", rid))
+        elif before[rid] != after[rid]:
+            out += [(after[rid][0], "update_preimage", rid), (after[rid][0], "update_postimage", rid)]
+    return sorted(out)
+
+
+def _by_row_id(t: lineage.Table) -> dict[int, tuple]:
+    return {r["_row_id"]: (r["id"], r["name"], r["amount"]) for r in t.scan().to_pylist()}
+
+
+OPS = st.sampled_from(["upsert", "delete", "spark_insert", "spark_update", "spark_delete", "spark_merge", "flink"])
+
+
+@settings(
+    max_examples=int(os.environ.get("LINEAGE_RECONCILE_EXAMPLES", "3")),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(mode=st.sampled_from(["merge-on-read", "copy-on-write"]), ops=st.lists(st.tuples(OPS, st.sets(st.integers(1, 8), min_size=1, max_size=3)), min_size=2, max_size=5))
+def test_interleaved_writers_match_a_model(reference, mode, ops):
+    """Property: random writes of ours and of Spark/Flink, interleaved. After every step our scan is the model,
+    keys that stay live keep their row id, and the change feed of the step is the difference of the two states
+    (by row id); at the end the net feed over everything and Spark's read agree with the model."""
+    with tempfile.TemporaryDirectory(prefix="rec-prop-") as tmp:
+        warehouse = os.path.join(tmp, "wh")
+        t = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=warehouse)
+        t.append(_batch([(k, f"n{k}", float(k)) for k in (1, 2, 3, 4)]))
+        reference.sql(
+            warehouse,
+            f"ALTER TABLE {NAME} SET TBLPROPERTIES ('write.delete.mode'='{mode}', 'write.update.mode'='{mode}', 'write.merge.mode'='{mode}')",
+        )
+        note(f"mode={mode}")
+        start, v_start = _by_row_id(t), t.version
+        counter = [100.0]
+
+        def value() -> float:
+            counter[0] += 1
+            return counter[0]
+
+        for kind, keys in ops:
+            before, v_before = _by_row_id(t), t.version
+            live = {k for k, _, _ in before.values()}
+            hit, miss = sorted(keys & live), sorted(keys - live)
+            note(f"v{v_before}: {kind} {sorted(keys)}")
+            if kind == "upsert":
+                t.upsert(_batch([(k, f"u{k}", value()) for k in sorted(keys)]))
+            elif kind == "delete":
+                if not hit:
+                    continue
+                t.delete(f"id IN ({', '.join(map(str, hit))})")
+            elif kind == "spark_insert":
+                if not miss:
+                    continue
+                values = ", ".join(f"({k}, 's{k}', {value()})" for k in miss)
+                reference.sql(warehouse, f"INSERT INTO {NAME} VALUES {values}")
+            elif kind in ("spark_update", "spark_delete"):
+                if not hit:
+                    continue
+                where = f"id IN ({', '.join(map(str, hit))})"
+                stmt = f"UPDATE {NAME} SET amount = amount + {value()}, name = 'x' WHERE {where}" if kind == "spark_update" else f"DELETE FROM {NAME} WHERE {where}"
+                reference.sql(warehouse, stmt)
+            elif kind == "spark_merge":
+                reference.sql(
+                    warehouse,
+                    f"MERGE INTO {NAME} t USING src s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+                    views={"src": _batch([(k, f"m{k}", value()) for k in sorted(keys)])},
+                )
+            else:
+                half = sorted(keys)[: len(keys) // 2]
+                reference.row_delta(
+                    warehouse, NAME,
+                    upserts=[{"id": k, "name": f"f{k}", "amount": value()} for k in sorted(keys) if k not in half],
+                    deletes=[{"id": k} for k in half],
+                )
+            t.refresh()
+            after = _by_row_id(t)
+            # Every live key keeps its row id unless this step removed it without writing it again.
+            for rid, (k, _, _) in after.items():
+                if k in live and rid not in before:
+                    old = next(r for r, v in before.items() if v[0] == k)
+                    raise AssertionError(f"key {k} changed row id {old} -> {rid} at {kind}")
+            assert _feed(t, v_before) == _net(before, after), f"feed of {kind} differs from the model"
+            assert _feed(t, v_before, net=True) == _net(before, after)
+        assert _feed(t, v_start, net=True) == _net(start, _by_row_id(t))
+        _same_as_spark(reference, warehouse, t)
+        assert not verify(t).problems
+        reference.forget(warehouse)

@@ -32,7 +32,7 @@ from lineage.reconcile.images import Images, derive_images, read_positions
 from lineage.reconcile.pairing import pair_images
 from lineage.rle import decode_sequence, decode_values
 from lineage.schema import arrow_schema
-from lineage.state import TableState
+from lineage.state import TableState, remember_files
 from lineage.writer import WrittenFile
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,11 @@ def engine_of(snapshot: Snapshot) -> str | None:
 
 
 def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snapshot) -> LineageList:
-    """The lineage list of the foreign ``snapshot`` on top of ``parent`` (its parent's state); written once."""
+    """The lineage list of the foreign ``snapshot`` on top of ``parent`` (its parent's state); written once.
+
+    When the parent's files were planned, the snapshot's files are derived
+    from them and kept for the next step (:func:`lineage.state.remember_files`).
+    """
     version = snapshot.sequence_number
     changes = snapshot_changes(iceberg, snapshot)
     images = derive_images(parent, changes)
@@ -192,6 +196,13 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
             # Another engine may write duplicate keys; the table then has no key index until they are gone.
             log.warning("snapshot %s leaves duplicate keys (%s); the key index is dropped", snapshot.snapshot_id, exc)
             built = build_lineage(iceberg, parent, dataclasses.replace(req, key_index=None), **kwargs)  # type: ignore[arg-type]
+    known = parent.files_if_known()
+    if known is not None:
+        added = [(w.data_file, fl) for w, fl in zip(written, built.lineages, strict=True)]
+        new_deletes = [e.data_file for e in changes.position_deletes] + [d.delete_file for d in changes.equality_deletes]
+        files = known.advance(snapshot.snapshot_id, added, built.segment_path, new_deletes, changes.removed + changes.removed_deletes, built.moved)
+        if files is not None:
+            remember_files(iceberg, files)
     return built.lineage_list
 
 
