@@ -131,3 +131,23 @@ def test_vacuum_keeps_reconciled_lineage(table):
     assert not verify(t).problems
     t.upsert(_batch([(2, "b2", 2.5)]))
     assert not verify(t).problems
+
+
+def test_changelog_and_deleted_rows_after_foreign_commits(table):
+    """apply_changelog and deleted_rows on top of foreign commits: the change stream sees the foreign rows
+    (an update of a foreign insert keeps its row id) and deleted_rows lists what the foreign delete removed."""
+    t = table
+    t.append(_batch([(1, "a", 1.0), (2, "b", 2.0)]))
+    t.iceberg.append(_theirs([(3, "c", 3.0)]))
+    t.iceberg.refresh()
+    t.iceberg.delete("id = 1")
+    t.refresh()
+    gone = cdf.deleted_rows(t).to_pylist()
+    assert [(r["id"], r["_row_id"]) for r in gone] == [(1, 0)]
+    rid3 = _ids(t)[3][0]
+    events = pa.table({"_op": ["+U", "-D"], "id": [3, 2], "name": ["c2", None], "amount": [30.0, None]})
+    t.apply_changelog(events, upsert=True)
+    now = _ids(t)
+    assert sorted(now) == [3] and now[3][0] == rid3
+    assert sorted((r["id"], r["_row_id"]) for r in cdf.deleted_rows(t).to_pylist()) == [(1, 0), (2, 1)]  # deleted rows only, not pre-images
+    assert not verify(t).problems
