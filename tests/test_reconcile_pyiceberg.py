@@ -151,3 +151,33 @@ def test_changelog_and_deleted_rows_after_foreign_commits(table):
     assert sorted(now) == [3] and now[3][0] == rid3
     assert sorted((r["id"], r["_row_id"]) for r in cdf.deleted_rows(t).to_pylist()) == [(1, 0), (2, 1)]  # deleted rows only, not pre-images
     assert not verify(t).problems
+
+
+def test_foreign_expiry_before_reconciliation_is_a_clear_error(table):
+    """A foreign snapshot whose parent another engine expired before any reader of ours reconciled it: reads
+    raise LineageMetadataError naming the snapshot and what to do (no wrong answer); reconciled first, it works."""
+    import pytest
+
+    t = table
+    t.append(_batch([(1, "a", 1.0)]))
+    t.iceberg.append(_theirs([(2, "b", 2.0)]))
+    parent = t.iceberg.metadata.current_snapshot().parent_snapshot_id
+    t.iceberg.maintenance.expire_snapshots().by_id(parent).commit()
+    t.refresh()
+    with pytest.raises(lineage.LineageMetadataError, match="expired before this library reconciled it.*lineage reconcile"):
+        t.scan()
+    with pytest.raises(lineage.LineageMetadataError):
+        t.upsert(_batch([(3, "c", 3.0)]))
+
+    # The same history, reconciled before the expiry, stays readable.
+    other = lineage.create_table("shop.other", SCHEMA, key=["id"], warehouse=t.iceberg.metadata.location.rsplit("/shop", 1)[0])
+    other.append(_batch([(1, "a", 1.0)]))
+    other.iceberg.append(_theirs([(2, "b", 2.0)]))
+    assert other.reconcile() == [2]
+    other.iceberg.refresh()
+    parent = other.iceberg.metadata.current_snapshot().parent_snapshot_id
+    other.iceberg.maintenance.expire_snapshots().by_id(parent).commit()
+    import lineage.reconcile as rec
+
+    rec._CACHE.clear()
+    assert rows(other.scan(with_lineage=False)) == rows(_batch([(1, "a", 1.0), (2, "b", 2.0)]))

@@ -72,15 +72,17 @@ def foreign_list(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList:
             break
         chain.append(snap)
         parent_id = snap.parent_snapshot_id
-        if parent_id is None:
-            snap = None
+        if parent_id is None and snap.sequence_number <= 1:
+            snap = None  # the table's first snapshot: reconciled on top of the empty table
             break
-        snap = iceberg.metadata.snapshot_by_id(parent_id)
+        # pyiceberg's expiry clears the parent id of the oldest survivor; Iceberg Java keeps it
+        snap = iceberg.metadata.snapshot_by_id(parent_id) if parent_id is not None else None
         if snap is None:
             raise LineageMetadataError(
                 f"cannot derive the lineage of snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}): it was "
-                f"committed by another engine and its ancestor {parent_id} has expired before this library reconciled it; "
-                "open the table with a library version that reconciles gaps, or recreate its lineage by adoption"
+                f"committed by another engine and its ancestor {parent_id or '(unknown)'} expired before this library reconciled it "
+                "(reconciling across expired snapshots is not supported yet); run `lineage reconcile` (Table.reconcile()) "
+                "before another engine expires snapshots"
             )
     parent_snapshot = snap
     lst = base if base is not None else LineageList.empty()
