@@ -103,6 +103,17 @@ def test_reconcile_is_idempotent_and_persisted(table, warehouse):
     stamp = os.path.getmtime(path)
     assert _ids(lineage.open_table(t.name, warehouse=warehouse)) == first
     assert t.reconcile() == [2] and os.path.getmtime(path) == stamp
+    # The CLI's commit log says which commits another engine made.
+    import json
+    import subprocess
+    import sys
+
+    log = subprocess.run(
+        [sys.executable, "-m", "lineage.cli", "--warehouse", warehouse, "-f", "json", "log", t.name],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert log.returncode == 0, log.stderr
+    assert [(c["version"], c["foreign"]) for c in json.loads(log.stdout)] == [(1, None), (2, "unknown")]
 
 
 def test_vacuum_keeps_reconciled_lineage(table):
