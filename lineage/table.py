@@ -242,13 +242,8 @@ class Table:
         return state_at(self._iceberg, as_of, memo=self._memo)
 
     def reconcile(self) -> list[int]:
-        """Derive and persist the lineage of every commit other engines made (see :mod:`lineage.reconcile`).
-
-        Reads and writes do this on their own when they meet a foreign
-        snapshot; this makes it explicit. Returns the foreign versions on the
-        main branch, oldest first.
-        """
-        self.refresh()
+        """Derive and store the lineage of other engines' commits (lineage.reconcile); their versions, oldest first."""
+        self.state()  # through the memo: a snapshot this object planned is where reconciling starts
         return reconcile_table(self._iceberg)
 
     def state_in_hand(self) -> TableState:
