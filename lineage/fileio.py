@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io as _io
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -45,7 +46,20 @@ def overwrite_allowed() -> bool:
 
 
 def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
-    """Write ``data`` to a new file at ``path`` (it must not exist, except in :func:`overwriting`); return its size."""
+    """Write ``data`` to a new file at ``path`` (it must not exist, except in :func:`overwriting`); return its size.
+
+    A local file written again in :func:`overwriting` is replaced atomically
+    (written aside, then renamed), so a concurrent reader sees the old or the
+    new bytes, never a partial file.
+    """
+    if _OVERWRITE.get() and "://" not in path.removeprefix("file://"):
+        local = local_path(path)
+        if os.path.isdir(os.path.dirname(local) or "."):
+            aside = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(aside, "wb") as f:
+                f.write(data)
+            os.replace(aside, local)
+            return len(data)
     with fileio.new_output(path).create(overwrite=_OVERWRITE.get()) as out:
         out.write(data)
     return len(data)

@@ -192,3 +192,26 @@ def test_foreign_expiry_before_reconciliation_is_a_clear_error(table):
 
     rec._CACHE.clear()
     assert rows(other.scan(with_lineage=False)) == rows(_batch([(1, "a", 1.0), (2, "b", 2.0)]))
+
+
+def _scan_in_process(warehouse: str) -> list[tuple]:
+    t = lineage.open_table("shop.orders", warehouse=warehouse)
+    return rows(t.scan())
+
+
+def test_processes_reconciling_at_once_agree(table, warehouse):
+    """Three fresh processes meet the same foreign snapshots at once: each reconciles and writes the same files
+    (replaced atomically), and all read the same rows with the same row ids as this process."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t = table
+    t.append(_batch([(1, "a", 1.0), (2, "b", 2.0)]))
+    t.iceberg.append(_theirs([(3, "c", 3.0), (4, "d", 4.0)]))
+    t.iceberg.refresh()
+    t.iceberg.delete("id = 1")
+    with ProcessPoolExecutor(3, mp_context=mp.get_context("spawn")) as pool:
+        seen = list(pool.map(_scan_in_process, [warehouse] * 3))
+    t.refresh()
+    assert seen == [rows(t.scan())] * 3
+    assert not verify(t).problems
