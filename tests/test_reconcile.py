@@ -188,6 +188,8 @@ def test_flink_equality_deletes_are_reconciled_and_read(reference, warehouse, pa
     assert rows(t.scan(with_lineage=False)) == rows(_batch([(1, "a2", 10.0), (3, "c", 3.0), (4, "d2", 40.0), (10, "j", 100.0)]))
     assert not verify(t).problems
     _third_party_readers_on_equality_deletes(t)
+    resolved = t.state().lineage.resolved_deletes
+    assert resolved and all(os.path.exists(p) for p in resolved)
 
     # Non-upsert mode: -U/+U of a key and a full-row delete.
     reference.flink_commit(

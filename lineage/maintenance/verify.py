@@ -66,6 +66,9 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
     for seg in lst.segments:
         if not _exists(seg):
             p.append(f"lineage segment missing: {seg}")
+    for path in lst.resolved_deletes or ():
+        if not _exists(path):
+            p.append(f"resolved equality deletes missing: {path} (readers would show rows an equality delete removed)")
     try:
         live = state.live_files()
     except LineageError as exc:
