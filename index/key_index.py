@@ -455,13 +455,16 @@ def next_key_index(
     removed_data_files: int,
     version: int,
     created: list[str],
+    *,
+    tag: str | None = None,
 ) -> tuple[tuple[str, ...] | None, int]:
     """The key-index reference of the commit at ``version`` on top of ``state``, and bytes written.
 
     ``written`` is the lineage of every data file the commit adds;
     ``delete_files`` its new position delete files; ``removed_images`` and
     ``removed_data_files`` count the images and data files it removes.
-    Paths of files written are appended to ``created``.
+    Paths of files written are appended to ``created``; with ``tag`` new
+    segments are named from it (deterministic names for reconciliation).
     """
     if not index_enabled(state.iceberg):
         return None, 0
@@ -499,7 +502,8 @@ def next_key_index(
     segments = [s for s in segments if s.entries]  # an empty index is no segment at all
     for i, seg in enumerate(segments):
         if seg.path is None:
-            path = f"{index_dir(location)}/{version:09d}-{uuid.uuid4()}-keys.arrow"
+            name = f"{tag}-{i}" if tag is not None else f"{version:09d}-{uuid.uuid4()}"
+            path = f"{index_dir(location)}/{name}-keys.arrow"
             created.append(path)
             size += write_key_segment(io, path, seg, version)
             segments[i] = with_path(seg, path)

@@ -49,7 +49,7 @@ from pyiceberg.io import FileIO
 
 from index.key_hash import hash_name, key_hash
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, local_path, read_bytes
+from lineage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
 
 SEGMENT_FORMAT = "key-index-segment"
 SEGMENT_FORMAT_VERSION = 2  # 2: entry columns int32 where the values fit, file indices int16 (1: all int64 / int32)
@@ -395,6 +395,11 @@ def write_key_segment(fileio: FileIO, path: str, segment: Segment, version: int)
         "key-index.version": str(version),
     }
     batch = segment.batch.replace_schema_metadata(meta)
+    if overwrite_allowed():  # a deterministic name written again: replace the file whole (see fileio.write_bytes)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        return write_bytes(fileio, path, sink.getvalue().to_pybytes())
     with fileio.new_output(path).create(overwrite=False) as out:
         with pa.ipc.new_file(out, batch.schema) as writer:
             writer.write_batch(batch)

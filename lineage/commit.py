@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
-from pyiceberg.manifest import write_manifest_list
+from pyiceberg.manifest import data_file_with_partition, manifest_entry_schema_with_data_file, write_manifest_list
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, write_index_segment
@@ -57,33 +56,34 @@ from lineage.state import SnapshotFiles, TableState
 from lineage.writer import WrittenFile
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
-    """A v2 manifest writer for delete files.
+class _ManifestWriter(ManifestWriterV2):
+    """A v2 manifest writer whose ``equality_ids`` are ``list<int>`` as the Iceberg spec says.
 
-    pyiceberg 0.12 declares ``equality_ids`` as a list of longs; the spec (and
-    Iceberg Java, which fails with a ClassCastException on longs) has a list
-    of ints. Both encode the same in Avro, so only the declared type changes.
+    pyiceberg 0.12 declares them ``list<long>``; Iceberg Java then fails to read
+    the manifest (ClassCastException Long -> Integer) as soon as it holds an
+    equality delete file, e.g. a Flink sink's manifest our commit rewrote.
     """
+
+    def _with_partition(self, format_version):  # type: ignore[no-untyped-def]
+        data_file = data_file_with_partition(format_version=format_version, partition_type=self._spec.partition_type(self._schema))
+        fields = [
+            NestedField(f.field_id, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
+            if f.field_id == 135
+            else f
+            for f in data_file.fields
+        ]
+        return manifest_entry_schema_with_data_file(format_version=format_version, data_file=StructType(*fields))
+
+
+class _DeleteManifestWriter(_ManifestWriter):
+    """A v2 manifest writer for delete files."""
 
     def content(self) -> ManifestContent:
         return ManifestContent.DELETES
 
-    def _with_partition(self, format_version):  # type: ignore[no-untyped-def]
-        schema = super()._with_partition(format_version)
-        return Schema(*[_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields], schema_id=schema.schema_id)
-
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
-
-
-def _int_equality_ids(data_file: NestedField) -> NestedField:
-    """The manifest entry's ``data_file`` field with ``equality_ids`` as a list of ints (field 135, element 136)."""
-    fields = [
-        NestedField(135, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc) if f.field_id == 135 else f
-        for f in data_file.field_type.fields
-    ]
-    return NestedField(data_file.field_id, data_file.name, StructType(*fields), required=data_file.required, doc=data_file.doc)
 
 
 def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
@@ -221,6 +221,12 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                         writer.existing(entry)
                         count += 1
         return writer.to_manifest_file() if count else None
+
+    def new_manifest_writer(self, spec):  # type: ignore[no-untyped-def]
+        """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`)."""
+        if self._transaction.table_metadata.format_version != 2:
+            return super().new_manifest_writer(spec)
+        return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
         return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
@@ -407,6 +413,8 @@ class CommitRequest:
     rewrite_manifests: bool = False  # merge every bin of the snapshot's manifests (Table.rewrite_manifests)
     metadata_updates: tuple = ()  # table metadata changes committed with the snapshot (adoption: key, properties)
     metadata_requirements: tuple = ()
+    foreign: str | None = None  # reconciliation of another engine's snapshot: its name (lineage.reconcile)
+    next_row_id: int | None = None  # at least this high-water mark after the commit (reconciliation assigns ids itself)
 
 
 @dataclass(frozen=True)
@@ -427,19 +435,29 @@ def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Run
     return values if isinstance(values, Runs) else encode_values(values)
 
 
-def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, attempt: Attempt) -> CommitResult:
-    """Write the lineage segment, index segment and lineage list, then commit the Iceberg snapshot.
+@dataclass(frozen=True)
+class BuiltLineage:
+    """The lineage files of one commit, written before the Iceberg commit (see :func:`build_lineage`)."""
 
-    ``state`` must be the state ``iceberg``'s metadata describes (the base of
-    the commit). Paths of every file written are added to ``attempt.files``
-    and the result is stored in ``attempt.result`` before the catalog is
-    called, so a :class:`~lineage.outcome.CommitLoop` can clean up an attempt
-    known to be lost and report one that landed late. Raises
-    CommitFailedException when another writer committed first; see
-    :func:`commit_files` for a failing catalog call.
+    lineage_list: LineageList
+    list_path: str
+    lineages: list[FileLineage]
+    segment_path: str | None
+    moved: dict[str, str]
+    next_row_id: int
+    bytes_written: int
+
+
+def build_lineage(
+    iceberg: IcebergTable, state: TableState, req: CommitRequest, *, version: int, snapshot_id: int, timestamp_ms: int, tag: str, created: list[str]
+) -> BuiltLineage:
+    """Write the lineage segment, index segment, key-index change and lineage list of a commit at ``version``.
+
+    Every file is named from ``tag``; paths are appended to ``created``.
+    Used by :func:`commit_change` (a fresh tag per attempt) and by the
+    reconciliation of foreign snapshots (a tag derived from the snapshot id,
+    so reconciling the same snapshot twice writes the same files).
     """
-    created = attempt.files
-    version = iceberg.metadata.next_sequence_number()
     next_row_id = state.lineage.next_row_id
     lineages = []
     for w in req.written:
@@ -450,16 +468,13 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         else:
             rids = w.row_ids if isinstance(w.row_ids, Runs) else encode_sequence(w.row_ids)
         lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
+    if req.next_row_id is not None:
+        next_row_id = max(next_row_id, req.next_row_id)
     removed_images = [
         r if r.valid_to == version else RemovedImages(r.file_path, r.positions, r.row_ids, r.created, r.valid_from, version)
         for r in req.removed_images
     ]
-
-    snapshot_id = iceberg.metadata.new_snapshot_id()
-    last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
-    timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
     lin_dir, idx_dir = lineage_dir(iceberg.metadata.location), index_dir(iceberg.metadata.location)
-    tag = f"{version:09d}-{uuid.uuid4()}"
     bytes_written = sum(w.data_file.file_size_in_bytes for w in req.written) + sum(f.file_size_in_bytes for f in req.delete_files)
     segment_path = index_path = None
     segment_size = 0
@@ -474,7 +489,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         bytes_written += write_index_segment(iceberg.io, index_path, removed_images)
     removed_data = [f for f in req.removed_files if f.content == DataFileContent.DATA]
     key_index, key_bytes = next_key_index(
-        state, req.key_index, lineages, req.delete_files, sum(len(r) for r in removed_images), len(removed_data), version, created
+        state, req.key_index, lineages, req.delete_files, sum(len(r) for r in removed_images), len(removed_data), version, created, tag=tag
     )
     bytes_written += key_bytes
     nxt = next_segments(state, removed_data, segment_path, segment_size, lineages, lambda i: f"{lin_dir}/{tag}-{i}-merged-segment.parquet", created)
@@ -490,6 +505,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         segment=segment_path,
         index=index_path,
         properties=dict(req.properties),
+        foreign=req.foreign,
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
     new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index)
@@ -497,16 +513,37 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     list_path = f"{lin_dir}/{tag}-list.json"
     created.append(list_path)
     bytes_written += log_bytes + write_list(iceberg.io, list_path, new_list)
+    remember_list(list_path, new_list)
+    return BuiltLineage(new_list, list_path, lineages, segment_path, nxt.moved, next_row_id, bytes_written)
+
+
+def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, attempt: Attempt) -> CommitResult:
+    """Write the lineage segment, index segment and lineage list, then commit the Iceberg snapshot.
+
+    ``state`` must be the state ``iceberg``'s metadata describes (the base of
+    the commit). Paths of every file written are added to ``attempt.files``
+    and the result is stored in ``attempt.result`` before the catalog is
+    called, so a :class:`~lineage.outcome.CommitLoop` can clean up an attempt
+    known to be lost and report one that landed late. Raises
+    CommitFailedException when another writer committed first; see
+    :func:`commit_files` for a failing catalog call.
+    """
+    version = iceberg.metadata.next_sequence_number()
+    snapshot_id = iceberg.metadata.new_snapshot_id()
+    last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
+    timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
+    tag = f"{version:09d}-{uuid.uuid4()}"
+    built = build_lineage(iceberg, state, req, version=version, snapshot_id=snapshot_id, timestamp_ms=timestamp_ms, tag=tag, created=attempt.files)
     properties = {
-        SUMMARY_LIST: list_path,
+        SUMMARY_LIST: built.list_path,
         SUMMARY_VERSION: str(version),
-        SUMMARY_NEXT_ROW_ID: str(next_row_id),
+        SUMMARY_NEXT_ROW_ID: str(built.next_row_id),
         SUMMARY_OPERATION: req.operation,
         SUMMARY_FORMAT_VERSION: str(LIST_FORMAT_VERSION),
         **req.properties,
     }
-    files = _next_files(state, snapshot_id, req, lineages, segment_path, nxt.moved)
-    attempt.result = CommitResult(version, snapshot_id, timestamp_ms, bytes_written, files)
+    files = _next_files(state, snapshot_id, req, built.lineages, built.segment_path, built.moved)
+    attempt.result = CommitResult(version, snapshot_id, timestamp_ms, built.bytes_written, files)
     commit_files(
         iceberg,
         operation=req.iceberg_operation,
@@ -522,7 +559,6 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         metadata_updates=req.metadata_updates,
         metadata_requirements=req.metadata_requirements,
     )
-    remember_list(list_path, new_list)
     return attempt.result
 
 

@@ -52,6 +52,8 @@ class CommitEntry:
     segment: str | None = None
     index: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
+    # Set for a snapshot another engine committed (reconciled, lineage.reconcile): the engine's name, or "unknown".
+    foreign: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored in lists and chunks."""
@@ -66,6 +68,7 @@ class CommitEntry:
             "segment": self.segment,
             "index": self.index,
             **({"properties": self.properties} if self.properties else {}),
+            **({"foreign": self.foreign} if self.foreign else {}),
         }
 
     @staticmethod
@@ -82,6 +85,7 @@ class CommitEntry:
             segment=obj.get("segment"),
             index=obj.get("index"),
             properties={str(k): str(v) for k, v in (obj.get("properties") or {}).items()},
+            foreign=str(obj["foreign"]) if obj.get("foreign") else None,
         )
 
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import io as _io
 import json
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlparse
 
@@ -19,9 +22,45 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
 
+_OVERWRITE: ContextVar[bool] = ContextVar("lineage_overwrite", default=False)
+
+
+@contextmanager
+def overwriting() -> Iterator[None]:
+    """Let :func:`write_bytes` replace existing files in this block.
+
+    For writers whose file names are deterministic and whose content is the
+    same whoever writes it (the reconciliation of a foreign snapshot), so a
+    second writer, or one repairing a truncated file, writes the file again.
+    """
+    token = _OVERWRITE.set(True)
+    try:
+        yield
+    finally:
+        _OVERWRITE.reset(token)
+
+
+def overwrite_allowed() -> bool:
+    """Whether the caller is inside :func:`overwriting`."""
+    return _OVERWRITE.get()
+
+
 def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
-    """Write ``data`` to a new file at ``path`` (it must not exist) and return its size."""
-    with fileio.new_output(path).create(overwrite=False) as out:
+    """Write ``data`` to a new file at ``path`` (it must not exist, except in :func:`overwriting`); return its size.
+
+    A local file written again in :func:`overwriting` is replaced atomically
+    (written aside, then renamed), so a concurrent reader sees the old or the
+    new bytes, never a partial file.
+    """
+    if _OVERWRITE.get() and "://" not in path.removeprefix("file://"):
+        local = local_path(path)
+        if os.path.isdir(os.path.dirname(local) or "."):
+            aside = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(aside, "wb") as f:
+                f.write(data)
+            os.replace(aside, local)
+            return len(data)
+    with fileio.new_output(path).create(overwrite=_OVERWRITE.get()) as out:
         out.write(data)
     return len(data)
 

@@ -220,6 +220,8 @@ class LineageList:
     purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
     key_index: tuple[str, ...] | None = None  # key index segments, oldest first (index.key_index); None: no index
     adopted: int | None = None  # the version at which lineage.adopt made an existing Iceberg table a lineage table
+    # Resolved-delete files (lineage.equality): positions that equality deletes of reconciled snapshots remove.
+    resolved_deletes: tuple[str, ...] | None = None
     segment_bytes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -255,6 +257,7 @@ _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], An
     ("purged", "purged", str, str),
     ("key_index", "key-index", list, tuple),  # key index segments, oldest first; absent: the table has no index
     ("adopted", "adopted", int, int),  # adoption version: the change feed starts there (cdf.retention)
+    ("resolved_deletes", "resolved-deletes", list, tuple),  # resolved equality deletes (lineage.equality)
 )
 
 

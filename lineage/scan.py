@@ -32,7 +32,7 @@ LINEAGE_SCHEMA = [
 def file_paths(files: Sequence[LiveFile]) -> list[str]:
     """The local paths :func:`register_live_view` reads for ``files``: data files, then their delete files."""
     data = [local_path(f.path) for f in files]
-    return data + sorted({local_path(d.file_path) for f in files for d in f.deletes} - set(data))
+    return data + sorted({local_path(d) for f in files for d in f.delete_paths} - set(data))
 
 
 def register_live_view(
@@ -85,7 +85,7 @@ def register_live_view(
                 ),
             )
 
-    delete_paths = sorted({local_path(d.file_path) for f in files for d in f.deletes})
+    delete_paths = sorted({local_path(d) for f in files for d in f.delete_paths})
     if delete_paths:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {quote_ident(name + '__dels')} AS "

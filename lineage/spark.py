@@ -72,7 +72,7 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
         return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
     rows = read_files(spark, [f.path for f in files], columns)
 
-    deletes = sorted({local_path(d.file_path) for f in files for d in f.deletes})
+    deletes = sorted({local_path(d) for f in files for d in f.delete_paths})
     if deletes:
         dels = spark.read.parquet(*deletes).select(
             F.regexp_replace(F.col("file_path"), _NORMALIZE, "").alias("__dpath"), F.col("pos").alias("__dpos")

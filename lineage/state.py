@@ -12,6 +12,8 @@ makes the table's cache stale and it is rebuilt from the manifests.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +22,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.deletes import referenced_data_path
+from lineage.deletes import read_position_deletes, referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
 from lineage.planning import PlannedFile, plan_snapshot
 from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
@@ -37,11 +39,19 @@ class LiveFile:
     # added and carried without re-planning (:meth:`SnapshotFiles.advance`).
     sequence_number: int | None = None
     equality_deletes: tuple[DataFile, ...] = ()
+    # Resolved-delete files (lineage.equality) naming positions of this file that equality deletes remove.
+    # Not Iceberg files: commits never add or remove them; readers apply them like position deletes.
+    resolved: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
         """The data file's location as Iceberg records it."""
         return self.data_file.file_path
+
+    @property
+    def delete_paths(self) -> list[str]:
+        """Every file of (file_path, pos) rows removing positions of this file: position deletes and resolved deletes."""
+        return [d.file_path for d in self.deletes] + list(self.resolved)
 
 
 @dataclass
@@ -133,11 +143,14 @@ class TableState:
     def files(self) -> SnapshotFiles:
         """Every live data file of the snapshot with deletes, lineage and segment (planned once per state)."""
         if "files" not in self.memo:
+            recalled = recall_files(self.iceberg, self.snapshot.snapshot_id) if self.snapshot is not None else None
             if self.snapshot is None:
                 self.memo["files"] = SnapshotFiles(0, {}, {})
+            elif recalled is not None:
+                self.memo["files"] = recalled
             else:
                 by_file = self.lineage_by_file()
-                files = self._attach(_plan(self.iceberg, self.snapshot), by_file)
+                files = _with_resolved(self._attach(_plan(self.iceberg, self.snapshot), by_file), self.lineage.resolved_deletes or ())
                 self.memo["files"] = SnapshotFiles(
                     self.snapshot.snapshot_id, {f.path: f for f in files}, {f.path: by_file[f.path][0] for f in files}
                 )
@@ -187,6 +200,17 @@ class TableState:
         return paths
 
 
+def _with_resolved(files: list[LiveFile], resolved: tuple[str, ...]) -> list[LiveFile]:
+    """``files`` with the resolved-delete files that name positions of each attached."""
+    if not resolved:
+        return files
+    by_path: dict[str, list[str]] = {}
+    for path in resolved:
+        for data_path in read_position_deletes(path):
+            by_path.setdefault(data_path, []).append(path)
+    return [replace(f, resolved=tuple(by_path[f.path])) if f.path in by_path else f for f in files]
+
+
 def _plan(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
     """Every live data file of the snapshot with its delete files (reads every manifest)."""
     return plan_snapshot(table, snapshot)
@@ -217,17 +241,39 @@ def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression
         return files
 
 
+# Derives the lineage list of a snapshot another engine committed (lineage.reconcile registers itself here, so
+# this module, which the reconciler imports, does not import it back).
+_RECONCILER: list[Callable[[IcebergTable, Snapshot], LineageList]] = []
+
+
+def register_reconciler(reconcile: Callable[[IcebergTable, Snapshot], LineageList]) -> None:
+    """Install the function that derives the lineage list of a foreign snapshot (see :mod:`lineage.reconcile`)."""
+    _RECONCILER[:] = [reconcile]
+
+
+def own_list_path(snapshot: Snapshot) -> str | None:
+    """The lineage list a snapshot's summary points at (None: another engine committed it)."""
+    summary = snapshot.summary.additional_properties if snapshot.summary else {}
+    return summary.get(SUMMARY_LIST)
+
+
 def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageList:
-    """Read the lineage list a snapshot points at (the empty list for no snapshot)."""
+    """The lineage list of a snapshot (the empty list for no snapshot).
+
+    A snapshot committed by this library points at its list; one committed
+    by another engine gets its list from the reconciler (derived from its
+    parent's list and its manifests, persisted once).
+    """
     if snapshot is None:
         return LineageList.empty()
-    summary = snapshot.summary.additional_properties if snapshot.summary else {}
-    path = summary.get(SUMMARY_LIST)
+    path = own_list_path(snapshot)
     if path is None:
-        raise LineageMetadataError(
-            f"snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}) was committed by a writer that does not "
-            "maintain row lineage; only this library may write to a lineage table"
-        )
+        if not _RECONCILER:
+            raise LineageMetadataError(
+                f"snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}) was committed by a writer that does not "
+                "maintain row lineage, and no reconciler is installed (import lineage)"
+            )
+        return _RECONCILER[0](table, snapshot)
     return read_list(table.io, path)
 
 
@@ -255,6 +301,27 @@ def forget_planned_files() -> None:
     _GENERATION[0] += 1
 
 
+# The planned files of the last few snapshots this process knew, by (table uuid, snapshot id, generation):
+# when another engine commits on top of a snapshot a long-lived Table had planned, reconciling the new
+# snapshot starts from its parent's files instead of planning the parent again.
+_RECENT: OrderedDict[tuple[str, int, int], SnapshotFiles] = OrderedDict()
+_RECENT_SIZE = 4
+
+
+def remember_files(table: IcebergTable, files: SnapshotFiles) -> None:
+    """Keep ``files`` (of snapshot ``files.snapshot_id``) for :func:`recall_files`."""
+    key = (table.metadata.table_uuid.hex, files.snapshot_id, _GENERATION[0])
+    _RECENT[key] = files
+    _RECENT.move_to_end(key)
+    while len(_RECENT) > _RECENT_SIZE:
+        _RECENT.popitem(last=False)
+
+
+def recall_files(table: IcebergTable, snapshot_id: int) -> SnapshotFiles | None:
+    """The files of ``snapshot_id`` if this process planned or derived them recently."""
+    return _RECENT.get((table.metadata.table_uuid.hex, snapshot_id, _GENERATION[0]))
+
+
 def carried_memo(snapshot_id: int, files: SnapshotFiles | None) -> dict:
     """A memo for :func:`state_at` holding the files a commit of this process derived for its snapshot."""
     return {"snapshot-id": snapshot_id, "generation": _GENERATION[0], **({"files": files} if files is not None else {})}
@@ -276,6 +343,8 @@ def state_at(table: IcebergTable, version: int | None = None, memo: dict | None 
             memo = {}
         current_id = current.snapshot_id if current is not None else None
         if memo.get("snapshot-id", -1) != current_id or memo.get("generation") != _GENERATION[0]:
+            if memo.get("generation") == _GENERATION[0] and memo.get("files") is not None:
+                remember_files(table, memo["files"])  # the parent of a foreign commit, most likely
             memo.clear()
             memo.update({"snapshot-id": current_id, "generation": _GENERATION[0]})
         return TableState(table, current, lineage_list_of(table, current), memo)

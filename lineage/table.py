@@ -44,6 +44,7 @@ from lineage.errors import (
 )
 from lineage.outcome import has_commit, is_transient, reload
 from lineage.predicate import parse_predicate, quote_ident
+from lineage.reconcile import reconcile_table
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import (
     LINEAGE_COLUMNS,
@@ -238,6 +239,11 @@ class Table:
         self.refresh()
         return state_at(self._iceberg, as_of, memo=self._memo)
 
+    def reconcile(self) -> list[int]:
+        """Derive and store the lineage of other engines' commits (lineage.reconcile); their versions, oldest first."""
+        self.state()  # through the memo: a snapshot this object planned is where reconciling starts
+        return reconcile_table(self._iceberg)
+
     def state_in_hand(self) -> TableState:
         """The state of the metadata this object holds, without asking the catalog (write loops refresh themselves)."""
         return state_at(self._iceberg, memo=self._memo)
@@ -255,6 +261,7 @@ class Table:
                 updated=c.updated,
                 deleted=c.deleted,
                 properties=dict(c.properties),
+                foreign=c.foreign,
             )
             for c in lst.commits
         ]

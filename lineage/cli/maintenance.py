@@ -143,6 +143,19 @@ def cmd_purge(ctx: Context) -> int:
     return _run_maintenance(ctx, "purging rows of", lambda t: t.purge(a.where))
 
 
+def cmd_reconcile(ctx: Context) -> int:
+    t = ctx.open(ctx.args.table)
+    with ctx.progress.task(f"reconciling foreign commits of {t.name}"):
+        versions = t.reconcile()
+    text = (
+        f"{t.name}: lineage of {len(versions)} foreign commit(s) derived and stored (versions {', '.join(map(str, versions))})\n"
+        if versions
+        else f"{t.name}: no foreign commits on the main branch\n"
+    )
+    ctx.out.record({"table": t.name, "foreign_versions": versions}, text=text)
+    return EXIT_OK
+
+
 def cmd_verify(ctx: Context) -> int:
     from lineage.maintenance import verify
 

@@ -14,6 +14,7 @@ from lineage.cli.maintenance import (
     cmd_expire,
     cmd_maintain,
     cmd_purge,
+    cmd_reconcile,
     cmd_rehome,
     cmd_reindex,
     cmd_rewrite_deletes,
@@ -276,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     table_arg(p)
     p.add_argument("--where", required=True, metavar="SQL", help="the live rows to erase")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
+
+    p = sub("reconcile", cmd_reconcile, "derive and store the lineage of commits other engines (Spark, Flink, ...) made")
+    table_arg(p)
 
     p = sub("verify", cmd_verify, "check that lineage, the deleted-rows and key indexes and the snapshot agree and every file exists")
     table_arg(p)

@@ -32,6 +32,7 @@ class Commit:
     inserted: int
     updated: int
     deleted: int
+    foreign: str | None = None  # the engine that made a reconciled foreign commit (lineage.reconcile)
 
 
 @dataclass(frozen=True)

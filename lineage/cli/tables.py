@@ -370,6 +370,7 @@ def history_of(t: Any) -> tuple[Any, Any]:
             c.inserted,
             c.updated,
             c.deleted,
+            c.foreign,
         )
         for c in state.lineage.commits
     ]
@@ -402,6 +403,7 @@ def cmd_log(ctx: Context) -> int:
             "deleted": pa.array([c.deleted for c in shown], pa.int64()),
             "snapshot": pa.array(["kept" if c.version in kept else "expired" for c in shown], pa.string()),
             "in_cdf_window": pa.array([c.version > hist.oldest for c in shown], pa.bool_()),
+            "foreign": pa.array([c.foreign for c in shown], pa.string()),  # engine of a foreign commit, else null
         }
     )
     ctx.out.table(data, empty_note="no commits yet")

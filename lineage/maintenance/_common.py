@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table.snapshots import Snapshot
 
 from lineage.commit import CommitRequest, CommitResult, commit_change
@@ -73,3 +73,8 @@ def snapshot_files(state: TableState, snapshot: Snapshot | None = None) -> tuple
         for entry in manifest.fetch_manifest_entry(state.iceberg.io, discard_deleted=True):
             (deletes if manifest.content == ManifestContent.DELETES else data).append(entry.data_file)
     return data, deletes
+
+
+def position_delete_files(deletes: list[DataFile]) -> list[DataFile]:
+    """The position delete files among ``deletes`` (equality delete files are matched by value, not position)."""
+    return [d for d in deletes if d.content == DataFileContent.POSITION_DELETES]

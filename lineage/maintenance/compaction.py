@@ -29,7 +29,7 @@ from lineage import duck
 from index.key_index import MAINTENANCE, KeyIndexChange
 from lineage.commit import CommitRequest
 from lineage.deletes import positions_for, read_position_deletes
-from lineage.maintenance._common import MaintenanceResult, commit_with_retries, referenced_data_path, snapshot_files
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, referenced_data_path, snapshot_files
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
 from lineage.schema import projection_field_ids
@@ -51,7 +51,8 @@ def _delete_rewrite_plan(
     ``rewrite_position_delete_files`` option) or when some point at data
     files no longer in the snapshot.
     """
-    live_data, delete_files = snapshot_files(state)
+    live_data, all_deletes = snapshot_files(state)
+    delete_files = position_delete_files(all_deletes)
     if not delete_files:
         return [], []
     live = {f.file_path: f for f in live_data}
@@ -151,13 +152,13 @@ class CompactionRule:
 
     def too_many_deletes(self, f: LiveFile) -> bool:
         """Whether ``f``'s deletes alone make it worth rewriting."""
-        if not f.deletes:
+        if not f.deletes and not f.resolved:
             return False
-        if self.delete_file_threshold is not None and len(f.deletes) >= self.delete_file_threshold:
+        if self.delete_file_threshold is not None and len(f.delete_paths) >= self.delete_file_threshold:
             return True
         if self.delete_ratio_threshold <= 0:
             return True
-        deleted = len(positions_for(f.path, [d.file_path for d in f.deletes]))
+        deleted = len(positions_for(f.path, f.delete_paths))
         return deleted >= self.delete_ratio_threshold * max(1, f.data_file.record_count)
 
 

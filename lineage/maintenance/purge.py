@@ -42,9 +42,9 @@ from index.key_index import FULL, KeyIndexChange, index_enabled
 from index.purged import read_purged, write_purged
 from lineage import duck
 from lineage.commit import CommitRequest
-from lineage.deletes import read_position_deletes
+from lineage.deletes import positions_for, read_position_deletes
 from lineage.fileio import local_path, write_parquet
-from lineage.maintenance._common import MaintenanceResult, commit_with_retries, snapshot_files
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, snapshot_files
 from lineage.maintenance.rehome import archive_table, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
 from lineage.metadata import LineageList, index_dir
@@ -151,7 +151,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         fid = hits.column("__file_id").to_numpy()
         for i in np.unique(fid):
             hit_pos[int(i)] = np.sort(hits.column("__pos").to_numpy()[fid == i])
-        _, all_deletes = snapshot_files(state)
+        all_deletes = position_delete_files(snapshot_files(state)[1])
         rewritten: dict[str, str] = {}
         written: list[WrittenFile] = []
         removed_files: list[DataFile] = []
@@ -175,6 +175,9 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
             rewritten[f.path] = copy.file_path
             removed_files.append(f.data_file)
             positions = np.union1d(old_deleted.get(f.path, np.zeros(0, np.int64)), hit_pos[i])
+            if f.resolved:
+                # Rows equality deletes removed: the copy's data sequence number may put it out of their reach.
+                positions = np.union1d(positions, positions_for(f.path, list(f.resolved)))
             if len(positions):
                 delete_targets.append((w.data_file, positions))
             if len(hit_pos[i]):

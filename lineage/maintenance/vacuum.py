@@ -22,11 +22,12 @@ from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 
 from index.deleted_rows import read_index
 from lineage import catalog
-from lineage.errors import CommitConflictError, InvalidArgumentError
+from lineage.errors import CommitConflictError, InvalidArgumentError, LineageError
 from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
 from lineage.outcome import backoff, commit_metadata
+from lineage.reconcile import foreign_list, reconciled_list_path
 from lineage.state import TableState, main_branch_snapshots, state_at
 
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
@@ -110,9 +111,19 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
         for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
             refs.add(local_path(entry.data_file.file_path))
     summary = snap.summary.additional_properties if snap.summary else {}
-    if SUMMARY_LIST in summary:
-        refs.add(local_path(summary[SUMMARY_LIST]))
-        lst = read_list(io, summary[SUMMARY_LIST])
+    # A foreign snapshot's lineage is its reconciled list (derived now if no reader has done so yet).
+    list_path = summary.get(SUMMARY_LIST) or reconciled_list_path(table.iceberg, snap.snapshot_id)
+    try:
+        lst = read_list(io, list_path) if SUMMARY_LIST in summary else foreign_list(table.iceberg, snap)
+    except LineageError as exc:
+        if SUMMARY_LIST in summary:
+            raise
+        log.warning("keeping whatever lineage snapshot %s has: it cannot be reconciled (%s)", snap.snapshot_id, exc)
+        refs.add(local_path(list_path))
+        lst = None
+    if lst is not None:
+        refs.add(local_path(list_path))
+        refs.update(local_path(p) for p in lst.resolved_deletes or ())
         refs.update(local_path(seg) for seg in lst.segments)
         # chunks of the commit log; lists share older chunks, so stop where an earlier list's walk went
         refs.update(local_path(p) for p in lst.log.chunk_paths(stop=lambda p: local_path(p) in refs))

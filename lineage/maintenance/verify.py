@@ -66,6 +66,9 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
     for seg in lst.segments:
         if not _exists(seg):
             p.append(f"lineage segment missing: {seg}")
+    for path in lst.resolved_deletes or ():
+        if not _exists(path):
+            p.append(f"resolved equality deletes missing: {path} (readers would show rows an equality delete removed)")
     try:
         live = state.live_files()
     except LineageError as exc:
@@ -84,7 +87,7 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
         if len(ids):
             max_row_id = max(max_row_id, int(ids.max()))
         if check_row_ids and _exists(f.path):
-            deleted = positions_for(f.path, [d.file_path for d in f.deletes if _exists(d.file_path)])
+            deleted = positions_for(f.path, [d for d in f.delete_paths if _exists(d)])
             keep = np.ones(len(ids), bool)
             keep[deleted[deleted < len(ids)]] = False
             row_ids.append(ids[keep])

@@ -78,6 +78,7 @@ class CommitInfo:
     attempts: int = 1
     committed: bool = True
     properties: dict[str, str] = field(default_factory=dict)
+    foreign: str | None = None  # another engine made this commit (its name, or "unknown"); see lineage.reconcile
     ignored: int = 0  # change-stream events with no effect (upsert mode: -U/-D of an absent key)
 
 

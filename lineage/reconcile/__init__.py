@@ -1,0 +1,111 @@
+"""Foreign commits: deriving the lineage of snapshots other engines committed (DESIGN section 8).
+
+A snapshot on ``main`` whose summary has no ``lineage.list`` was committed by
+another engine (Spark, Flink, pyiceberg, Trino). Its lineage list follows from
+its parent's list and its own manifests (:mod:`lineage.reconcile.snapshot`).
+:func:`foreign_list` walks back from a snapshot to the nearest ancestor whose
+list is known (our own commit, or a snapshot reconciled before) and
+reconciles forward, one snapshot at a time.
+
+**Persistence.** The reconciled list of a snapshot is written at a path
+derived from its snapshot id (``metadata/_lineage/reconciled-<id>-list.json``,
+with its segment, index and key-index files named alike), the first time any
+reader or writer needs it. Writing is idempotent: every process derives the
+same files. A missing, truncated or unreadable list is treated as absent and
+written again. After that a foreign version costs what our own does; a
+writer of ours whose base is a reconciled snapshot carries its list forward,
+so the foreign commits stay in the commit log (``history()``, marked
+``foreign``) after the snapshots expire.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Snapshot
+
+from lineage.errors import LineageMetadataError
+from lineage.metadata import LineageList, read_list
+from lineage.reconcile.snapshot import engine_of, reconcile_snapshot, reconciled_list_path
+from lineage.state import TableState, main_branch_snapshots, own_list_path, register_reconciler
+
+__all__ = ["engine_of", "foreign_list", "foreign_snapshots", "reconcile_table", "reconciled_list_path"]
+
+_CACHE: OrderedDict[tuple[str, int], LineageList] = OrderedDict()
+_CACHE_SIZE = 256
+
+
+def _known(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList | None:
+    """The list of ``snapshot`` if it is ours or was reconciled and persisted before (else None)."""
+    path = own_list_path(snapshot)
+    if path is not None:
+        return read_list(iceberg.io, path)
+    key = (iceberg.metadata.table_uuid.hex, snapshot.snapshot_id)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    try:
+        lst = read_list(iceberg.io, reconciled_list_path(iceberg, snapshot.snapshot_id))
+    except LineageMetadataError:
+        return None  # absent, truncated or unreadable: reconcile (again)
+    if lst.version != snapshot.sequence_number:
+        return None
+    _remember(key, lst)
+    return lst
+
+
+def _remember(key: tuple[str, int], lst: LineageList) -> None:
+    _CACHE[key] = lst
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+
+
+def foreign_list(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList:
+    """The lineage list of ``snapshot``, reconciling it and its foreign ancestors as needed (persisted)."""
+    chain: list[Snapshot] = []
+    snap: Snapshot | None = snapshot
+    base: LineageList | None = None
+    while snap is not None:
+        base = _known(iceberg, snap)
+        if base is not None:
+            break
+        chain.append(snap)
+        parent_id = snap.parent_snapshot_id
+        if parent_id is None and snap.sequence_number <= 1:
+            snap = None  # the table's first snapshot: reconciled on top of the empty table
+            break
+        # pyiceberg's expiry clears the parent id of the oldest survivor; Iceberg Java keeps it
+        snap = iceberg.metadata.snapshot_by_id(parent_id) if parent_id is not None else None
+        if snap is None:
+            raise LineageMetadataError(
+                f"cannot derive the lineage of snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}): it was "
+                f"committed by another engine and its ancestor {parent_id or '(unknown)'} expired before this library reconciled it "
+                "(reconciling across expired snapshots is not supported yet); run `lineage reconcile` (Table.reconcile()) "
+                "before another engine expires snapshots"
+            )
+    parent_snapshot = snap
+    lst = base if base is not None else LineageList.empty()
+    for s in reversed(chain):
+        lst = reconcile_snapshot(iceberg, TableState(iceberg, parent_snapshot, lst), s)
+        _remember((iceberg.metadata.table_uuid.hex, s.snapshot_id), lst)
+        parent_snapshot = s
+    return lst
+
+
+def foreign_snapshots(iceberg: IcebergTable) -> list[Snapshot]:
+    """Snapshots of the main branch committed by another engine, oldest first."""
+    return [s for s in main_branch_snapshots(iceberg) if own_list_path(s) is None]
+
+
+def reconcile_table(iceberg: IcebergTable) -> list[int]:
+    """Derive and persist the lineage of every foreign snapshot up to the current one; their versions, oldest first."""
+    current = iceberg.metadata.current_snapshot()
+    if current is None:
+        return []
+    if own_list_path(current) is None:
+        foreign_list(iceberg, current)
+    return [s.sequence_number for s in foreign_snapshots(iceberg) if _known(iceberg, s) is not None]
+
+
+register_reconciler(foreign_list)

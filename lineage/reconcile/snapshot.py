@@ -1,0 +1,215 @@
+"""Reconciling one foreign snapshot: its lineage list, derived from its parent's and its manifests.
+
+The result is exactly what this library's own writer would have written for
+the snapshot (lineage of every added data file, deleted-rows index entries,
+key-index change, a commit log entry marked foreign, the next row id), and
+it is written with the same code (:func:`lineage.commit.build_lineage`),
+under names derived from the snapshot id (``reconciled-<snapshot id>``), so
+reconciling a snapshot twice, in any process, writes the same files.
+Positions that the snapshot's equality deletes remove are written as a
+resolved-delete file (:mod:`lineage.equality`) that the list names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Operation, Snapshot
+
+from index.deleted_rows import RemovedImages
+from index.key_index import KeyIndexChange, index_enabled, table_key
+from lineage.commit import CommitRequest, build_lineage
+from lineage.equality import write_resolved_deletes
+from lineage.errors import KeyViolationError
+from lineage.fileio import overwriting
+from lineage.metadata import SUMMARY_OPERATION, LineageList, lineage_dir
+from lineage.reconcile.changes import snapshot_changes
+from lineage.reconcile.images import derive_images, read_positions
+from lineage.reconcile.pairing import pair_images
+from lineage.rle import decode_sequence, decode_values
+from lineage.schema import arrow_schema
+from lineage.state import TableState, remember_files
+from lineage.writer import WrittenFile
+
+log = logging.getLogger(__name__)
+
+
+def reconciled_tag(snapshot_id: int) -> str:
+    """The name prefix of every file the reconciliation of ``snapshot_id`` writes."""
+    return f"reconciled-{snapshot_id}"
+
+
+def reconciled_list_path(iceberg: IcebergTable, snapshot_id: int) -> str:
+    """Where the reconciled lineage list of ``snapshot_id`` is kept."""
+    return f"{lineage_dir(iceberg.metadata.location)}/{reconciled_tag(snapshot_id)}-list.json"
+
+
+def engine_of(snapshot: Snapshot) -> str | None:
+    """The engine that committed ``snapshot`` as its summary tells (None: this library's own equality strategy)."""
+    props = snapshot.summary.additional_properties if snapshot.summary else {}
+    if SUMMARY_OPERATION in props:
+        return None
+    if "flink.job-id" in props:  # before engine-name: a Flink job's commit may run in a JVM that also sets it
+        return "flink"
+    if props.get("engine-name"):
+        return str(props["engine-name"])
+    if "spark.app.id" in props:
+        return "spark"
+    return "unknown"
+
+
+def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snapshot) -> LineageList:
+    """The lineage list of the foreign ``snapshot`` on top of ``parent`` (its parent's state); written once.
+
+    When the parent's files were planned, the snapshot's files are derived
+    from them and kept for the next step (:func:`lineage.state.remember_files`).
+    """
+    version = snapshot.sequence_number
+    changes = snapshot_changes(iceberg, snapshot)
+    images = derive_images(parent, changes)
+    schema = arrow_schema(iceberg.schema())
+    columns = schema.names
+    live = parent.files().files if parent.snapshot is not None else {}
+
+    # Removed images, flat: (file, position, row id, created, valid-from) in file order.
+    r_paths = sorted(images.removed)
+    r_file = np.concatenate([np.full(len(images.removed[p]), i, np.int64) for i, p in enumerate(r_paths)]) if r_paths else np.zeros(0, np.int64)
+    r_pos = np.concatenate([images.removed[p] for p in r_paths]) if r_paths else np.zeros(0, np.int64)
+    r_rid, r_created, r_from = [], [], []
+    for p in r_paths:
+        fl = live[p].lineage
+        pos = images.removed[p]
+        r_rid.append(decode_sequence(fl.row_ids)[pos])
+        r_created.append(decode_values(fl.created)[pos])
+        r_from.append(decode_values(fl.updated)[pos])
+    r_rid_a = np.concatenate(r_rid) if r_rid else np.zeros(0, np.int64)
+    r_created_a = np.concatenate(r_created) if r_created else np.zeros(0, np.int64)
+    r_from_a = np.concatenate(r_from) if r_from else np.zeros(0, np.int64)
+
+    # Added live images, flat, in manifest order then position.
+    a_counts = [len(live_pos) for _, live_pos, _ in images.added]
+    keyed = bool(iceberg.schema().identifier_field_ids)
+    key = [k.name for k in table_key(iceberg)] if keyed else []
+    replace_op = snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE
+    pairs = None
+    if len(r_pos) and sum(a_counts):
+        removed_rows = pa.concat_tables([read_positions(p, images.removed[p], columns, schema) for p in r_paths])
+        added_rows = pa.concat_tables([read_positions(f.file_path, pos, columns, schema) for f, pos, _ in images.added])
+        pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, columns)
+    n_added = int(sum(a_counts))
+    a_rid = np.full(n_added, -1, np.int64)
+    a_created = np.full(n_added, version, np.int64)
+    a_updated = np.full(n_added, version, np.int64)
+    paired_removed = np.zeros(len(r_pos), bool)
+    moved_removed = np.zeros(len(r_pos), bool)
+    updates = 0
+    if pairs is not None and len(pairs.added):
+        a_rid[pairs.added] = r_rid_a[pairs.removed]
+        a_created[pairs.added] = r_created_a[pairs.removed]
+        a_updated[pairs.added] = np.where(pairs.move, r_from_a[pairs.removed], version)
+        paired_removed[pairs.removed] = True
+        moved_removed[pairs.removed[pairs.move]] = True
+        updates = int((~pairs.move).sum())
+
+    # Fresh row ids: unpaired live images and positions deleted within the snapshot, file by file, in position order.
+    next_row_id = parent.lineage.next_row_id
+    written: list[WrittenFile] = []
+    offset = 0
+    for (f, live_pos, dead_pos), count in zip(images.added, a_counts, strict=True):
+        n = f.record_count
+        rids = np.full(n, -1, np.int64)
+        created = np.full(n, version, np.int64)
+        updated = np.full(n, version, np.int64)
+        rids[live_pos] = a_rid[offset : offset + count]
+        created[live_pos] = a_created[offset : offset + count]
+        updated[live_pos] = a_updated[offset : offset + count]
+        fresh = np.flatnonzero(rids < 0)
+        rids[fresh] = np.arange(next_row_id, next_row_id + len(fresh), dtype=np.int64)
+        # Positions the snapshot deleted in its own files are never visible; version 0 keeps them out of every
+        # change-feed range (the feed takes live images from lineage runs, not from delete files).
+        created[dead_pos] = 0
+        updated[dead_pos] = 0
+        next_row_id += len(fresh)
+        offset += count
+        written.append(WrittenFile(f, rids, created, updated))
+    inserted = n_added - (len(pairs.added) if pairs is not None else 0)
+    deleted = int((~paired_removed).sum())
+    if replace_op and (inserted or deleted):
+        log.warning(
+            "replace snapshot %s changed data: %d row(s) removed and %d added without an identical counterpart; "
+            "they are recorded as deletes and inserts", snapshot.snapshot_id, deleted, inserted,
+        )
+
+    # Index entries: every removed image that is not a move (deletes and the old side of updates).
+    keep = ~moved_removed
+    removed_images = []
+    for i, p in enumerate(r_paths):
+        sel = np.flatnonzero((r_file == i) & keep)
+        if len(sel):
+            removed_images.append(RemovedImages(p, r_pos[sel], r_rid_a[sel], r_created_a[sel], r_from_a[sel], version))
+    key_change = None
+    if index_enabled(iceberg) and parent.snapshot is not None:
+        removed_keys = None
+        if removed_images:
+            removed_keys = pa.concat_tables([read_positions(r.file_path, r.positions, key, schema) for r in removed_images])
+        key_change = KeyIndexChange(removed_keys=removed_keys)
+
+    resolved_path = None
+    tag = reconciled_tag(snapshot.snapshot_id)
+    created_files: list[str] = []
+    if images.resolved:
+        resolved_path = f"{lineage_dir(iceberg.metadata.location)}/{tag}-resolved-deletes.parquet"
+        with overwriting():
+            write_resolved_deletes(iceberg.io, resolved_path, images.resolved)
+
+    def with_resolved(lst: LineageList) -> LineageList:
+        if resolved_path is None:
+            return lst
+        return dataclasses.replace(lst, resolved_deletes=_live_resolved(lst, parent) + (resolved_path,))
+
+    summary = snapshot.summary
+    props = summary.additional_properties if summary else {}
+    req = CommitRequest(
+        operation=props.get(SUMMARY_OPERATION) or (summary.operation.value if summary else "unknown"),
+        iceberg_operation=summary.operation if summary else Operation.OVERWRITE,
+        written=written,
+        delete_files=[e.data_file for e in changes.position_deletes],
+        removed_files=list(changes.removed),
+        removed_images=removed_images,
+        inserted=inserted,
+        updated=updates,
+        deleted=deleted,
+        transform_list=with_resolved,
+        key_index=key_change,
+        foreign=engine_of(snapshot),
+        next_row_id=next_row_id,
+    )
+    kwargs = dict(version=version, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms, tag=tag, created=created_files)
+    with overwriting():  # names derived from the snapshot id, the same content whoever writes them
+        try:
+            built = build_lineage(iceberg, parent, req, **kwargs)  # type: ignore[arg-type]
+        except KeyViolationError as exc:
+            # Another engine may write duplicate keys; the table then has no key index until they are gone.
+            log.warning("snapshot %s leaves duplicate keys (%s); the key index is dropped", snapshot.snapshot_id, exc)
+            built = build_lineage(iceberg, parent, dataclasses.replace(req, key_index=None), **kwargs)  # type: ignore[arg-type]
+    known = parent.files_if_known()
+    if known is not None:
+        added = [(w.data_file, fl) for w, fl in zip(written, built.lineages, strict=True)]
+        new_deletes = [e.data_file for e in changes.position_deletes] + [d.delete_file for d in changes.equality_deletes]
+        files = known.advance(snapshot.snapshot_id, added, built.segment_path, new_deletes, changes.removed + changes.removed_deletes, built.moved)
+        if files is not None:
+            remember_files(iceberg, files)
+    return built.lineage_list
+
+
+def _live_resolved(lst: LineageList, parent: TableState) -> tuple[str, ...]:
+    """The parent's resolved-delete files that still name a live data file of the parent."""
+    known = lst.resolved_deletes or ()
+    if not known or parent.snapshot is None:
+        return known
+    live = parent.files().files
+    return tuple(p for p in known if any(f.resolved and p in f.resolved for f in live.values()))
