@@ -113,7 +113,7 @@ def test_reconcile_is_idempotent_and_persisted(table, warehouse):
         capture_output=True, text=True, timeout=300,
     )
     assert log.returncode == 0, log.stderr
-    assert [(c["version"], c["foreign"]) for c in json.loads(log.stdout)] == [(1, None), (2, "unknown")]
+    assert [(c["version"], c["writer"]) for c in json.loads(log.stdout)] == [(1, "lineage"), (2, "unknown")]
 
 
 def test_vacuum_keeps_reconciled_lineage(table):

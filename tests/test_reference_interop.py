@@ -6,8 +6,8 @@ time travel to older snapshots) and returns exactly the rows and column types of
 
 Foreign writes, mechanically: Spark SQL (INSERT, DELETE, UPDATE, MERGE, procedures) and Flink-style commits
 with equality and position deletes through Iceberg's Java API commit to a table made by
-``lineage.create_table``; pyiceberg sees their snapshots and Spark reads the expected rows. (This library does
-not read foreign snapshots yet, DESIGN section 8; these tests assert only what holds today.)
+``lineage.create_table``; pyiceberg sees their snapshots and Spark reads the expected rows. How this library
+reconciles such snapshots (lineage, change feed, our writes on top) is tested in test_reconcile.py.
 
 Every Spark read costs about half a second once the engine is warm, so examples are few.
 """

@@ -403,7 +403,8 @@ def cmd_log(ctx: Context) -> int:
             "deleted": pa.array([c.deleted for c in shown], pa.int64()),
             "snapshot": pa.array(["kept" if c.version in kept else "expired" for c in shown], pa.string()),
             "in_cdf_window": pa.array([c.version > hist.oldest for c in shown], pa.bool_()),
-            "foreign": pa.array([c.foreign for c in shown], pa.string()),  # engine of a foreign commit, else null
+            # who committed it: this library, or the engine of a reconciled foreign commit (spark, flink, unknown)
+            "writer": pa.array([c.foreign or "lineage" for c in shown], pa.string()),
         }
     )
     ctx.out.table(data, empty_note="no commits yet")

@@ -68,7 +68,7 @@ class HitFiles:
         delete files, and reading them is most of the cost of a scan). Write
         plans take ``files``, never these.
         """
-        return [replace(f, deletes=()) for f in self.files]
+        return [replace(f, deletes=(), resolved=()) for f in self.files]
 
 
 def hit_files(files: Sequence[LiveFile], images: pa.Table) -> HitFiles:
