@@ -371,6 +371,7 @@ def history_of(t: Any) -> tuple[Any, Any]:
             c.updated,
             c.deleted,
             c.foreign,
+            c.gap,
         )
         for c in state.lineage.commits
     ]
@@ -404,6 +405,7 @@ def cmd_log(ctx: Context) -> int:
             "snapshot": pa.array(["kept" if c.version in kept else "expired" for c in shown], pa.string()),
             "in_cdf_window": pa.array([c.version > hist.oldest for c in shown], pa.bool_()),
             "foreign": pa.array([c.foreign for c in shown], pa.string()),  # engine of a foreign commit, else null
+            "gap": pa.array([c.gap for c in shown], pa.bool_()),  # expired foreign snapshots folded into this version
         }
     )
     ctx.out.table(data, empty_note="no commits yet")
