@@ -134,3 +134,23 @@ def test_ranges_before_and_inside_a_gap(table):
         cdf.changes(t, 2)
     with pytest.raises(lineage.HistoryGapError):
         cdf.changes(t, 0, 3)
+
+
+def test_gap_on_a_keyless_table(warehouse):
+    """Without a key, identical rows pair across the gap as moves (row ids kept); the rest are deletes and inserts."""
+    t = lineage.create_table("shop.events", SCHEMA, warehouse=warehouse)
+    t.append(_batch([(1, "a", 1.0), (1, "a", 1.0), (2, "b", 2.0)]))
+    before = sorted(r["_row_id"] for r in t.scan().to_pylist() if r["id"] == 1)
+    ice = t.iceberg
+    ice.delete("id = 2")  # rewrites the file: the two identical rows move
+    ice.refresh()
+    ice.append(_batch([(3, "c", 3.0)]))
+    ice.refresh()
+    ice.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in ice.metadata.snapshots if s.snapshot_id != ice.metadata.current_snapshot_id]).commit()
+    _forget()
+    t.refresh()
+    got = t.scan().to_pylist()
+    assert sorted(r["_row_id"] for r in got if r["id"] == 1) == before
+    h = t.history()[-1]
+    assert h.gap and (h.inserted, h.updated, h.deleted) == (1, 0, 1)
+    assert not verify(t).problems
