@@ -26,7 +26,7 @@ import numpy as np
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
 from lineage.arrays import member, unique
-from lineage.errors import LineageMetadataError
+from lineage.errors import LineageMetadataError, LostFileError
 from lineage.rle import combined_breakpoints
 from lineage.metadata import FileLineage
 from lineage.state import TableState
@@ -99,11 +99,14 @@ def commit_timestamps(state: TableState, a: int, b: int) -> dict[int, int]:
     return {c.version: c.timestamp_ms for c in state.lineage.log.since(a) if c.version <= b}
 
 
-def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int) -> None:
+def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dict[str, set[int]]) -> None:
     keep = ((seg.valid_from > a) & (seg.valid_from <= b)) | ((seg.valid_to > a) & (seg.valid_to <= b))
     rows = np.flatnonzero(keep)
     if not len(rows):
         return
+    if seg.values is None:
+        for i in np.unique(seg.file_index[rows]):
+            pinned.setdefault(seg.files[int(i)], set()).update(int(v) for v in np.unique(seg.valid_to[rows[seg.file_index[rows] == i]]))
     if seg.values is not None:
         builder.captured.append(seg)
         source = np.full(len(rows), -len(builder.captured), np.int32)
@@ -186,6 +189,30 @@ def change_pointers(state: TableState, a: int, b: int) -> Pointers:
     if b > a:
         segments = index_segments(state, a)
         _live_runs(live_lineage(state), a, b, builder, segments)
+        pinned: dict[str, set[int]] = {}
         for seg in segments:
-            _add_index(builder, seg, a, b)
+            _add_index(builder, seg, a, b, pinned)
+        check_pinned(state, pinned, a, b)
     return builder.build(state, commit_timestamps(state, a, b))
+
+
+def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int) -> None:
+    """Raise :class:`LostFileError` if a data file holding removed images of ``(a, b]`` is gone.
+
+    ``pinned`` maps each file to the versions whose removals point into it.
+    Another engine's ``expire_snapshots`` (deleting unreachable files) or
+    ``remove_orphan_files`` deletes data files that only this library's
+    deleted-rows index still needs; the feed then refuses rather than answer
+    without those images.
+    """
+    io = state.iceberg.io
+    lost = sorted(p for p in pinned if not io.new_input(p).exists())
+    if not lost:
+        return
+    versions = sorted(set().union(*(pinned[p] for p in lost)))
+    raise LostFileError(
+        f"the change feed from version {a} to {b} needs row images removed at version(s) {', '.join(map(str, versions))} "
+        f"from data file {lost[0]}" + (f" and {len(lost) - 1} more file(s)" if len(lost) > 1 else "")
+        + ", which no longer exists (deleted by another engine's expire_snapshots or remove_orphan_files?); "
+        "`lineage verify` lists every lost file; read a range after those versions, or restore the file"
+    )

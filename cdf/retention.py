@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from lineage.commit_log import CommitEntry, CommitLog
-from lineage.errors import InvalidArgumentError, RetentionError, UnknownVersionError, VersionRangeError
+from lineage.errors import HistoryGapError, InvalidArgumentError, RetentionError, UnknownVersionError, VersionRangeError
 from lineage.state import TableState
 
 PROP_RETENTION_VERSIONS = "lineage.cdf.retention.versions"
@@ -110,6 +110,10 @@ def _check_version(win: Window, v: object, what: str) -> int:
     floor = max(win.log.floor.version if win.log.floor else 0, win.adopted or 0)
     # versions up to the floor of an expired log were commits; a range starting there is refused by retention
     known = 0 <= v <= floor or (v <= win.current and win.log.find(v) is not None)
+    if not known and 0 < v < win.current:
+        gap = next((c for c in win.log.since(v) if c.gap), None)
+        if gap is not None and _before(win, gap.version) < v:  # a version folded into a gap: say so
+            raise _gap_error(win, gap, f"{what}={v} lies in a gap")
     if not known or v > win.current:
         raise UnknownVersionError(
             f"{what}={v} is not a version of this table; versions run from 0 to {win.current} "
@@ -155,4 +159,28 @@ def resolve_range(
             f"version {a} is older than the change-feed retention window; the oldest available version is {win.oldest} "
             f"(table properties {PROP_RETENTION_VERSIONS}, {PROP_RETENTION_DAYS})"
         )
+    _check_gaps(win, a, b)
     return a, b
+
+
+def _check_gaps(win: Window, a: int, b: int) -> None:
+    """Refuse a range ``(a, b]`` that crosses a gap (lineage.reconcile.gap): its per-version changes are unknown."""
+    for c in win.log.since(a):
+        if c.version > b:
+            return
+        if c.gap:
+            raise _gap_error(win, c, f"the change feed from version {a} to {b} crosses a gap")
+
+
+def _before(win: Window, version: int) -> int:
+    """The version of the log entry before ``version`` (0: none)."""
+    return next((e.version for e in win.log.newest_first() if e.version < version), 0)
+
+
+def _gap_error(win: Window, gap: CommitEntry, what: str) -> HistoryGapError:
+    v = gap.version
+    return HistoryGapError(
+        f"{what}: another engine expired the snapshots after version {_before(win, v)} up to version {v} before this "
+        f"library reconciled them, so only their net change is known (recorded at version {v}); read from version {v} on "
+        f"(from_version >= {v})"
+    )

@@ -415,6 +415,7 @@ class CommitRequest:
     metadata_requirements: tuple = ()
     foreign: str | None = None  # reconciliation of another engine's snapshot: its name (lineage.reconcile)
     next_row_id: int | None = None  # at least this high-water mark after the commit (reconciliation assigns ids itself)
+    gap: bool = False  # reconciliation across expired foreign snapshots (lineage.reconcile.gap)
 
 
 @dataclass(frozen=True)
@@ -506,6 +507,7 @@ def build_lineage(
         index=index_path,
         properties=dict(req.properties),
         foreign=req.foreign,
+        gap=req.gap,
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
     new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index)

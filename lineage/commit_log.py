@@ -54,6 +54,9 @@ class CommitEntry:
     properties: dict[str, str] = field(default_factory=dict)
     # Set for a snapshot another engine committed (reconciled, lineage.reconcile): the engine's name, or "unknown".
     foreign: str | None = None
+    # Set on the commit that another engine's expired snapshots were folded into (lineage.reconcile.gap): its
+    # counts are the net change since the previous entry, and no change feed range may cross it.
+    gap: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored in lists and chunks."""
@@ -69,6 +72,7 @@ class CommitEntry:
             "index": self.index,
             **({"properties": self.properties} if self.properties else {}),
             **({"foreign": self.foreign} if self.foreign else {}),
+            **({"gap": True} if self.gap else {}),
         }
 
     @staticmethod
@@ -86,6 +90,7 @@ class CommitEntry:
             index=obj.get("index"),
             properties={str(k): str(v) for k, v in (obj.get("properties") or {}).items()},
             foreign=str(obj["foreign"]) if obj.get("foreign") else None,
+            gap=bool(obj.get("gap", False)),
         )
 
 

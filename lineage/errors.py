@@ -119,3 +119,16 @@ class RetentionError(InvalidArgumentError):
 
     The message names the oldest version a range may start from.
     """
+
+
+class HistoryGapError(RetentionError):
+    """A change-feed range crosses a gap: versions another engine expired before this library reconciled them.
+
+    Their net change is recorded at the first surviving version (commit log
+    entry ``gap``); the message names it and the range that is still readable.
+    """
+
+
+class LostFileError(LineageMetadataError):
+    """A data file that holds removed row images of a change-feed range was deleted (e.g. by another engine's
+    ``expire_snapshots`` or ``remove_orphan_files``). The message names the file and the affected versions."""

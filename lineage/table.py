@@ -262,6 +262,7 @@ class Table:
                 deleted=c.deleted,
                 properties=dict(c.properties),
                 foreign=c.foreign,
+                gap=c.gap,
             )
             for c in lst.commits
         ]

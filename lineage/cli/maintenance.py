@@ -163,13 +163,14 @@ def cmd_verify(ctx: Context) -> int:
     with ctx.progress.task(f"verifying {t.name}"):
         report = verify(t, check_row_ids=not ctx.args.skip_row_ids)
     checked = ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in report.checked.items())
-    rec = {"table": t.name, "ok": report.ok, "problems": list(report.problems), "checked": dict(report.checked)}
+    rec = {"table": t.name, "ok": report.ok, "problems": list(report.problems), "checked": dict(report.checked), "notes": list(report.notes)}
     if report.ok:
         text = f"OK: {t.name} is consistent (checked {checked or 'an empty table'})\n"
     else:
         text = f"FAILED: {t.name} has {len(report.problems)} problem(s):\n" + "".join(f"  - {p}\n" for p in report.problems)
         if checked:
             text += f"(checked {checked})\n"
+    text += "".join(f"note: {n}\n" for n in report.notes)
     ctx.out.record(rec, text=text)
     if not report.ok:
         raise VerifyFailed(f"verify found {len(report.problems)} problem(s) in {t.name}")

@@ -33,6 +33,7 @@ class Commit:
     updated: int
     deleted: int
     foreign: str | None = None  # the engine that made a reconciled foreign commit (lineage.reconcile)
+    gap: bool = False  # expired foreign snapshots folded into this commit (lineage.reconcile.gap)
 
 
 @dataclass(frozen=True)

@@ -371,6 +371,7 @@ def history_of(t: Any) -> tuple[Any, Any]:
             c.updated,
             c.deleted,
             c.foreign,
+            c.gap,
         )
         for c in state.lineage.commits
     ]
@@ -405,6 +406,7 @@ def cmd_log(ctx: Context) -> int:
             "in_cdf_window": pa.array([c.version > hist.oldest for c in shown], pa.bool_()),
             # who committed it: this library, or the engine of a reconciled foreign commit (spark, flink, unknown)
             "writer": pa.array([c.foreign or "lineage" for c in shown], pa.string()),
+            "gap": pa.array([c.gap for c in shown], pa.bool_()),  # expired foreign snapshots folded into this version
         }
     )
     ctx.out.table(data, empty_note="no commits yet")

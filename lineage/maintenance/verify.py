@@ -26,6 +26,8 @@ class VerifyReport:
 
     problems: list[str] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
+    # Facts that are not inconsistencies but limit the change feed: gaps (lineage.reconcile.gap).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -59,6 +61,15 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
         p.append("commit log versions are not strictly increasing")
     if versions and versions[-1] != snap.sequence_number:
         p.append(f"commit log ends at version {versions[-1]}, snapshot is version {snap.sequence_number}")
+    previous = 0
+    for c in lst.commits:
+        if c.gap:
+            report.notes.append(
+                f"gap at version {c.version}: another engine expired the snapshots after version {previous} before this "
+                f"library reconciled them; version {c.version} records their net change, and change-feed ranges crossing "
+                f"it raise HistoryGapError (read from version {c.version} on)"
+            )
+        previous = c.version
     stamps = [c.timestamp_ms for c in lst.commits]
     if stamps != sorted(stamps):
         p.append("commit log timestamps go backwards")
@@ -120,7 +131,10 @@ def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[n
                 continue  # the values are in the segment: the file it names may be gone
             pointed.add(e.file_path)
             if not _exists(e.file_path):
-                p.append(f"file pinned by the index (version {c.version}) is missing: {e.file_path}")
+                p.append(
+                    f"data file lost: {e.file_path} is missing, but the deleted-rows index of version {c.version} points "
+                    f"at row images in it; change-feed ranges including version {c.version} raise LostFileError"
+                )
             elif len(e.positions) and int(e.positions.max()) >= pq.ParquetFile(local_path(e.file_path)).metadata.num_rows:
                 p.append(f"index of version {c.version} points past the end of {e.file_path}")
     report.checked.update(pinned_files=len(pointed))

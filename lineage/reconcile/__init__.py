@@ -27,6 +27,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lineage.errors import LineageMetadataError
 from lineage.metadata import LineageList, read_list
+from lineage.reconcile.gap import last_known, reconcile_gap
 from lineage.reconcile.snapshot import engine_of, reconcile_snapshot, reconciled_list_path
 from lineage.state import TableState, main_branch_snapshots, own_list_path, register_reconciler
 
@@ -66,6 +67,7 @@ def foreign_list(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList:
     chain: list[Snapshot] = []
     snap: Snapshot | None = snapshot
     base: LineageList | None = None
+    gap_at: Snapshot | None = None
     while snap is not None:
         base = _known(iceberg, snap)
         if base is not None:
@@ -78,12 +80,20 @@ def foreign_list(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList:
         # pyiceberg's expiry clears the parent id of the oldest survivor; Iceberg Java keeps it
         snap = iceberg.metadata.snapshot_by_id(parent_id) if parent_id is not None else None
         if snap is None:
-            raise LineageMetadataError(
-                f"cannot derive the lineage of snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}): it was "
-                f"committed by another engine and its ancestor {parent_id or '(unknown)'} expired before this library reconciled it "
-                "(reconciling across expired snapshots is not supported yet); run `lineage reconcile` (Table.reconcile()) "
-                "before another engine expires snapshots"
-            )
+            gap_at = chain.pop()  # the oldest survivor: everything since the last known list folds into it
+            found = last_known(iceberg, gap_at)
+            if found is None:
+                raise LineageMetadataError(
+                    f"cannot derive the lineage of snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}): it was "
+                    f"committed by another engine, its ancestor {parent_id or '(unknown)'} expired before this library reconciled "
+                    "it, and the table's older metadata files no longer name an ancestor whose lineage is known; "
+                    "run `lineage reconcile` (Table.reconcile()) before another engine expires snapshots"
+                )
+            base_snapshot, base_list = found
+            base = reconcile_gap(iceberg, base_snapshot, base_list, gap_at)
+            _remember((iceberg.metadata.table_uuid.hex, gap_at.snapshot_id), base)
+            snap = gap_at
+            break
     parent_snapshot = snap
     lst = base if base is not None else LineageList.empty()
     for s in reversed(chain):

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
@@ -29,7 +31,7 @@ from lineage.fileio import overwriting
 from lineage.metadata import SUMMARY_OPERATION, LineageList, lineage_dir
 from lineage.reconcile.changes import snapshot_changes
 from lineage.reconcile.images import derive_images, read_positions
-from lineage.reconcile.pairing import pair_images
+from lineage.reconcile.pairing import Pairs, pair_images
 from lineage.rle import decode_sequence, decode_values
 from lineage.schema import arrow_schema
 from lineage.state import TableState, remember_files
@@ -60,6 +62,73 @@ def engine_of(snapshot: Snapshot) -> str | None:
     if "spark.app.id" in props:
         return "spark"
     return "unknown"
+
+
+def assign_lineage(
+    added: list[tuple[DataFile, np.ndarray, np.ndarray]],
+    pairs: Pairs | None,
+    r_rid: np.ndarray,
+    r_created: np.ndarray,
+    r_from: np.ndarray,
+    version: int,
+    next_row_id: int,
+) -> tuple[list[WrittenFile], int, np.ndarray, np.ndarray, int]:
+    """Lineage of every position of the ``added`` files (file, live positions, dead positions).
+
+    ``pairs`` index the removed images (row id, created, valid-from in
+    ``r_*``) and the added live images (in file order, then position): a
+    paired image keeps the row id and created version, a move also its
+    updated version. Unpaired live images and dead positions get fresh row ids,
+    file by file, in position order. Returns the written files, the next row
+    id, which removed images were paired, which were moves, and the number of
+    updates.
+    """
+    n_added = int(sum(len(live_pos) for _, live_pos, _ in added))
+    a_rid = np.full(n_added, -1, np.int64)
+    a_created = np.full(n_added, version, np.int64)
+    a_updated = np.full(n_added, version, np.int64)
+    paired = np.zeros(len(r_rid), bool)
+    moved = np.zeros(len(r_rid), bool)
+    updates = 0
+    if pairs is not None and len(pairs.added):
+        a_rid[pairs.added] = r_rid[pairs.removed]
+        a_created[pairs.added] = r_created[pairs.removed]
+        a_updated[pairs.added] = np.where(pairs.move, r_from[pairs.removed], version)
+        paired[pairs.removed] = True
+        moved[pairs.removed[pairs.move]] = True
+        updates = int((~pairs.move).sum())
+    written: list[WrittenFile] = []
+    offset = 0
+    for f, live_pos, dead_pos in added:
+        n, count = f.record_count, len(live_pos)
+        rids = np.full(n, -1, np.int64)
+        created = np.full(n, version, np.int64)
+        updated = np.full(n, version, np.int64)
+        rids[live_pos] = a_rid[offset : offset + count]
+        created[live_pos] = a_created[offset : offset + count]
+        updated[live_pos] = a_updated[offset : offset + count]
+        fresh = np.flatnonzero(rids < 0)
+        rids[fresh] = np.arange(next_row_id, next_row_id + len(fresh), dtype=np.int64)
+        # Positions the snapshot deleted in its own files are never visible; version 0 keeps them out of every
+        # change-feed range (the feed takes live images from lineage runs, not from delete files).
+        created[dead_pos] = 0
+        updated[dead_pos] = 0
+        next_row_id += len(fresh)
+        offset += count
+        written.append(WrittenFile(f, rids, created, updated))
+    return written, next_row_id, paired, moved, updates
+
+
+def foreign_request(snapshot: Snapshot, **fields: Any) -> CommitRequest:
+    """The commit request recording ``snapshot``: its operation and engine, plus ``fields``."""
+    summary = snapshot.summary
+    props = summary.additional_properties if summary else {}
+    return CommitRequest(
+        operation=props.get(SUMMARY_OPERATION) or (summary.operation.value if summary else "unknown"),
+        iceberg_operation=summary.operation if summary else Operation.OVERWRITE,
+        foreign=engine_of(snapshot),
+        **fields,
+    )
 
 
 def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snapshot) -> LineageList:
@@ -101,41 +170,9 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
         added_rows = pa.concat_tables([read_positions(f.file_path, pos, columns, schema) for f, pos, _ in images.added])
         pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, columns)
     n_added = int(sum(a_counts))
-    a_rid = np.full(n_added, -1, np.int64)
-    a_created = np.full(n_added, version, np.int64)
-    a_updated = np.full(n_added, version, np.int64)
-    paired_removed = np.zeros(len(r_pos), bool)
-    moved_removed = np.zeros(len(r_pos), bool)
-    updates = 0
-    if pairs is not None and len(pairs.added):
-        a_rid[pairs.added] = r_rid_a[pairs.removed]
-        a_created[pairs.added] = r_created_a[pairs.removed]
-        a_updated[pairs.added] = np.where(pairs.move, r_from_a[pairs.removed], version)
-        paired_removed[pairs.removed] = True
-        moved_removed[pairs.removed[pairs.move]] = True
-        updates = int((~pairs.move).sum())
-
-    # Fresh row ids: unpaired live images and positions deleted within the snapshot, file by file, in position order.
-    next_row_id = parent.lineage.next_row_id
-    written: list[WrittenFile] = []
-    offset = 0
-    for (f, live_pos, dead_pos), count in zip(images.added, a_counts, strict=True):
-        n = f.record_count
-        rids = np.full(n, -1, np.int64)
-        created = np.full(n, version, np.int64)
-        updated = np.full(n, version, np.int64)
-        rids[live_pos] = a_rid[offset : offset + count]
-        created[live_pos] = a_created[offset : offset + count]
-        updated[live_pos] = a_updated[offset : offset + count]
-        fresh = np.flatnonzero(rids < 0)
-        rids[fresh] = np.arange(next_row_id, next_row_id + len(fresh), dtype=np.int64)
-        # Positions the snapshot deleted in its own files are never visible; version 0 keeps them out of every
-        # change-feed range (the feed takes live images from lineage runs, not from delete files).
-        created[dead_pos] = 0
-        updated[dead_pos] = 0
-        next_row_id += len(fresh)
-        offset += count
-        written.append(WrittenFile(f, rids, created, updated))
+    written, next_row_id, paired_removed, moved_removed, updates = assign_lineage(
+        images.added, pairs, r_rid_a, r_created_a, r_from_a, version, parent.lineage.next_row_id
+    )
     inserted = n_added - (len(pairs.added) if pairs is not None else 0)
     deleted = int((~paired_removed).sum())
     if replace_op and (inserted or deleted):
@@ -171,11 +208,8 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
             return lst
         return dataclasses.replace(lst, resolved_deletes=_live_resolved(lst, parent) + (resolved_path,))
 
-    summary = snapshot.summary
-    props = summary.additional_properties if summary else {}
-    req = CommitRequest(
-        operation=props.get(SUMMARY_OPERATION) or (summary.operation.value if summary else "unknown"),
-        iceberg_operation=summary.operation if summary else Operation.OVERWRITE,
+    req = foreign_request(
+        snapshot,
         written=written,
         delete_files=[e.data_file for e in changes.position_deletes],
         removed_files=list(changes.removed),
@@ -185,7 +219,6 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
         deleted=deleted,
         transform_list=with_resolved,
         key_index=key_change,
-        foreign=engine_of(snapshot),
         next_row_id=next_row_id,
     )
     kwargs = dict(version=version, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms, tag=tag, created=created_files)

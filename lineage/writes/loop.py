@@ -79,6 +79,7 @@ class CommitInfo:
     committed: bool = True
     properties: dict[str, str] = field(default_factory=dict)
     foreign: str | None = None  # another engine made this commit (its name, or "unknown"); see lineage.reconcile
+    gap: bool = False  # the net change of snapshots another engine expired before we reconciled them (no feed across it)
     ignored: int = 0  # change-stream events with no effect (upsert mode: -U/-D of an absent key)
 
 
