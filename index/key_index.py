@@ -304,8 +304,8 @@ class KeyIndex:
         # columns straight from Parquet, lineage from the list's runs, as a commit's delta does. The rest through
         # the live view, which applies delete files (ours and foreign equality deletes) and field-id projection.
         by_name = projection_field_ids(state.iceberg.metadata) is None
-        direct = [f for f in files if by_name and not f.deletes]
-        scanned = [f for f in files if not (by_name and not f.deletes)]
+        direct = [f for f in files if by_name and not f.delete_paths]
+        scanned = [f for f in files if not (by_name and not f.delete_paths)]
         parts = [_file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {})] if direct else []
         if scanned:
             parts.append(_scanned_entries(state, key, scanned))
