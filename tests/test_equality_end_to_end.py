@@ -232,3 +232,38 @@ def test_both_strategies_agree(tmp_path_factory, steps, data):
         p_feed = cdf.changes(pos, p_from, p_to, net=net).to_pylist() if p_to > p_from else []
         e_feed = _mapped(cdf.changes(eq, batch_versions[i][0], e_to, net=net), ids, version_map, p_feed)
         assert [{c: r[c] for c in FEED} for r in e_feed] == [{c: r[c] for c in FEED} for r in sorted(p_feed, key=lambda r: (r["id"], r["_change_type"], r["_commit_version"]))]
+
+
+def test_adopted_table_with_equality_stream(warehouse):
+    """Versions before an adoption are never reconciled; the equality strategy and CONVERT work after it."""
+    import os
+
+    from lineage.catalog import resolve_catalog
+    from lineage.reconcile import reconciled_list_path
+
+    cat = resolve_catalog(warehouse, None)
+    cat.create_namespace("shop")
+    ice = cat.create_table("shop.plain", schema=SCHEMA)
+    ice.append(pa.Table.from_pylist([{"id": k, "name": f"n{k}", "amount": float(k)} for k in (1, 2, 3)], schema=SCHEMA))
+    ice.delete("id = 2")
+    before = [s.snapshot_id for s in ice.metadata.snapshots]
+    adopted = lineage.adopt("shop.plain", key=["id"], warehouse=warehouse)
+    t = lineage.open_table("shop.plain", warehouse=warehouse)
+    with t.iceberg.transaction() as tx:
+        tx.set_properties(EQ)
+    t.refresh()
+    t.apply_changelog(_events([("+U", 1, 10.0), ("-D", 3, None), ("+I", 4, 4.0)]), upsert=True)
+    assert t.reconcile() == [t.version]
+    assert [(c.operation, c.inserted, c.updated, c.deleted) for c in t.history()] == [("adopt", 0, 0, 0), ("changelog", 1, 1, 1)]
+    assert t.convert_equality_deletes().equality_files == 1
+    assert [c.operation for c in t.history()] == ["adopt", "changelog", "convert-deletes"]
+    changelog_id = t.history()[1].snapshot_id
+    assert os.path.exists(reconciled_list_path(t.iceberg, changelog_id).removeprefix("file://"))
+    for sid in before:
+        assert not os.path.exists(reconciled_list_path(t.iceberg, sid).removeprefix("file://")), sid
+    with pytest.raises(lineage.errors.RetentionError):
+        cdf.changes(t, adopted.version - 1)
+    assert sorted((r["id"], r["_change_type"]) for r in cdf.changes(t, adopted.version).to_pylist()) == [
+        (1, "update_postimage"), (1, "update_preimage"), (3, "delete"), (4, "insert")
+    ]
+    assert verify(t).ok, verify(t).problems
