@@ -267,3 +267,23 @@ def test_adopted_table_with_equality_stream(warehouse):
         (1, "update_postimage"), (1, "update_preimage"), (3, "delete"), (4, "insert")
     ]
     assert verify(t).ok, verify(t).problems
+
+
+def test_convert_without_lineage_list_is_reconciled_to_no_change(warehouse):
+    """A CONVERT snapshot without a lineage list (adoption's, or another tool's) reconciles to no row change."""
+    from lineage.maintenance.convert import convert_equality_deletes
+
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=warehouse, properties=EQ)
+    _first(t)
+    t.apply_changelog(_events([("+U", 1, 10.0), ("-D", 2, None), ("+I", 5, 5.0), ("-D", 5, None), ("+I", 6, 6.0)]), upsert=True)
+    t.apply_changelog(_events([("+I", 2, 2.5), ("-D", 6, None)]), upsert=True)
+    feeds = {(a, net): _feed(t, a, None, net) for a in range(t.version) for net in (False, True)}
+    ids = _lineage(t)
+    convert_equality_deletes(t.iceberg, lambda: t.refresh().iceberg, t.name)
+    t.refresh()
+    last = t.history()[-1]
+    assert (last.version, last.inserted, last.updated, last.deleted) == (t.version, 0, 0, 0)
+    assert _feed(t, t.version - 1) == [] and _lineage(t) == ids
+    for (a, net), expected in feeds.items():
+        assert _feed(t, a, None, net) == expected, (a, net)
+    assert verify(t).ok, verify(t).problems
