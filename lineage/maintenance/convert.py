@@ -6,16 +6,21 @@ it removes the rows of data files with a data sequence number strictly below
 equal one of its rows in its ``equality_ids`` columns, NULL matching NULL.
 CONVERT resolves each one to the positions it removes, per data file, and
 commits one ``replace`` snapshot that removes the equality delete files and
-adds position delete files **carrying the data sequence number ``d`` of the
-equality delete they replace**. A position delete applies to its data file
-when the file's data sequence number is ``<= d``, which holds for every file
-the equality delete applied to, so every reader sees the same rows before and
-after; afterwards the table holds no equality delete files.
+adds one position delete file per affected data file, **carrying the lowest
+data sequence number ``d`` of the equality deletes it replaces**. A position
+delete applies to the data file it names when the file's data sequence number
+is ``<= d``, which holds since every one of those equality deletes applied to
+it, so every reader sees the same rows before and after; afterwards the table
+holds no equality delete files.
 
-The snapshot carries ``lineage.operation = convert-deletes`` and no lineage
-list: it changes no row (a reconciler sees only delete files replaced by
-position deletes of rows that were already deleted). It works on any
-Iceberg v2 table (adoption converts first).
+On a lineage table (:func:`convert_table`, ``Table.convert_equality_deletes``)
+the snapshot is a commit of ours: it carries a lineage list with operation
+``convert-deletes``, changes no row (no data file, no removed image, no change
+event, the key index unchanged) and drops the list's resolved-delete files,
+which only the converted equality deletes needed. On a plain Iceberg table
+(:func:`convert_equality_deletes`: adoption converts first) it carries
+``lineage.operation = convert-deletes`` and no lineage list; a reconciler sees
+only position deletes of rows that were already deleted.
 
 Concurrency: the commit asserts the snapshot it was planned on; when another
 writer commits first (new equality deletes included) the attempt's files are
@@ -134,16 +139,23 @@ def plan_conversion(ice: IcebergTable, snap: Snapshot, created: list[str]) -> Co
     resolved, removed = resolve_snapshot(ice, snap)
     if not removed:
         return None
-    # One position delete file per (equality delete sequence number, data file): the number is per delete file.
-    groups: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
+    # One position delete file per data file, with the lowest sequence number of the equality deletes that
+    # remove rows of it: each of them is above the data file's own, and a position delete names its data file,
+    # so that number makes it apply exactly where they did (one file per equality delete and data file would
+    # multiply the delete files every reader opens).
+    groups: dict[str, list[np.ndarray]] = defaultdict(list)
+    lowest: dict[str, int] = {}
     targets: dict[str, DataFile] = {}
     for r in resolved:
-        groups[(r.sequence_number, r.data_file.file_path)].append(r.positions)
-        targets[r.data_file.file_path] = r.data_file
+        path = r.data_file.file_path
+        groups[path].append(r.positions)
+        lowest[path] = min(lowest.get(path, r.sequence_number), r.sequence_number)
+        targets[path] = r.data_file
     added: list[DataFile] = []
     sequence_numbers: dict[str, int] = {}
     positions = 0
-    for (seq, path), parts in sorted(groups.items()):
+    for path, parts in sorted(groups.items()):
+        seq = lowest[path]
         pos = np.unique(np.concatenate(parts))
         positions += len(pos)
         (f,) = write_position_deletes(ice, [(targets[path], pos)])
