@@ -300,12 +300,13 @@ class KeyIndex:
         if not files:  # an empty table: nothing to scan, an index of no segment
             return KeyIndex(key, [], state.version, state.lineage.key_index)
         shell = KeyIndex(key, [], state.version)
-        # Files without delete files, read by name (valid while no schema renamed or retyped a column): the key
+        # Files without delete files (position, equality or resolved), read by name (valid while no schema renamed or retyped a column): the key
         # columns straight from Parquet, lineage from the list's runs, as a commit's delta does. The rest through
         # the live view, which applies delete files (ours and foreign equality deletes) and field-id projection.
         by_name = projection_field_ids(state.iceberg.metadata) is None
-        direct = [f for f in files if by_name and not f.delete_paths]
-        scanned = [f for f in files if not (by_name and not f.delete_paths)]
+        untouched = [by_name and not f.delete_paths and not f.equality_deletes for f in files]
+        direct = [f for f, u in zip(files, untouched, strict=True) if u]
+        scanned = [f for f, u in zip(files, untouched, strict=True) if not u]
         parts = [_file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {})] if direct else []
         if scanned:
             parts.append(_scanned_entries(state, key, scanned))
