@@ -6,10 +6,10 @@ feed per version and net, deleted_rows, a materialized view, verify, the key ind
 top) and require what the position strategy gives. CONVERT is a commit of ours: it carries a lineage list,
 changes no row, makes no feed event and drops the resolved-delete files.
 
-The property test applies the same random changelog batches to two tables, one per strategy, with CONVERT at
-random points on the equality table. **How the two are compared:** CONVERT adds versions to the equality table
-only, so its versions are mapped to the position table's by commit (batch i's version on one table to batch i's
-on the other; a CONVERT version maps to the batch before it, and makes no event). Row ids of keys that exist are
+The property test applies the same random changelog batches to two tables, one per strategy, with CONVERT or
+compaction at random points on the equality table. **How the two are compared:** those add versions to the
+equality table only, so its versions are mapped to the position table's by commit (batch i's version on one
+table to batch i's on the other; a maintenance version maps to the batch before it, and makes no event). Row ids of keys that exist are
 kept by both strategies, but the ids the two assign to *new* keys may differ (a key written and deleted within one
 equality batch consumes ids the position strategy never assigns), so row ids are compared through a bijection
 built as rows appear: one equality-table id always stands for the same position-table id, in every scan and
@@ -162,7 +162,8 @@ EVENT = st.one_of(
     st.tuples(st.sampled_from(["+I", "+U"]), KEYS, st.integers(0, 3).map(float)),
     st.tuples(st.sampled_from(["-D", "-U"]), KEYS, st.none()),
 )
-STEPS = st.lists(st.tuples(st.lists(EVENT, min_size=1, max_size=6), st.booleans()), min_size=1, max_size=4)
+MAINTENANCE = st.sampled_from(["none", "none", "convert", "compact"])
+STEPS = st.lists(st.tuples(st.lists(EVENT, min_size=1, max_size=6), MAINTENANCE), min_size=1, max_size=4)
 
 
 class _Ids:
@@ -194,7 +195,7 @@ def _mapped(tbl: pa.Table, ids: _Ids, version_map: dict[int, int], pos_side: lis
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=STEPS, data=st.data())
 def test_both_strategies_agree(tmp_path_factory, steps, data):
-    """Same batches, two strategies, CONVERT at random points: same scans, lineage and feeds (see module docs)."""
+    """Same batches, two strategies, CONVERT or compaction at random points: same scans, lineage and feeds (see module docs)."""
     wh = str(tmp_path_factory.mktemp("wh"))
     eq = lineage.create_table("shop.eq", SCHEMA, key=["id"], warehouse=wh, properties=EQ)
     pos = lineage.create_table("shop.pos", SCHEMA, key=["id"], warehouse=wh)
@@ -203,7 +204,7 @@ def test_both_strategies_agree(tmp_path_factory, steps, data):
     ids = _Ids()
     version_map = {0: 0, eq.version: pos.version}  # equality version -> position version
     batch_versions = [(eq.version, pos.version)]
-    for events, convert in steps:
+    for events, maintenance in steps:
         eq.apply_changelog(_events(events), upsert=True)
         pos.apply_changelog(_events(events), upsert=True)
         version_map[eq.version] = pos.version
@@ -213,10 +214,13 @@ def test_both_strategies_agree(tmp_path_factory, steps, data):
         e_last, p_last = eq.history()[-1], pos.history()[-1]
         p_counts = (p_last.inserted, p_last.updated, p_last.deleted) if p_last.version == pos.version and batch_versions[-2][1] != pos.version else (0, 0, 0)
         assert (e_last.inserted, e_last.updated, e_last.deleted) == p_counts, events
-        if convert:
+        if maintenance == "convert":
             eq.convert_equality_deletes()
             version_map[eq.version] = pos.version
             assert not eq.state().lineage.resolved_deletes
+        elif maintenance == "compact":
+            eq.compact(min_file_size_bytes=1 << 30)  # every file is small: rewrite them all, dropping deleted rows
+            version_map[eq.version] = pos.version
         p_scan = pos.scan().to_pylist()
         assert _mapped(eq.scan(), ids, version_map, p_scan) == sorted(p_scan, key=lambda r: (r["id"], "", 0))
     assert verify(eq).ok, verify(eq).problems
