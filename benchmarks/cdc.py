@@ -17,6 +17,13 @@ batches after ``--time-cap`` seconds:
 * ``lineage``: ``Table.apply_changelog(batch)`` (strict mode: every ``-U``
   image is checked against the live row), one merge-on-read commit per batch;
   feed ``cdf.changes(t, v0, v1)``.
+* ``lineage-equality``: the same stream with ``write.changelog.strategy=equality``
+  (``apply_changelog(batch, upsert=True)``: data file, equality deletes and
+  own-file position deletes, no key lookup). Its feed time includes reconciling
+  every changelog commit on the first read (also reported apart); afterwards
+  the run CONVERTs the table and reports scan time before/after, CONVERT
+  throughput, feed time after and whether the feed is unchanged, beside the
+  position strategy's scan time (issue 13 item 5).
 * ``delta``: delta-rs with ``delta.enableChangeDataFeed=true``. MERGE refuses
   several source rows per target row, so the batch is first collapsed to each
   key's last event (DuckDB, timed with the commit), then one ``merge``
@@ -69,7 +76,7 @@ from cdc_systems import CLASSES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SYSTEMS = ("lineage", "delta", "ducklake", "pyiceberg", "paimon")
+SYSTEMS = ("lineage", "lineage-equality", "delta", "ducklake", "pyiceberg", "paimon")
 TARGET_P50_MS = 150
 
 # ---------------------------------------------------------------- one system (child process)
@@ -133,6 +140,8 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
                 out["feed"]["update_pairs_with_two_row_ids"] = sysobj.row_id_changes
         except Exception as exc:  # a peer's feed failing is a finding, not a crash of the run
             out["feed_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        if hasattr(sysobj, "extras") and "feed_error" not in out:
+            out["extras"] = sysobj.extras()
     if done == commits:
         fin = sysobj.final()
         with open(os.path.join(data, "final.json")) as f:
@@ -187,9 +196,33 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"{r['system']} {r['p50_ms'] / ours['p50_ms']:.2f}x" for r in results if "p50_ms" in r and r["system"] != "lineage")]
         verdict = "meets" if ours["p50_ms"] <= TARGET_P50_MS else "misses"
         lines.append(f"lineage p50 {ours['p50_ms']:.0f} ms {verdict} the {TARGET_P50_MS} ms target")
+    lines += _strategies(results)
     lines += ["", "load average (1 min) at start/end of each system: " + ", ".join(
         f"{r['system']} {r.get('load_start', 0):.1f}/{r.get('load_end', 0):.1f}" for r in results if "error" not in r)]
     return "\n".join(lines)
+
+
+def _strategies(results: list[dict[str, Any]]) -> list[str]:
+    """Issue 13 item 5: the position and equality strategies side by side (when both ran)."""
+    by = {r["system"]: r for r in results if "p50_ms" in r}
+    pos, eq = by.get("lineage"), by.get("lineage-equality")
+    if not pos or not eq:
+        return []
+    x = eq.get("extras", {})
+    px = pos.get("extras", {})
+    lines = ["", "| strategy | p50 ms | p99 ms | bytes/commit | feed s | scan s | after CONVERT: scan s | feed s | feed unchanged |", "|---|---|---|---|---|---|---|---|---|"]
+    lines.append(f"| position | {_fmt(pos['p50_ms'])} | {_fmt(pos['p99_ms'])} | {_fmt(pos['bytes_per_commit'], ',.0f')} | "
+                 f"{_fmt(pos.get('feed_s'), '.2f')} | {_fmt(px.get('scan_s'), '.3f')} | - | - | - |")
+    lines.append(f"| equality | {_fmt(eq['p50_ms'])} | {_fmt(eq['p99_ms'])} | {_fmt(eq['bytes_per_commit'], ',.0f')} | "
+                 f"{_fmt(eq.get('feed_s'), '.2f')} (reconcile {_fmt(x.get('reconcile_s'), '.2f')}) | {_fmt(x.get('scan_before_s'), '.3f')} | "
+                 f"{_fmt(x.get('scan_after_s'), '.3f')} | {_fmt(x.get('feed_after_s'), '.2f')} | {x.get('feed_unchanged', '-')} |")
+    lines.append(f"equality commit p50 {pos['p50_ms'] / eq['p50_ms']:.2f}x cheaper than position (target 3x)")
+    if x.get("convert_s"):
+        lines.append(f"CONVERT: {x['converted_equality_rows']:,} equality delete rows -> {x['converted_positions']:,} positions in "
+                     f"{x['convert_s']:.2f} s ({x['converted_equality_rows'] / x['convert_s']:,.0f} deletes/s)")
+    if x.get("scan_after_s") and px.get("scan_s"):
+        lines.append(f"scan after CONVERT {x['scan_after_s'] / px['scan_s']:.2f}x the position-strategy table's (target <= 1.1x)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -406,6 +406,7 @@ class CommitRequest:
     updated: int = 0
     deleted: int = 0
     data_sequence_number: int | None = None  # keep an older data sequence number for added data files (compaction)
+    delete_sequence_numbers: dict[str, int] | None = None  # explicit data sequence numbers of added delete files (CONVERT)
     transform_list: Callable[[LineageList], LineageList] | None = None  # maintenance edits of the list (index re-pointing)
     properties: dict[str, str] = field(default_factory=dict)  # caller's checkpoint etc.: summary + commit log
     strip_removed_stats: bool = False  # purge: DELETED manifest entries carry no column bounds
@@ -556,6 +557,7 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
         snapshot_id=snapshot_id,
         attempt=attempt,
         data_sequence_number=req.data_sequence_number,
+        delete_sequence_numbers=req.delete_sequence_numbers,
         strip_removed_stats=req.strip_removed_stats,
         rewrite_manifests=req.rewrite_manifests,
         metadata_updates=req.metadata_updates,

@@ -530,9 +530,9 @@ class Table:
 
     def convert_equality_deletes(self) -> Any:
         """CONVERT every equality delete file into position deletes (same answers; see lineage.maintenance.convert)."""
-        from lineage.maintenance.convert import convert_equality_deletes
+        from lineage.maintenance.convert import convert_table
 
-        return convert_equality_deletes(self._iceberg, lambda: self.refresh().iceberg, self.name)
+        return convert_table(self)
 
     def expire_snapshots(self, older_than: Any = None, retain_last: int = 1) -> Any:
         """Expire old snapshots (the change feed does not need them)."""

@@ -6,16 +6,21 @@ it removes the rows of data files with a data sequence number strictly below
 equal one of its rows in its ``equality_ids`` columns, NULL matching NULL.
 CONVERT resolves each one to the positions it removes, per data file, and
 commits one ``replace`` snapshot that removes the equality delete files and
-adds position delete files **carrying the data sequence number ``d`` of the
-equality delete they replace**. A position delete applies to its data file
-when the file's data sequence number is ``<= d``, which holds for every file
-the equality delete applied to, so every reader sees the same rows before and
-after; afterwards the table holds no equality delete files.
+adds one position delete file per affected data file, **carrying the lowest
+data sequence number ``d`` of the equality deletes it replaces**. A position
+delete applies to the data file it names when the file's data sequence number
+is ``<= d``, which holds since every one of those equality deletes applied to
+it, so every reader sees the same rows before and after; afterwards the table
+holds no equality delete files.
 
-The snapshot carries ``lineage.operation = convert-deletes`` and no lineage
-list: it changes no row (a reconciler sees only delete files replaced by
-position deletes of rows that were already deleted). It works on any
-Iceberg v2 table (adoption converts first).
+On a lineage table (:func:`convert_table`, ``Table.convert_equality_deletes``)
+the snapshot is a commit of ours: it carries a lineage list with operation
+``convert-deletes``, changes no row (no data file, no removed image, no change
+event, the key index unchanged) and drops the list's resolved-delete files,
+which only the converted equality deletes needed. On a plain Iceberg table
+(:func:`convert_equality_deletes`: adoption converts first) it carries
+``lineage.operation = convert-deletes`` and no lineage list; a reconciler sees
+only position deletes of rows that were already deleted.
 
 Concurrency: the commit asserts the snapshot it was planned on; when another
 writer commits first (new equality deletes included) the attempt's files are
@@ -28,6 +33,7 @@ of the data files each delete applies to.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -38,13 +44,14 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from lineage.commit import commit_files
+from lineage.commit import CommitRequest, commit_files
 from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
-from lineage.maintenance._common import MaintenanceResult
+from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
 from lineage.planning import live_entries, sequence_of
+from lineage.state import TableState
 from lineage.writer import write_position_deletes
 
 OPERATION = "convert-deletes"
@@ -101,11 +108,70 @@ def resolve_snapshot(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Re
     return out, [d.delete_file for d in deletes]
 
 
-def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], IcebergTable], name: str) -> ConvertResult:
-    """CONVERT every live equality delete file of ``iceberg``'s ``main`` (see the module docs).
+@dataclass(frozen=True)
+class Conversion:
+    """The files one CONVERT attempt commits, planned against one snapshot."""
 
-    ``refresh`` reloads ``iceberg`` from the catalog (the commit loop calls it
-    before every attempt); ``name`` names the table in messages.
+    added: list[DataFile]  # new position delete files
+    removed: list[DataFile]  # the equality delete files they replace
+    sequence_numbers: dict[str, int]  # added file path -> data sequence number of the equality delete it replaces
+    positions: int
+    data_files: int
+
+    def result(self, version: int | None, attempts: int) -> ConvertResult:
+        """The report of this conversion, committed at ``version``."""
+        removed_rows = sum(f.record_count for f in self.removed)
+        return ConvertResult(
+            OPERATION, version, files_added=len(self.added), files_removed=len(self.removed),
+            bytes_added=sum(f.file_size_in_bytes for f in self.added), bytes_removed=sum(f.file_size_in_bytes for f in self.removed),
+            detail=f"{len(self.removed)} equality delete file(s) ({removed_rows} rows) -> "
+            f"{len(self.added)} position delete file(s) ({self.positions} positions in {self.data_files} data file(s))",
+            equality_files=len(self.removed), equality_rows=removed_rows, position_files=len(self.added),
+            positions=self.positions, data_files=self.data_files, attempts=attempts,
+        )
+
+
+def plan_conversion(ice: IcebergTable, snap: Snapshot, created: list[str]) -> Conversion | None:
+    """Resolve ``snap``'s equality deletes and write the position delete files (paths appended to ``created``).
+
+    None when the snapshot holds no equality delete file.
+    """
+    resolved, removed = resolve_snapshot(ice, snap)
+    if not removed:
+        return None
+    # One position delete file per data file, with the lowest sequence number of the equality deletes that
+    # remove rows of it: each of them is above the data file's own, and a position delete names its data file,
+    # so that number makes it apply exactly where they did (one file per equality delete and data file would
+    # multiply the delete files every reader opens).
+    groups: dict[str, list[np.ndarray]] = defaultdict(list)
+    lowest: dict[str, int] = {}
+    targets: dict[str, DataFile] = {}
+    for r in resolved:
+        path = r.data_file.file_path
+        groups[path].append(r.positions)
+        lowest[path] = min(lowest.get(path, r.sequence_number), r.sequence_number)
+        targets[path] = r.data_file
+    added: list[DataFile] = []
+    sequence_numbers: dict[str, int] = {}
+    positions = 0
+    for path, parts in sorted(groups.items()):
+        seq = lowest[path]
+        pos = np.unique(np.concatenate(parts))
+        positions += len(pos)
+        (f,) = write_position_deletes(ice, [(targets[path], pos)])
+        created.append(f.file_path)
+        added.append(f)
+        sequence_numbers[f.file_path] = seq
+    return Conversion(added, removed, sequence_numbers, positions, len(targets))
+
+
+def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], IcebergTable], name: str) -> ConvertResult:
+    """CONVERT every live equality delete file of a plain Iceberg table's ``main`` (adoption; see the module docs).
+
+    The snapshot carries no lineage list: use :func:`convert_table` on a
+    lineage table. ``refresh`` reloads ``iceberg`` from the catalog (the
+    commit loop calls it before every attempt); ``name`` names the table in
+    messages.
     """
     retries = int(iceberg.metadata.properties.get("commit.retry.num-retries", 20))
     table = [iceberg]
@@ -115,39 +181,16 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
         snap = ice.metadata.current_snapshot()
         if snap is None:
             return ConvertResult(OPERATION, None, attempts=a.number)
-        resolved, removed = resolve_snapshot(ice, snap)
-        if not removed:
+        plan = plan_conversion(ice, snap, a.files)
+        if plan is None:
             return ConvertResult(OPERATION, None, detail="no equality delete files", attempts=a.number)
-        # One position delete file per (equality delete sequence number, data file): the number is per delete file.
-        groups: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
-        targets: dict[str, DataFile] = {}
-        for r in resolved:
-            groups[(r.sequence_number, r.data_file.file_path)].append(r.positions)
-            targets[r.data_file.file_path] = r.data_file
-        added: list[DataFile] = []
-        sequence_numbers: dict[str, int] = {}
-        positions = 0
-        for (seq, path), parts in sorted(groups.items()):
-            pos = np.unique(np.concatenate(parts))
-            positions += len(pos)
-            (f,) = write_position_deletes(ice, [(targets[path], pos)])
-            a.files.append(f.file_path)
-            added.append(f)
-            sequence_numbers[f.file_path] = seq
         snapshot_id = ice.metadata.new_snapshot_id()
-        result = ConvertResult(
-            OPERATION, ice.metadata.next_sequence_number(), files_added=len(added), files_removed=len(removed),
-            bytes_added=sum(f.file_size_in_bytes for f in added), bytes_removed=sum(f.file_size_in_bytes for f in removed),
-            detail=f"{len(removed)} equality delete file(s) ({sum(f.record_count for f in removed)} rows) -> "
-            f"{len(added)} position delete file(s) ({positions} positions in {len(targets)} data file(s))",
-            equality_files=len(removed), equality_rows=sum(f.record_count for f in removed), position_files=len(added),
-            positions=positions, data_files=len(targets), attempts=a.number,
-        )
+        result = plan.result(ice.metadata.next_sequence_number(), a.number)
         a.result = result
         commit_files(
-            ice, operation=Operation.REPLACE, added=added, removed=removed, properties={SUMMARY_OPERATION: OPERATION},
+            ice, operation=Operation.REPLACE, added=plan.added, removed=plan.removed, properties={SUMMARY_OPERATION: OPERATION},
             timestamp_ms=max(int(time.time() * 1000), snap.timestamp_ms + 1), snapshot_id=snapshot_id, attempt=a,
-            delete_sequence_numbers=sequence_numbers,
+            delete_sequence_numbers=plan.sequence_numbers,
         )
         return result
 
@@ -162,3 +205,36 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
             "Retry later or raise the table property commit.retry.num-retries"
         ),
     )
+
+
+def convert_table(table) -> ConvertResult:  # lineage.Table  # type: ignore[no-untyped-def]
+    """CONVERT a lineage table: one ``replace`` commit of ours that carries a lineage list.
+
+    The commit changes no row's lineage and makes no change event (no data
+    file, no removed image, no key-index change). It drops the lineage list's
+    resolved-delete files: they resolve equality deletes, and after the
+    commit the table holds none (every position they name is covered by the
+    new position deletes, which resolve the same equality deletes against
+    every older row). Each attempt plans on the current head (reconciled
+    first if a foreign or equality commit made it), so a writer that commits
+    first, new equality deletes included, makes CONVERT plan again.
+    """
+    plans: list[Conversion] = []
+    attempts = [0]
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        attempts[0] += 1
+        conversion = plan_conversion(state.iceberg, state.snapshot, created) if state.snapshot is not None else None
+        if conversion is None:
+            return None
+        plans.append(conversion)
+        return CommitRequest(
+            OPERATION, Operation.REPLACE, delete_files=conversion.added, removed_files=conversion.removed,
+            delete_sequence_numbers=conversion.sequence_numbers,
+            transform_list=lambda lst: dataclasses.replace(lst, resolved_deletes=None),
+        )
+
+    _, result = commit_with_retries(table, plan, OPERATION)
+    if result is None:
+        return ConvertResult(OPERATION, None, detail="no equality delete files", attempts=attempts[0])
+    return plans[-1].result(result.version, attempts[0])

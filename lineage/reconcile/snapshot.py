@@ -169,6 +169,10 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
         removed_rows = pa.concat_tables([read_positions(p, images.removed[p], columns, schema) for p in r_paths])
         added_rows = pa.concat_tables([read_positions(f.file_path, pos, columns, schema) for f, pos, _ in images.added])
         pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, columns)
+        if _changelog_commit(snapshot):
+            # Every image our equality changelog commit writes comes from an event: an unchanged row is
+            # an update, as the position strategy records it, never a carried-over move.
+            pairs.move[:] = False
     n_added = int(sum(a_counts))
     written, next_row_id, paired_removed, moved_removed, updates = assign_lineage(
         images.added, pairs, r_rid_a, r_created_a, r_from_a, version, parent.lineage.next_row_id
@@ -246,3 +250,10 @@ def _live_resolved(lst: LineageList, parent: TableState) -> tuple[str, ...]:
         return known
     live = parent.files().files
     return tuple(p for p in known if any(f.resolved and p in f.resolved for f in live.values()))
+
+
+def _changelog_commit(snapshot: Snapshot) -> bool:
+    """True for a commit of our equality change-stream strategy (lineage.writes.changelog_equality)."""
+    from lineage.writes.changelog_equality import STRATEGY, SUMMARY_STRATEGY
+
+    return snapshot.summary is not None and snapshot.summary.additional_properties.get(SUMMARY_STRATEGY) == STRATEGY
