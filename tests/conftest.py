@@ -26,6 +26,30 @@ def table(warehouse):
     return lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=warehouse)
 
 
+def lose_next_commit(monkeypatch, rival) -> dict:  # noqa: ANN001
+    """Make this process's next Iceberg commit lose a race: ``rival()`` (another writer's commit) runs just
+    before it. Returns counters: ``winner`` (what ``rival`` returned) and ``failures`` (commits that failed)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    import lineage.commit as commit_module
+
+    real_commit = commit_module.commit_files
+    seen: dict[str, object] = {"armed": True, "winner": None, "failures": 0}
+
+    def racing_commit(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if seen["armed"]:
+            seen["armed"] = False
+            seen["winner"] = rival()
+        try:
+            return real_commit(*args, **kwargs)
+        except CommitFailedException:
+            seen["failures"] += 1  # type: ignore[operator]
+            raise
+
+    monkeypatch.setattr(commit_module, "commit_files", racing_commit)
+    return seen
+
+
 def rows(tbl: pa.Table, columns: list[str] | None = None) -> list[tuple]:
     """Rows of an Arrow table as sorted tuples (order-insensitive comparison)."""
     columns = columns or tbl.column_names

@@ -11,7 +11,6 @@ name through the embedded SQLite catalog, as independent jobs would.
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing as mp
 import queue as queue_mod
 import time
@@ -20,14 +19,12 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-from pyiceberg.exceptions import CommitFailedException
 
 import lineage
-from conftest import SCHEMA, assert_interop, rows
+from conftest import SCHEMA, assert_interop, lose_next_commit, rows
 from lineage.metadata import SUMMARY_LIST, SUMMARY_VERSION, read_list, read_segment
 from lineage.state import main_branch_snapshots
 
-commit_module = importlib.import_module("lineage.commit")  # where the Iceberg commit happens
 
 NAME = "shop.orders"
 WORKERS = 4
@@ -301,22 +298,8 @@ def _race(monkeypatch, warehouse: str, retries: int | None):
     loser = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=warehouse, properties=props)
     loser.append(SEED)
     winner = lineage.open_table(NAME, warehouse=warehouse)
-    real_commit = commit_module.commit_files
-    seen: dict[str, object] = {"armed": True, "winner": None, "failures": 0}
-
-    def racing_commit(*args, **kwargs):
-        if seen["armed"]:
-            seen["armed"] = False
-            # Between the loser's planning and its commit, another writer commits.
-            seen["winner"] = winner.upsert(WINNER)
-        try:
-            return real_commit(*args, **kwargs)
-        except CommitFailedException:
-            seen["failures"] += 1
-            raise
-
-    monkeypatch.setattr(commit_module, "commit_files", racing_commit)
-    return loser, seen
+    # Between the loser's planning and its commit, another writer commits.
+    return loser, lose_next_commit(monkeypatch, lambda: winner.upsert(WINNER))
 
 
 @pytest.mark.parametrize("op", sorted(LOSERS))

@@ -18,6 +18,8 @@ every feed. Feeds over random batch ranges, per version and net, must be equal a
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pyarrow as pa
 import pytest
 from conftest import SCHEMA, rows
@@ -162,7 +164,7 @@ EVENT = st.one_of(
     st.tuples(st.sampled_from(["+I", "+U"]), KEYS, st.integers(0, 3).map(float)),
     st.tuples(st.sampled_from(["-D", "-U"]), KEYS, st.none()),
 )
-MAINTENANCE = st.sampled_from(["none", "none", "convert", "compact"])
+MAINTENANCE = st.sampled_from(["none", "none", "convert", "compact", "expire", "vacuum"])
 STEPS = st.lists(st.tuples(st.lists(EVENT, min_size=1, max_size=6), MAINTENANCE), min_size=1, max_size=4)
 
 
@@ -192,21 +194,45 @@ def _mapped(tbl: pa.Table, ids: _Ids, version_map: dict[int, int], pos_side: lis
     return eq_sorted
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=STEPS, data=st.data())
 def test_both_strategies_agree(tmp_path_factory, steps, data):
-    """Same batches, two strategies, CONVERT or compaction at random points: same scans, lineage and feeds (see module docs)."""
+    """Same batches, two strategies, CONVERT, compaction, expiry or vacuum at random points: same scans, lineage and feeds."""
+    _both_strategies(str(tmp_path_factory.mktemp("wh")), steps, data)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(steps=STEPS, data=st.data())
+def test_both_strategies_agree_and_spark_reads_every_state(reference, tmp_path_factory, steps, data):
+    """The same, and after every step Spark + Iceberg 1.10 reads exactly our rows from the equality table."""
     wh = str(tmp_path_factory.mktemp("wh"))
+
+    def spark_reads_ours(eq: lineage.Table) -> None:
+        theirs = reference.read(wh, "shop.eq").cast(SCHEMA)
+        assert rows(eq.scan(with_lineage=False)) == rows(theirs), "Spark's read differs from our scan"
+
+    try:
+        _both_strategies(wh, steps, data, after_step=spark_reads_ours)
+    finally:
+        reference.forget(wh)
+
+
+def _both_strategies(wh: str, steps, data, after_step=None) -> None:  # noqa: ANN001
+    """Apply ``steps`` to one table per strategy and compare them (``after_step(eq)`` runs after each step)."""
     eq = lineage.create_table("shop.eq", SCHEMA, key=["id"], warehouse=wh, properties=EQ)
     pos = lineage.create_table("shop.pos", SCHEMA, key=["id"], warehouse=wh)
     _first(eq)
     _first(pos)
+    if after_step is not None:
+        after_step(eq)
     ids = _Ids()
     version_map = {0: 0, eq.version: pos.version}  # equality version -> position version
     batch_versions = [(eq.version, pos.version)]
     for events, maintenance in steps:
         eq.apply_changelog(_events(events), upsert=True)
         pos.apply_changelog(_events(events), upsert=True)
+        if after_step is not None:
+            after_step(eq)
         version_map[eq.version] = pos.version
         batch_versions.append((eq.version, pos.version))
         # A batch that changes nothing commits nothing on the position table; the equality table commits
@@ -221,8 +247,14 @@ def test_both_strategies_agree(tmp_path_factory, steps, data):
         elif maintenance == "compact":
             eq.compact(min_file_size_bytes=1 << 30)  # every file is small: rewrite them all, dropping deleted rows
             version_map[eq.version] = pos.version
+        elif maintenance == "expire":
+            eq.expire_snapshots(retain_last=1)  # the feed outlives the snapshots (commit log, deleted-rows index)
+        elif maintenance == "vacuum":
+            eq.vacuum(older_than=dt.timedelta(0))  # must keep reconciled lineage and pinned files
         p_scan = pos.scan().to_pylist()
         assert _mapped(eq.scan(), ids, version_map, p_scan) == sorted(p_scan, key=lambda r: (r["id"], "", 0))
+        if after_step is not None and maintenance != "none":
+            after_step(eq)
     assert verify(eq).ok, verify(eq).problems
     n = len(batch_versions)
     for _ in range(3):

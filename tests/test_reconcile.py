@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from conftest import SCHEMA, assert_interop, rows
+from conftest import SCHEMA, assert_interop, lose_next_commit, rows
 
 import cdf
 import lineage
@@ -285,26 +285,9 @@ def test_keyless_table_pairs_identical_rows(reference, warehouse):
 def test_our_write_that_loses_to_a_foreign_commit_replans_on_top_of_it(reference, warehouse, keyed, monkeypatch):
     """Between our planning and our commit Spark commits an UPDATE; our upsert fails once, re-plans on the
     reconciled foreign snapshot and lands; both changes are in the table and the commit log."""
-    from pyiceberg.exceptions import CommitFailedException
-
-    import lineage.commit as commit_module
-
     t = keyed
     before = _ids(t)
-    real_commit = commit_module.commit_files
-    seen = {"armed": True, "failures": 0}
-
-    def racing_commit(*args, **kwargs):
-        if seen["armed"]:
-            seen["armed"] = False
-            reference.sql(warehouse, f"UPDATE {NAME} SET amount = -1.0 WHERE id = 1")
-        try:
-            return real_commit(*args, **kwargs)
-        except CommitFailedException:
-            seen["failures"] += 1
-            raise
-
-    monkeypatch.setattr(commit_module, "commit_files", racing_commit)
+    seen = lose_next_commit(monkeypatch, lambda: reference.sql(warehouse, f"UPDATE {NAME} SET amount = -1.0 WHERE id = 1"))
     t.upsert(_batch([(2, "b2", 20.0), (9, "z", 9.0)]))
     assert seen["failures"] == 1
     assert rows(t.scan(with_lineage=False)) == rows(
