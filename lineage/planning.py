@@ -69,7 +69,7 @@ class EqualityDeleteIndex:
     def add(self, entry: ManifestEntry) -> None:
         """Index one live equality delete entry."""
         f = entry.data_file
-        seq = entry.sequence_number if entry.sequence_number is not None else INITIAL_SEQUENCE_NUMBER
+        seq = sequence_of(entry)
         if (f.spec_id or 0) in self._unpartitioned:
             self._global.add(seq, f)
         else:
