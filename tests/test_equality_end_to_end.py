@@ -241,9 +241,11 @@ def _both_strategies(wh: str, steps, data, after_step=None) -> None:  # noqa: AN
         p_counts = (p_last.inserted, p_last.updated, p_last.deleted) if p_last.version == pos.version and batch_versions[-2][1] != pos.version else (0, 0, 0)
         assert (e_last.inserted, e_last.updated, e_last.deleted) == p_counts, events
         if maintenance == "convert":
+            by_scan = _scan_resolution(eq)
             eq.convert_equality_deletes()
             version_map[eq.version] = pos.version
             assert not eq.state().lineage.resolved_deletes
+            assert _converted_positions(eq) == by_scan, "CONVERT through the key index differs from a scan of the equality columns"
         elif maintenance == "compact":
             eq.compact(min_file_size_bytes=1 << 30)  # every file is small: rewrite them all, dropping deleted rows
             version_map[eq.version] = pos.version
@@ -255,19 +257,58 @@ def _both_strategies(wh: str, steps, data, after_step=None) -> None:  # noqa: AN
         assert _mapped(eq.scan(), ids, version_map, p_scan) == sorted(p_scan, key=lambda r: (r["id"], "", 0))
         if after_step is not None and maintenance != "none":
             after_step(eq)
-    assert verify(eq).ok, verify(eq).problems
+        # After every step: the key index agrees with the table, and the feeds of the last batch (per version)
+        # and of a random range ending now (net or per version) are the position table's.
+        assert verify(eq).ok, verify(eq).problems
+        n = len(batch_versions)
+        _same_feed(eq, pos, ids, version_map, batch_versions, n - 2, n - 1, False)
+        i = data.draw(st.integers(0, n - 2), label="from batch")
+        _same_feed(eq, pos, ids, version_map, batch_versions, i, n - 1, data.draw(st.booleans(), label="net"))
     n = len(batch_versions)
-    for _ in range(3):
+    for _ in range(2):
         i = data.draw(st.integers(0, n - 2), label="from batch")
         j = data.draw(st.integers(i + 1, n - 1), label="to batch")
-        net = data.draw(st.booleans(), label="net")
-        # The equality range ends at the newest version of batch j (a CONVERT after it included), or at the head.
-        e_to = max(v for v, p in version_map.items() if p == batch_versions[j][1])
-        note(f"batches {i}..{j} net={net}: equality {batch_versions[i][0]}..{e_to}, position {batch_versions[i][1]}..{batch_versions[j][1]}")
-        p_from, p_to = batch_versions[i][1], batch_versions[j][1]
-        p_feed = cdf.changes(pos, p_from, p_to, net=net).to_pylist() if p_to > p_from else []
-        e_feed = _mapped(cdf.changes(eq, batch_versions[i][0], e_to, net=net), ids, version_map, p_feed)
-        assert [{c: r[c] for c in FEED} for r in e_feed] == [{c: r[c] for c in FEED} for r in sorted(p_feed, key=lambda r: (r["id"], r["_change_type"], r["_commit_version"]))]
+        _same_feed(eq, pos, ids, version_map, batch_versions, i, j, data.draw(st.booleans(), label="net"))
+
+
+def _same_feed(eq, pos, ids: _Ids, version_map: dict[int, int], batch_versions: list[tuple[int, int]], i: int, j: int, net: bool) -> None:  # noqa: ANN001
+    """The equality table's feed from batch ``i`` to batch ``j`` is the position table's (versions and row ids mapped)."""
+    # The equality range ends at the newest version of batch j (a CONVERT after it included), or at the head.
+    e_to = max(v for v, p in version_map.items() if p == batch_versions[j][1])
+    note(f"batches {i}..{j} net={net}: equality {batch_versions[i][0]}..{e_to}, position {batch_versions[i][1]}..{batch_versions[j][1]}")
+    p_from, p_to = batch_versions[i][1], batch_versions[j][1]
+    p_feed = cdf.changes(pos, p_from, p_to, net=net).to_pylist() if p_to > p_from else []
+    e_feed = _mapped(cdf.changes(eq, batch_versions[i][0], e_to, net=net), ids, version_map, p_feed)
+    expected = sorted(p_feed, key=lambda r: (r["id"], r["_change_type"], r["_commit_version"]))
+    assert [{c: r[c] for c in FEED} for r in e_feed] == [{c: r[c] for c in FEED} for r in expected], (i, j, net)
+
+
+def _scan_resolution(t: lineage.Table) -> dict[str, list[int]]:
+    """What CONVERT must write, resolved independently: a scan of the equality columns, less positions already deleted."""
+    from lineage.deletes import positions_for
+    from lineage.maintenance.convert import resolve_snapshot
+
+    t.refresh()
+    files = t.state().files().files
+    out: dict[str, set[int]] = {}
+    for r in resolve_snapshot(t.iceberg, t.iceberg.metadata.current_snapshot())[0]:
+        out.setdefault(r.data_file.file_path, set()).update(int(p) for p in r.positions)
+    deleted = {p: set(positions_for(p, [d.file_path for d in files[p].deletes]).tolist()) for p in out}
+    return {p: sorted(v - deleted[p]) for p, v in out.items() if v - deleted[p]}
+
+
+def _converted_positions(t: lineage.Table) -> dict[str, list[int]]:
+    """Data file -> positions of the position delete files the head snapshot (a CONVERT) added."""
+    from lineage.deletes import read_position_deletes
+
+    snap = t.iceberg.metadata.current_snapshot()
+    out: dict[str, list[int]] = {}
+    for m in snap.manifests(t.iceberg.io):
+        for e in m.fetch_manifest_entry(t.iceberg.io, discard_deleted=True):
+            if e.data_file.content == DataFileContent.POSITION_DELETES and e.snapshot_id == snap.snapshot_id:
+                for path, p in read_position_deletes(e.data_file.file_path).items():
+                    out[path] = sorted(set(out.get(path, [])) | set(p.tolist()))
+    return out
 
 
 def test_adopted_table_with_equality_stream(warehouse):

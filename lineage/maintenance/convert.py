@@ -26,9 +26,15 @@ Concurrency: the commit asserts the snapshot it was planned on; when another
 writer commits first (new equality deletes included) the attempt's files are
 removed and CONVERT plans again on the new head.
 
-Resolution is :func:`lineage.equality.resolve_equality_deletes` (the resolver
-the reconciliation of foreign snapshots uses), scanning the equality columns
-of the data files each delete applies to.
+Resolution. On a lineage table every equality delete was already resolved when
+its snapshot was reconciled, through the key index of the snapshot before it
+(:mod:`lineage.reconcile`): the positions are in the lineage list's
+resolved-delete files, which every reader of ours applies. CONVERT turns those
+into Iceberg position delete files (:func:`plan_from_resolved`): it reads no
+data file, so its cost is that of the positions it writes. A plain Iceberg
+table has no such files: :func:`plan_conversion` resolves with
+:func:`lineage.equality.resolve_equality_deletes`, scanning the equality
+columns of the data files each delete applies to.
 """
 
 from __future__ import annotations
@@ -45,13 +51,14 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lineage.commit import CommitRequest, commit_files
+from lineage.deletes import read_position_deletes
 from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
 from lineage.planning import live_entries, sequence_of
-from lineage.state import TableState
+from lineage.state import LiveFile, TableState
 from lineage.writer import write_position_deletes
 
 OPERATION = "convert-deletes"
@@ -132,7 +139,7 @@ class Conversion:
 
 
 def plan_conversion(ice: IcebergTable, snap: Snapshot, created: list[str]) -> Conversion | None:
-    """Resolve ``snap``'s equality deletes and write the position delete files (paths appended to ``created``).
+    """Resolve ``snap``'s equality deletes by scanning and write the position delete files (paths appended to ``created``).
 
     None when the snapshot holds no equality delete file.
     """
@@ -151,6 +158,68 @@ def plan_conversion(ice: IcebergTable, snap: Snapshot, created: list[str]) -> Co
         groups[path].append(r.positions)
         lowest[path] = min(lowest.get(path, r.sequence_number), r.sequence_number)
         targets[path] = r.data_file
+    return _write_conversion(ice, groups, lowest, targets, removed, created)
+
+
+def plan_from_resolved(state: TableState, created: list[str]) -> Conversion | None:
+    """CONVERT planned from the lineage list's resolved-delete files: the key-index resolution reconciliation made.
+
+    Every live data file with resolved positions gets one position delete file
+    with the positions no position delete file of it covers yet, carrying the
+    lowest data sequence number of the equality deletes that apply to it (its
+    own data sequence number when none applies any more: a position delete
+    names its file, so any number not below the file's applies it). Reads the
+    manifests and the resolved-delete files, no data file. None when the
+    snapshot holds no equality delete file.
+    """
+    ice, snap = state.iceberg, state.snapshot
+    if snap is None:
+        return None
+    seq: dict[str, int] = {}
+    removed: list[DataFile] = []
+    for entry in live_entries(ice, snap.manifests(ice.io)):
+        f = entry.data_file
+        seq[f.file_path] = sequence_of(entry)
+        if f.content == DataFileContent.EQUALITY_DELETES:
+            removed.append(f)
+    if not removed:
+        return None
+    files = list(state.files().files.values())
+    by_data: dict[str, list[np.ndarray]] = defaultdict(list)
+    for path in sorted({r for f in files for r in f.resolved}):
+        for data_path, pos in read_position_deletes(path).items():
+            by_data[data_path].append(pos)
+    groups: dict[str, list[np.ndarray]] = {}
+    lowest: dict[str, int] = {}
+    targets: dict[str, DataFile] = {}
+    for f in files:
+        if f.path not in by_data:
+            continue
+        pos = np.setdiff1d(np.unique(np.concatenate(by_data[f.path])), _deleted(f))
+        if not len(pos):
+            continue
+        groups[f.path] = [pos]
+        lowest[f.path] = min((seq[d.file_path] for d in f.equality_deletes), default=seq[f.path])
+        targets[f.path] = f.data_file
+    return _write_conversion(ice, groups, lowest, targets, removed, created)
+
+
+def _deleted(f: LiveFile) -> np.ndarray:
+    """Positions of ``f`` its Iceberg position delete files remove."""
+    parts = [read_position_deletes(d.file_path).get(f.path) for d in f.deletes]
+    parts = [p for p in parts if p is not None and len(p)]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+
+def _write_conversion(
+    ice: IcebergTable,
+    groups: dict[str, list[np.ndarray]],
+    lowest: dict[str, int],
+    targets: dict[str, DataFile],
+    removed: list[DataFile],
+    created: list[str],
+) -> Conversion:
+    """Write one position delete file per data file of ``groups`` (sequence number ``lowest``) replacing ``removed``."""
     added: list[DataFile] = []
     sequence_numbers: dict[str, int] = {}
     positions = 0
@@ -218,13 +287,14 @@ def convert_table(table) -> ConvertResult:  # lineage.Table  # type: ignore[no-u
     every older row). Each attempt plans on the current head (reconciled
     first if a foreign or equality commit made it), so a writer that commits
     first, new equality deletes included, makes CONVERT plan again.
+    Positions come from the resolved-delete files (:func:`plan_from_resolved`).
     """
     plans: list[Conversion] = []
     attempts = [0]
 
     def plan(state: TableState, created: list[str]) -> CommitRequest | None:
         attempts[0] += 1
-        conversion = plan_conversion(state.iceberg, state.snapshot, created) if state.snapshot is not None else None
+        conversion = plan_from_resolved(state, created)
         if conversion is None:
             return None
         plans.append(conversion)
