@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 
 from index.key_index import KeyIndex
+from lineage import values
 from lineage.deletes import positions_for, read_position_deletes
 from lineage.equality import Candidate, EqualityDelete, applies_to, resolve_equality_deletes
-from lineage.fileio import local_path
 from lineage.planning import sequence_of
 from lineage.reconcile.changes import SnapshotChanges
 from lineage.state import LiveFile, TableState
@@ -39,6 +38,9 @@ class Images:
     removed: dict[str, np.ndarray] = field(default_factory=dict)  # P's data file -> removed positions
     added: list[tuple[DataFile, np.ndarray, np.ndarray]] = field(default_factory=list)  # file, live positions, dead positions
     resolved: dict[str, np.ndarray] = field(default_factory=dict)  # positions the snapshot's equality deletes remove
+    # The parent's key index when equality deletes were looked up in it; built here when the parent had none
+    # (a deferred bulk append, an equality-strategy stream), so the commit carries it forward.
+    index: KeyIndex | None = None
 
 
 def _union(target: dict[str, np.ndarray], path: str, pos: np.ndarray) -> None:
@@ -89,7 +91,10 @@ def _equality(parent, changes, live, removed_paths, dead_at_parent, out: Images,
     """Removed images of the snapshot's equality deletes (and positions of its own files they remove)."""
     candidates = [Candidate(f.data_file, f.sequence_number or 0) for p, f in live.items() if p not in removed_paths]
     candidates += [Candidate(e.data_file, sequence_of(e)) for e in changes.added]
-    index = KeyIndex.open(parent, build=False) if parent.snapshot is not None else None
+    # Built when missing: one scan of the key columns, carried forward by the reconciled list, instead of a
+    # scan of every candidate file for every equality commit.
+    index = KeyIndex.open(parent) if parent.snapshot is not None else None
+    out.index = index
     lookup = None
     if index is not None and not any(c.data_file.file_path not in live for c in candidates if _may_apply(changes.equality_deletes, c)):
 
@@ -118,13 +123,9 @@ def _may_apply(deletes: list[EqualityDelete], candidate: Candidate) -> bool:
 
 
 def read_positions(path: str, positions: np.ndarray, names: list[str], arrow_schema: pa.Schema) -> pa.Table:
-    """The ``names`` columns of the rows at ``positions`` of the data file at ``path`` (columns it lacks read as null)."""
-    pf = pq.ParquetFile(local_path(path))
-    present = [n for n in names if n in pf.schema_arrow.names]
-    table = pf.read(columns=present, use_threads=False).take(pa.array(positions, pa.int64()))
-    cols = []
-    for n in names:
-        typ = arrow_schema.field(n).type
-        col = table.column(n) if n in present else pa.nulls(table.num_rows, typ)
-        cols.append(col.cast(typ) if not col.type.equals(typ) else col)
-    return pa.Table.from_arrays(cols, schema=pa.schema([arrow_schema.field(n) for n in names]))
+    """The ``names`` columns of the rows at ``positions`` of the data file at ``path`` (columns it lacks read as null).
+
+    Reads only the row groups holding ``positions`` (:func:`lineage.values.read_positions`).
+    """
+    wanted = pa.schema([arrow_schema.field(n) for n in names])
+    return values.read_positions(path, np.asarray(positions, np.int64), wanted)

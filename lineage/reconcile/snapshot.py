@@ -164,14 +164,21 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     keyed = bool(iceberg.schema().identifier_field_ids)
     key = [k.name for k in table_key(iceberg)] if keyed else []
     replace_op = snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE
+    # Every image our equality changelog commit writes comes from an event: an unchanged row is an update,
+    # as the position strategy records it, never a carried-over move. Its images pair by key alone, so only
+    # the key columns are read.
+    no_moves = _changelog_commit(snapshot) and bool(key) and not replace_op
+    pair_columns = key if no_moves else columns
+    index_keys = index_enabled(iceberg) and parent.snapshot is not None and keyed
     pairs = None
-    if len(r_pos) and sum(a_counts):
-        removed_rows = pa.concat_tables([read_positions(p, images.removed[p], columns, schema) for p in r_paths])
-        added_rows = pa.concat_tables([read_positions(f.file_path, pos, columns, schema) for f, pos, _ in images.added])
-        pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, columns)
-        if _changelog_commit(snapshot):
-            # Every image our equality changelog commit writes comes from an event: an unchanged row is
-            # an update, as the position strategy records it, never a carried-over move.
+    removed_rows = None  # the removed images' pair_columns (or key columns), read once
+    if len(r_pos) and (sum(a_counts) or index_keys):
+        wanted = pair_columns if sum(a_counts) else key
+        removed_rows = pa.concat_tables([read_positions(p, images.removed[p], wanted, schema) for p in r_paths])
+    if removed_rows is not None and sum(a_counts):
+        added_rows = pa.concat_tables([read_positions(f.file_path, pos, pair_columns, schema) for f, pos, _ in images.added])
+        pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, pair_columns)
+        if no_moves:
             pairs.move[:] = False
     n_added = int(sum(a_counts))
     written, next_row_id, paired_removed, moved_removed, updates = assign_lineage(
@@ -195,9 +202,10 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     key_change = None
     if index_enabled(iceberg) and parent.snapshot is not None:
         removed_keys = None
-        if removed_images:
-            removed_keys = pa.concat_tables([read_positions(r.file_path, r.positions, key, schema) for r in removed_images])
-        key_change = KeyIndexChange(removed_keys=removed_keys)
+        if removed_images and removed_rows is not None:
+            # removed_images are the kept rows in file then position order: the order of removed_rows
+            removed_keys = removed_rows.select(key).take(pa.array(np.flatnonzero(keep), pa.int64()))
+        key_change = KeyIndexChange(removed_keys=removed_keys, index=images.index)
 
     resolved_path = None
     tag = reconciled_tag(snapshot.snapshot_id)
