@@ -18,18 +18,19 @@ foreign snapshots and CONVERT need.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
-from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.manifest import INITIAL_SEQUENCE_NUMBER, DataFile, DataFileContent, ManifestEntry, ManifestFile
-from pyiceberg.table import ManifestGroupPlanner
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
+from pyiceberg.utils.concurrent import ExecutorFactory
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,57 @@ def sequence_of(entry: ManifestEntry) -> int:
     return entry.sequence_number if entry.sequence_number is not None else INITIAL_SEQUENCE_NUMBER
 
 
+class _EntryCache:
+    """Live entries of recently read manifests, by manifest path, bounded by the number of entries held.
+
+    Manifest files are immutable and uniquely named, so their entries stay
+    valid; a reader that polls the change feed or a stream that commits every
+    few seconds re-reads only the manifests its last call did not see.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self._max = max_entries
+        self._held = 0
+        self._items: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> list[ManifestEntry] | None:
+        with self._lock:
+            hit = self._items.get(path)
+            if hit is not None:
+                self._items.move_to_end(path)
+            return hit
+
+    def put(self, path: str, entries: list[ManifestEntry]) -> None:
+        if len(entries) > self._max // 4:
+            return  # one huge manifest would evict everything else
+        with self._lock:
+            if path in self._items:
+                return
+            self._items[path] = entries
+            self._held += len(entries)
+            while self._held > self._max:
+                _, gone = self._items.popitem(last=False)
+                self._held -= len(gone)
+
+
+_ENTRIES = _EntryCache(200_000)
+
+
 def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iterator[ManifestEntry]:
-    """Every live (added or existing) entry of ``manifests``, read in parallel, in manifest order."""
-    planner = ManifestGroupPlanner(table.metadata, table.io, AlwaysTrue())
-    return chain.from_iterable(planner.plan_manifest_entries(list(manifests)))
+    """Every live (added or existing) entry of ``manifests``, in manifest order (the entries are shared: do not modify them).
+
+    Manifests not cached (:class:`_EntryCache`) are read in parallel.
+    """
+    manifests = list(manifests)
+    found = {m.manifest_path: _ENTRIES.get(m.manifest_path) for m in manifests}
+    missing = [m for m in manifests if found[m.manifest_path] is None]
+    if missing:
+        read = ExecutorFactory.get_or_create().map(lambda m: m.fetch_manifest_entry(table.io, discard_deleted=True), missing)
+        for m, entries in zip(missing, read, strict=True):
+            found[m.manifest_path] = entries
+            _ENTRIES.put(m.manifest_path, entries)
+    return chain.from_iterable(found[m.manifest_path] or () for m in manifests)
 
 
 def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:

@@ -24,7 +24,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lineage.deletes import read_position_deletes, referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
-from lineage.planning import PlannedFile, plan_snapshot
+from lineage.planning import PlannedFile, live_entries, plan_snapshot
 from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
 
 
@@ -191,13 +191,8 @@ class TableState:
             return set()
         if "files" in self.memo:
             return set(self.files().files)
-        paths = set()
-        for manifest in self.snapshot.manifests(self.iceberg.io):
-            if manifest.content != 0:  # delete manifests
-                continue
-            for entry in manifest.fetch_manifest_entry(self.iceberg.io, discard_deleted=True):
-                paths.add(entry.data_file.file_path)
-        return paths
+        data_manifests = [m for m in self.snapshot.manifests(self.iceberg.io) if m.content == 0]
+        return {entry.data_file.file_path for entry in live_entries(self.iceberg, data_manifests)}
 
 
 def _with_resolved(files: list[LiveFile], resolved: tuple[str, ...]) -> list[LiveFile]:

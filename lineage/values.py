@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lineage.fileio import local_path
+from lineage.fileio import ImmutableFileCache, local_path
 
 FIELD_ID = b"PARQUET:field_id"
 WORKERS = 2  # decoding threads; the machines we target have few cores and pyarrow decodes a row group in parallel too
@@ -39,9 +39,8 @@ def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
-def _columns(pf: pq.ParquetFile, schema: pa.Schema, field_ids: dict[str, int] | None) -> list[str | None]:
+def _columns(file_schema: pa.Schema, schema: pa.Schema, field_ids: dict[str, int] | None) -> list[str | None]:
     """For each column of ``schema``, the name of the file's column holding it (None: absent, reads as null)."""
-    file_schema = pf.schema_arrow
     by_id = {}
     for f in file_schema:
         fid = (f.metadata or {}).get(FIELD_ID)
@@ -72,25 +71,42 @@ def _conform(table: pa.Table, sources: list[str | None], schema: pa.Schema, n: i
 @dataclass(frozen=True)
 class _File:
     path: str
+    metadata: pq.FileMetaData  # the footer, read once per process (data files are immutable)
     sources: list[str | None]  # file column per requested column
     strings: list[str]  # file columns decoded as dictionaries
     starts: np.ndarray  # first position of each row group
     sizes: np.ndarray  # rows of each row group
 
 
-def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
+@dataclass(frozen=True)
+class _Footer:
+    metadata: pq.FileMetaData
+    schema: pa.Schema
+    sizes: np.ndarray  # rows of each row group
+
+
+# Data files are immutable and uniquely named: a footer stays valid while the file exists.
+_FOOTERS: ImmutableFileCache[_Footer] = ImmutableFileCache(2048)
+
+
+def _read_footer(path: str) -> _Footer:
     pf = pq.ParquetFile(local_path(path))
     md = pf.metadata
     sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], np.int64)
-    sources = _columns(pf, schema, field_ids)
-    strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(pf.schema_arrow.field(s).type)]
-    return _File(path, sources, strings, np.cumsum(sizes) - sizes, sizes)
+    return _Footer(md, pf.schema_arrow, sizes)
+
+
+def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
+    footer = _FOOTERS.get(path, lambda: _read_footer(path))
+    sources = _columns(footer.schema, schema, field_ids)
+    strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(footer.schema.field(s).type)]
+    return _File(path, footer.metadata, sources, strings, np.cumsum(footer.sizes) - footer.sizes, footer.sizes)
 
 
 def _read_task(f: _File, positions: np.ndarray, row_group: int, schema: pa.Schema) -> pa.Table:
     wanted = sorted({s for s in f.sources if s is not None})
     if wanted:
-        pf = pq.ParquetFile(local_path(f.path), read_dictionary=f.strings or None)
+        pf = pq.ParquetFile(local_path(f.path), metadata=f.metadata, read_dictionary=f.strings or None)
         table = pf.read_row_group(row_group, columns=wanted, use_threads=False)
         if len(positions) != int(f.sizes[row_group]):
             table = table.take(pa.array(positions - int(f.starts[row_group]), pa.int64()))
