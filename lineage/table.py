@@ -33,7 +33,6 @@ from pyiceberg.table import Table as IcebergTable
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
 from lineage import duck
 from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
-from lineage.duck import duckdb_types
 from lineage.errors import (
     BadPredicateError,
     InvalidArgumentError,
@@ -58,13 +57,14 @@ from lineage.schema import (
 )
 from lineage.spark import is_spark_dataframe
 from lineage.state import SnapshotFiles, TableState, carried_memo, state_at
-from lineage.writer import CREATED, ROW_ID, WrittenFile
+from lineage.writer import WrittenFile
 from lineage.writes import keyed
 from lineage.writes import spark as spark_writes
-from lineage.writes.capture import old_names, old_values, split_old
-from lineage.writes.checks import check_expression, check_user_properties
+from lineage.writes.capture import old_values, split_old
+from lineage.writes.checks import check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
 from lineage.writes.merge import merge_planner
+from lineage.writes.update import update_planner
 from lineage.writes.properties import (  # re-exported: the table properties keep their lineage.table names
     COPY_ON_WRITE,
     DEFAULT_RETRIES,
@@ -78,7 +78,7 @@ from lineage.writes.properties import (  # re-exported: the table properties kee
     capture_preimages,
     check_mode,
 )
-from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
+from lineage.writes.rows import REMOVED_COLS
 
 PROP_LINEAGE = "lineage.enabled"
 PROP_KEY_ENFORCE = "lineage.key.enforce"
@@ -370,57 +370,10 @@ class Table:
         """Set columns of the rows matching ``where`` to SQL expressions (evaluated on the old row).
 
         Updated rows keep their row id and created version; their updated
-        version becomes the new version.
+        version becomes the new version (plan: :mod:`lineage.writes.update`).
         """
-        schema = self.arrow_schema
-        if not isinstance(set, Mapping) or not set:
-            raise InvalidArgumentError("set must be a non-empty mapping of column name to SQL expression")
-        unknown = [c for c in set if c not in schema.names]
-        if unknown:
-            raise UnknownColumnError(f"set names column(s) {unknown} that the table does not have (columns: {schema.names})")
-        pred = parse_predicate(where, self._probe_schema())
-        checked: dict[str, str] = {}
-        for col, expr in set.items():
-            if not isinstance(expr, str) or not expr.strip():
-                raise InvalidArgumentError(f"set[{col!r}] must be a SQL expression string, got {expr!r}")
-            checked[col] = check_expression(expr, self._probe_schema(), col)
-        mode = self._mode(mode, PROP_UPDATE_MODE)
-        key_set = any(k in set for k in self.key) and self._enforce_key()
-        # Each checked expression is cast to its column's type, so `"1.5"`, `"NULL"` or `"'7'"` fit any compatible column.
-        types = dict(duckdb_types(schema))
-        select = ", ".join(
-            f"CAST({checked[c]} AS {types[c]}) AS {quote_ident(c)}" if c in checked else quote_ident(c) for c in schema.names
-        )
-
-        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            index = KeyIndex.open(state) if key_set else None
-            # Without an index the key check scans every file, so the plan must not prune any.
-            files = state.live_files(pred.prune if index is not None or not key_set else None)
-            duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()))
-            key = self.key if index_enabled(state.iceberg) else []
-            # The removed images' keys for the key index (named apart from capture's __old_<i> values).
-            old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
-            capture = self._capture()
-            con.execute(
-                f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                f"{REMOVED_COLS}{old_keys}{old_values(schema, 'live.') if capture else ''} FROM live WHERE ({pred.sql})"
-            )
-            removed, values = split_old(con.execute(f"SELECT {REMOVED_COLS}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema)
-            names = ", ".join(quote_ident(c) for c in schema.names)
-            images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
-            images = conform_images(images, self._iceberg.schema(), self.key, "update")
-            if index is not None:
-                new_keys = duck.fetch_arrow(con, f"SELECT {keyed.select_list(self.key)[2:]}, __file_id, __pos FROM matched")
-                keyed.reject_clashing_keys(index, files, new_keys)
-            elif key_set:
-                check_updated_keys(con, self.key)
-            change = None
-            if key:
-                gone = con.execute(f"SELECT {', '.join(quote_ident(f'__old_key_{i}') for i in range(len(key)))} FROM matched").to_arrow_table()
-                change = KeyIndexChange(removed_keys=gone.rename_columns(key), index=index)
-            return Plan("update", files=files, removed=removed, removed_values=values, new_images=images, updated=removed.num_rows, key_index=change)
-
-        return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
+        plan = update_planner(self, where, set, enforce_key=self._enforce_key())
+        return run_write(self, plan, mode=self._mode(mode, PROP_UPDATE_MODE), isolated=True)  # the plan seals its connection
 
     def upsert(self, data: object, *, skip_unchanged: bool = False, mode: str | None = None) -> CommitInfo:
         """Insert-or-update by the table key.
