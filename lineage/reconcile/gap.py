@@ -35,6 +35,7 @@ index is rebuilt by the next keyed write.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -48,32 +49,24 @@ from lineage.commit import build_lineage
 from lineage.deletes import positions_for, read_position_deletes
 from lineage.errors import LineageMetadataError
 from lineage.fileio import overwriting
-from lineage.metadata import FileLineage, LineageList, read_list, read_segment
+from lineage.metadata import FileLineage, LineageList, read_segment
 from lineage.planning import plan_snapshot
 from lineage.reconcile.images import read_positions
 from lineage.reconcile.pairing import Pairs, pair_images
-from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_list_path, reconciled_tag
+from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_tag
 from lineage.rle import decode_sequence, decode_values
 from lineage.schema import arrow_schema
-from lineage.state import LiveFile, SnapshotFiles, TableState, own_list_path
+from lineage.state import LiveFile, SnapshotFiles, TableState
 
 log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, np.int64)
 
 
-def _list_of(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList | None:
-    """The lineage list of an (expired) snapshot if one was written: ours, or reconciled before."""
-    path = own_list_path(snapshot) or reconciled_list_path(iceberg, snapshot.snapshot_id)
-    try:
-        lst = read_list(iceberg.io, path)
-    except LineageMetadataError:
-        return None
-    return lst if lst.version == snapshot.sequence_number else None
-
-
-def last_known(iceberg: IcebergTable, survivor: Snapshot) -> tuple[Snapshot | None, LineageList] | None:
-    """The newest ancestor of ``survivor`` whose lineage is known, with its list, found in older metadata files.
+def last_known(
+    iceberg: IcebergTable, survivor: Snapshot, lookup: Callable[[Snapshot], LineageList | None]
+) -> tuple[Snapshot | None, LineageList] | None:
+    """The newest ancestor of ``survivor`` whose lineage ``lookup`` knows, with its list, found in older metadata files.
 
     ``(None, empty list)`` when the whole chain back to the table's first
     snapshot is foreign; None when the metadata files no longer tell.
@@ -91,7 +84,7 @@ def last_known(iceberg: IcebergTable, survivor: Snapshot) -> tuple[Snapshot | No
             parent = by_id[survivor.snapshot_id].parent_snapshot_id
         while parent is not None and parent in by_id:
             snap = by_id[parent]
-            lst = _list_of(iceberg, snap)
+            lst = lookup(snap)
             if lst is not None:
                 return snap, lst
             if snap.parent_snapshot_id is None and snap.sequence_number <= 1:
