@@ -383,13 +383,16 @@ def carried_memo(snapshot_id: int, files: SnapshotFiles | None) -> dict:
     return {"snapshot-id": snapshot_id, "generation": _GENERATION[0], **({"files": files} if files is not None else {})}
 
 
-def state_at(table: IcebergTable, version: int | None = None, memo: dict | None = None) -> TableState:
+def state_at(table: IcebergTable, version: int | None = None, memo: dict | None = None, persist: bool = False) -> TableState:
     """The table's state at ``version`` (the current one if None).
 
     ``memo`` is a dict the caller keeps between calls: the state of the
     current snapshot shares it (its contents are dropped first when they
     belong to another snapshot), so files planned once, or derived by a
     commit of this process (key ``"files"``), are not planned again.
+    ``persist`` (writers, current version only): the lineage of a foreign
+    snapshot is derived under the table's location (:func:`writable_state`)
+    instead of in memory.
     """
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
         raise UnknownVersionError(f"as_of must be an integer version, got {version!r}")
@@ -403,7 +406,8 @@ def state_at(table: IcebergTable, version: int | None = None, memo: dict | None 
                 remember_files(table, memo["files"])  # the parent of a foreign commit, most likely
             memo.clear()
             memo.update({"snapshot-id": current_id, "generation": _GENERATION[0]})
-        return TableState(table, current, lineage_list_of(table, current), memo)
+        state = TableState(table, current, lineage_list_of(table, current, persist), memo)
+        return writable_state(state) if persist else state
     if isinstance(version, bool) or not isinstance(version, int):
         raise UnknownVersionError(f"as_of must be an integer version, got {version!r}")
     if version == 0:

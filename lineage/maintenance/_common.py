@@ -13,7 +13,7 @@ from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.deletes import referenced_data_path  # noqa: F401  (maintenance modules import it from here)
 from lineage.errors import CommitConflictError
 from lineage.outcome import Attempt, CommitLoop
-from lineage.state import TableState, state_at, writable_state
+from lineage.state import TableState, state_at
 
 log = logging.getLogger("lineage.maintenance")
 
@@ -47,7 +47,7 @@ def commit_with_retries(
     retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
 
     def attempt(a: Attempt) -> tuple[CommitRequest | None, CommitResult | None]:
-        state = writable_state(state_at(table.iceberg))
+        state = state_at(table.iceberg, persist=True)  # a foreign base's lineage persisted first
         request = plan(state, a.files)
         if request is None:
             return None, None

@@ -38,7 +38,7 @@ from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
-from lineage.state import LiveFile, TableState, writable_state
+from lineage.state import LiveFile, TableState
 from lineage.values import read_at
 from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
 from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES, capture_preimages
@@ -138,7 +138,7 @@ def run_write(
 
     def attempt(a: Attempt) -> CommitInfo:
         # carries the live files of the table's own last commit; a foreign base's lineage is persisted first
-        state = writable_state(table.state_in_hand())
+        state = table.state_in_hand(persist=True)
         if expected_version is not None and state.version != expected_version:
             raise VersionMovedError(table.name, expected_version, state.version)
         con = duck.connect(isolated=True) if isolated else _LazyConnection()  # an isolated one is sealed by the plan
