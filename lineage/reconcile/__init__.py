@@ -83,7 +83,6 @@ def foreign_list(iceberg: IcebergTable, snapshot: Snapshot, persist: bool = Fals
     scratch directory; with it (writers, ``reconcile()``) under the table's
     location, where every process finds it.
     """
-    target = iceberg if persist else scratch_view(iceberg)
     uuid = iceberg.metadata.table_uuid.hex
     chain: list[Snapshot] = []
     snap: Snapshot | None = snapshot
@@ -110,17 +109,23 @@ def foreign_list(iceberg: IcebergTable, snapshot: Snapshot, persist: bool = Fals
                     "run `lineage reconcile` (Table.reconcile()) before another engine expires snapshots"
                 )
             base_snapshot, base_list = found
-            base = reconcile_gap(target, base_snapshot, base_list, gap_at)
+            base = reconcile_gap(_target(iceberg, persist), base_snapshot, base_list, gap_at)
             _remember((uuid, gap_at.snapshot_id), base, persist)
             snap = gap_at
             break
     parent_snapshot = snap
     lst = base if base is not None else LineageList.empty()
+    target = _target(iceberg, persist) if chain else iceberg
     for s in reversed(chain):
         lst = reconcile_snapshot(target, TableState(target, parent_snapshot, lst), s)
         _remember((uuid, s.snapshot_id), lst, persist)
         parent_snapshot = s
     return lst
+
+
+def _target(iceberg: IcebergTable, persist: bool) -> IcebergTable:
+    """The table whose location derived lineage files go under: the table's own, or this process's scratch."""
+    return iceberg if persist else scratch_view(iceberg)
 
 
 def foreign_snapshots(iceberg: IcebergTable) -> list[Snapshot]:
