@@ -52,7 +52,7 @@ from lineage.fileio import ImmutableFileCache
 from lineage.merging import MergeSettings, plan_merge, plan_rewrite
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.segment_merge import next_segments
-from lineage.state import SnapshotFiles, TableState
+from lineage.state import SnapshotFiles, TableState, writable_state
 from lineage.writer import WrittenFile
 
 
@@ -529,8 +529,11 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     called, so a :class:`~lineage.outcome.CommitLoop` can clean up an attempt
     known to be lost and report one that landed late. Raises
     CommitFailedException when another writer committed first; see
-    :func:`commit_files` for a failing catalog call.
+    :func:`commit_files` for a failing catalog call. A foreign base's lineage
+    is persisted first (:func:`lineage.state.writable_state`; writers call it
+    before planning already), so the list committed names no scratch file.
     """
+    state = writable_state(state)
     version = iceberg.metadata.next_sequence_number()
     snapshot_id = iceberg.metadata.new_snapshot_id()
     last_ts = state.snapshot.timestamp_ms if state.snapshot else 0

@@ -146,7 +146,8 @@ class TableState:
             recalled = recall_files(self.iceberg, self.snapshot.snapshot_id) if self.snapshot is not None else None
             if self.snapshot is None:
                 self.memo["files"] = SnapshotFiles(0, {}, {})
-            elif recalled is not None:
+            elif recalled is not None and _consistent(recalled, self.lineage):
+                # (files a reader derived in its scratch directory do not serve a persisted list, nor the reverse)
                 self.memo["files"] = recalled
             else:
                 by_file = self.lineage_by_file()
@@ -236,14 +237,27 @@ def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression
         return files
 
 
-# Derives the lineage list of a snapshot another engine committed (lineage.reconcile registers itself here, so
-# this module, which the reconciler imports, does not import it back).
-_RECONCILER: list[Callable[[IcebergTable, Snapshot], LineageList]] = []
+@dataclass(frozen=True)
+class Reconciler:
+    """How the lineage of snapshots another engine committed is derived (installed by :mod:`lineage.reconcile`).
+
+    ``derive(table, snapshot, persist)`` returns the snapshot's list; without
+    ``persist`` its files go to a process-private scratch directory, with it
+    under the table's location. ``persisted_path(table, path)`` maps a
+    scratch file to where its persisted twin is.
+    """
+
+    derive: Callable[[IcebergTable, Snapshot, bool], LineageList]
+    persisted_path: Callable[[IcebergTable, str], str]
 
 
-def register_reconciler(reconcile: Callable[[IcebergTable, Snapshot], LineageList]) -> None:
-    """Install the function that derives the lineage list of a foreign snapshot (see :mod:`lineage.reconcile`)."""
-    _RECONCILER[:] = [reconcile]
+# lineage.reconcile registers itself here, so this module, which the reconciler imports, does not import it back.
+_RECONCILER: list[Reconciler] = []
+
+
+def register_reconciler(reconciler: Reconciler) -> None:
+    """Install how the lineage list of a foreign snapshot is derived (see :mod:`lineage.reconcile`)."""
+    _RECONCILER[:] = [reconciler]
 
 
 def own_list_path(snapshot: Snapshot) -> str | None:
@@ -252,12 +266,13 @@ def own_list_path(snapshot: Snapshot) -> str | None:
     return summary.get(SUMMARY_LIST)
 
 
-def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageList:
+def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None, persist: bool = False) -> LineageList:
     """The lineage list of a snapshot (the empty list for no snapshot).
 
     A snapshot committed by this library points at its list; one committed
     by another engine gets its list from the reconciler (derived from its
-    parent's list and its manifests, persisted once).
+    parent's list and its manifests: in memory for a reader, persisted under
+    the table's location with ``persist``).
     """
     if snapshot is None:
         return LineageList.empty()
@@ -268,8 +283,49 @@ def lineage_list_of(table: IcebergTable, snapshot: Snapshot | None) -> LineageLi
                 f"snapshot {snapshot.snapshot_id} (version {snapshot.sequence_number}) was committed by a writer that does not "
                 "maintain row lineage, and no reconciler is installed (import lineage)"
             )
-        return _RECONCILER[0](table, snapshot)
+        return _RECONCILER[0].derive(table, snapshot, persist)
     return read_list(table.io, path)
+
+
+def writable_state(state: TableState) -> TableState:
+    """``state``, with the lineage of a foreign snapshot persisted under the table's location.
+
+    A writer plans and commits on top of this, so the list it commits never
+    names a file of a reader's scratch directory. The state's planned files
+    (shared ``memo``) are moved to the persisted twins of their segments and
+    resolved-delete files (planned afresh if they do not match). Cheap when
+    the snapshot is ours or its lineage is persisted already.
+    """
+    snap = state.snapshot
+    if snap is None or own_list_path(snap) is not None or state.lineage.version != snap.sequence_number:
+        return state  # no snapshot, ours, or a list the caller built for it (adoption)
+    lst = lineage_list_of(state.iceberg, snap, persist=True)
+    files = state.memo.get("files")
+    if files is not None and not _consistent(files, lst):
+        moved = _persisted_files(state.iceberg, files, lst)
+        if moved is None:
+            state.memo.pop("files", None)
+        else:
+            state.memo["files"] = moved
+    return state if lst is state.lineage else TableState(state.iceberg, snap, lst, state.memo)
+
+
+def _persisted_files(table: IcebergTable, files: SnapshotFiles, lst: LineageList) -> SnapshotFiles | None:
+    """``files`` with scratch paths moved to their persisted twins; None when they do not match ``lst``."""
+    move = _RECONCILER[0].persisted_path
+    segment_of = {p: move(table, s) for p, s in files.segment_of.items()}
+    out = {p: replace(f, resolved=tuple(move(table, r) for r in f.resolved)) if f.resolved else f for p, f in files.files.items()}
+    moved = SnapshotFiles(files.snapshot_id, out, segment_of)
+    return moved if _consistent(moved, lst) else None
+
+
+def _consistent(files: SnapshotFiles, lst: LineageList) -> bool:
+    """Whether every segment and resolved-delete file ``files`` names is one of ``lst``'s."""
+    segments = set(lst.segments)
+    resolved = set(lst.resolved_deletes or ())
+    return all(s in segments for s in files.segment_of.values()) and all(
+        r in resolved for f in files.files.values() for r in f.resolved
+    )
 
 
 def main_branch_snapshots(table: IcebergTable) -> list[Snapshot]:
@@ -322,13 +378,16 @@ def carried_memo(snapshot_id: int, files: SnapshotFiles | None) -> dict:
     return {"snapshot-id": snapshot_id, "generation": _GENERATION[0], **({"files": files} if files is not None else {})}
 
 
-def state_at(table: IcebergTable, version: int | None = None, memo: dict | None = None) -> TableState:
+def state_at(table: IcebergTable, version: int | None = None, memo: dict | None = None, persist: bool = False) -> TableState:
     """The table's state at ``version`` (the current one if None).
 
     ``memo`` is a dict the caller keeps between calls: the state of the
     current snapshot shares it (its contents are dropped first when they
     belong to another snapshot), so files planned once, or derived by a
     commit of this process (key ``"files"``), are not planned again.
+    ``persist`` (writers, current version only): the lineage of a foreign
+    snapshot is derived under the table's location (:func:`writable_state`)
+    instead of in memory.
     """
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
         raise UnknownVersionError(f"as_of must be an integer version, got {version!r}")
@@ -342,7 +401,8 @@ def state_at(table: IcebergTable, version: int | None = None, memo: dict | None 
                 remember_files(table, memo["files"])  # the parent of a foreign commit, most likely
             memo.clear()
             memo.update({"snapshot-id": current_id, "generation": _GENERATION[0]})
-        return TableState(table, current, lineage_list_of(table, current), memo)
+        state = TableState(table, current, lineage_list_of(table, current, persist), memo)
+        return writable_state(state) if persist else state
     if isinstance(version, bool) or not isinstance(version, int):
         raise UnknownVersionError(f"as_of must be an integer version, got {version!r}")
     if version == 0:

@@ -241,12 +241,16 @@ class Table:
 
     def reconcile(self) -> list[int]:
         """Derive and store the lineage of other engines' commits (lineage.reconcile); their versions, oldest first."""
-        self.state()  # through the memo: a snapshot this object planned is where reconciling starts
+        self.refresh()
+        self.state_in_hand(persist=True)  # through the memo: a snapshot this object planned is where reconciling starts
         return reconcile_table(self._iceberg)
 
-    def state_in_hand(self) -> TableState:
-        """The state of the metadata this object holds, without asking the catalog (write loops refresh themselves)."""
-        return state_at(self._iceberg, memo=self._memo)
+    def state_in_hand(self, persist: bool = False) -> TableState:
+        """The state of the metadata this object holds, without asking the catalog (write loops refresh themselves).
+
+        ``persist``: a writer's state, whose foreign lineage is stored under the table's location (lineage.reconcile).
+        """
+        return state_at(self._iceberg, memo=self._memo, persist=persist)
 
     def history(self) -> list[CommitInfo]:
         """Every commit, oldest first, from the lineage commit log (survives snapshot expiry)."""

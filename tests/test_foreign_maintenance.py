@@ -88,3 +88,46 @@ def test_spark_expiry_before_reconciliation_makes_a_gap(reference, warehouse):
     t.upsert(_batch([(3, "c2", 3.5)]))
     assert _feed(t, 4) == [(3, "update_postimage", ids[3]), (3, "update_preimage", ids[3])]
     reference.forget(warehouse)
+
+
+@pytest.mark.parametrize("partition_by", [None, ["bucket(2, id)"]])
+def test_equality_deletes_inside_a_gap_are_resolved(reference, warehouse, partition_by):
+    """Flink checkpoints with equality deletes and a Spark insert, all expired by Spark before any reader of ours
+    reconciled them: the equality deletes committed inside the gap are resolved against the survivor's data files
+    (sequence-number rule, by scanning: they remove rows of our file, of a gap checkpoint's file and of Spark's
+    file) and folded into the one net step. A reader derives it in memory; our write persists it."""
+    t = lineage.create_table(NAME, SCHEMA, key=["id"], partition_by=partition_by, warehouse=warehouse)
+    t.append(_batch([(1, "a", 1.0), (2, "b", 2.0), (3, "c", 3.0), (4, "d", 4.0)]))  # v1
+    before = _ids(t)
+    reference.flink_commit(  # v2: upsert 1, delete 2, insert 10
+        warehouse, NAME,
+        [("+I", {"id": 1, "name": "a2", "amount": 10.0}), ("-D", {"id": 2}), ("+I", {"id": 10, "name": "j", "amount": 100.0})],
+        upsert=True,
+    )
+    reference.sql(warehouse, f"INSERT INTO {NAME} VALUES (5, 'e', 5.0), (6, 'f', 6.0)")  # v3
+    reference.flink_commit(  # v4: deletes rows added inside the gap (10 by Flink, 5 by Spark), upserts 3 and 6
+        warehouse, NAME,
+        [("-D", {"id": 10}), ("-D", {"id": 5}), ("+I", {"id": 3, "name": "c3", "amount": 33.0}), ("+I", {"id": 6, "name": "f2", "amount": 66.0})],
+        upsert=True,
+    )
+    reference.sql(warehouse, EXPIRE)  # v1..v3 expired before any reader of ours reconciled v2..v4
+    t.refresh()
+    assert rows(t.scan(with_lineage=False)) == rows(reference.read(warehouse, NAME).cast(SCHEMA))
+    assert rows(t.scan(with_lineage=False)) == rows(_batch([(1, "a2", 10.0), (3, "c3", 33.0), (4, "d", 4.0), (6, "f2", 66.0)]))
+    ids = _ids(t)
+    assert ids[1] == before[1] and ids[3] == before[3] and ids[4] == before[4] and ids[6] not in before.values()
+    h = t.history()
+    assert [c.version for c in h] == [1, 4] and h[-1].gap and h[-1].foreign == "flink"
+    assert (h[-1].inserted, h[-1].updated, h[-1].deleted) == (1, 2, 1)  # 6 new; 1 and 3 updated; 2 deleted
+    with pytest.raises(lineage.HistoryGapError, match="after version 1 up to version 4"):
+        cdf.changes(t, 1)
+    with pytest.raises(lineage.HistoryGapError):
+        cdf.deleted_rows(t)
+    assert not verify(t).problems
+    t.upsert(_batch([(2, "b2", 2.5), (4, "d2", 4.5)]))  # persists the gap step, then commits on top of it
+    assert _feed(t, 4) == sorted([(2, "insert", _ids(t)[2]), (4, "update_postimage", ids[4]), (4, "update_preimage", ids[4])])
+    t.delete("id = 3")
+    assert [(r["id"], r["_row_id"]) for r in cdf.deleted_rows(t, 4).to_pylist()] == [(3, before[3])]
+    assert rows(t.scan(with_lineage=False)) == rows(reference.read(warehouse, NAME).cast(SCHEMA))
+    assert not verify(t).problems
+    reference.forget(warehouse)

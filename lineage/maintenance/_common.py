@@ -47,7 +47,7 @@ def commit_with_retries(
     retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
 
     def attempt(a: Attempt) -> tuple[CommitRequest | None, CommitResult | None]:
-        state = state_at(table.iceberg)
+        state = state_at(table.iceberg, persist=True)  # a foreign base's lineage persisted first
         request = plan(state, a.files)
         if request is None:
             return None, None

@@ -27,7 +27,7 @@ from lineage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.metadata import SUMMARY_LIST, read_list
 from lineage.outcome import backoff, commit_metadata
-from lineage.reconcile import foreign_list, reconciled_list_path
+from lineage.reconcile import foreign_list, reconcile_table, reconciled_list_path
 from lineage.state import TableState, main_branch_snapshots, state_at
 
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
@@ -63,6 +63,10 @@ def expire_snapshots(  # type: ignore[no-untyped-def]
         return MaintenanceResult("expire", None, detail="no snapshot to expire")
     if dry_run:
         return MaintenanceResult("expire", None, detail=f"would expire {len(expire)} snapshot(s)")
+    try:
+        reconcile_table(table.iceberg)  # persist foreign commits' lineage while their snapshots are still there
+    except LineageError as exc:
+        log.warning("expiring snapshots of %s whose foreign commits cannot be reconciled: %s", table.name, exc)
     expire_ids(table, expire)
     table.refresh()
     return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
@@ -114,7 +118,7 @@ def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: igno
     # A foreign snapshot's lineage is its reconciled list (derived now if no reader has done so yet).
     list_path = summary.get(SUMMARY_LIST) or reconciled_list_path(table.iceberg, snap.snapshot_id)
     try:
-        lst = read_list(io, list_path) if SUMMARY_LIST in summary else foreign_list(table.iceberg, snap)
+        lst = read_list(io, list_path) if SUMMARY_LIST in summary else foreign_list(table.iceberg, snap, persist=True)
     except LineageError as exc:
         if SUMMARY_LIST in summary:
             raise
@@ -153,6 +157,7 @@ def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
 def referenced_files(table) -> set[str]:  # type: ignore[no-untyped-def]
     """Every file the table still needs, as local paths."""
     table.refresh()
+    reconcile_table(table.iceberg)  # the current state below must name persisted files, not a reader's scratch copies
     meta = table.iceberg.metadata
     refs = {local_path(table.iceberg.metadata_location)}
     refs.update(local_path(m.metadata_file) for m in meta.metadata_log)

@@ -26,6 +26,14 @@ images (planned from G's manifests):
   ones by key (keyless: by value) as usual: updates keep row id and created
   version, identical rows are moves, the rest are inserts with fresh row ids.
 
+Equality deletes committed inside the gap (data sequence number above A's
+version; older ones A's resolved-delete files apply already) are resolved
+against every data file live at G by the sequence-number rule, scanning the
+files' equality columns (A's key index does not know rows added in the gap):
+the positions they remove are dead at G, recorded in a resolved-delete file
+the new list names, so rows they removed from A's files are removed images
+and rows they removed from files added in the gap were never visible.
+
 Removed images whose data file was deleted cannot be read, so they pair with
 nothing (their key reappearing at G gets a new row id) and the index entry
 recorded for them points at a lost file (``verify`` reports it). The key
@@ -35,10 +43,12 @@ index is rebuilt by the next keyed write.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
@@ -46,34 +56,26 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 from index.deleted_rows import RemovedImages, read_index
 from lineage.commit import build_lineage
 from lineage.deletes import positions_for, read_position_deletes
-from lineage.errors import LineageMetadataError
+from lineage.equality import Candidate, EqualityDelete, merge_positions, resolve_equality_deletes, write_resolved_deletes
 from lineage.fileio import overwriting
-from lineage.metadata import FileLineage, LineageList, read_list, read_segment
-from lineage.planning import plan_snapshot
+from lineage.metadata import FileLineage, LineageList, lineage_dir, read_segment
+from lineage.planning import PlannedFile, live_entries, plan_snapshot, sequence_of
 from lineage.reconcile.images import read_positions
 from lineage.reconcile.pairing import Pairs, pair_images
-from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_list_path, reconciled_tag
+from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_tag
 from lineage.rle import decode_sequence, decode_values
 from lineage.schema import arrow_schema
-from lineage.state import LiveFile, SnapshotFiles, TableState, own_list_path
+from lineage.state import LiveFile, SnapshotFiles, TableState
 
 log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, np.int64)
 
 
-def _list_of(iceberg: IcebergTable, snapshot: Snapshot) -> LineageList | None:
-    """The lineage list of an (expired) snapshot if one was written: ours, or reconciled before."""
-    path = own_list_path(snapshot) or reconciled_list_path(iceberg, snapshot.snapshot_id)
-    try:
-        lst = read_list(iceberg.io, path)
-    except LineageMetadataError:
-        return None
-    return lst if lst.version == snapshot.sequence_number else None
-
-
-def last_known(iceberg: IcebergTable, survivor: Snapshot) -> tuple[Snapshot | None, LineageList] | None:
-    """The newest ancestor of ``survivor`` whose lineage is known, with its list, found in older metadata files.
+def last_known(
+    iceberg: IcebergTable, survivor: Snapshot, lookup: Callable[[Snapshot], LineageList | None]
+) -> tuple[Snapshot | None, LineageList] | None:
+    """The newest ancestor of ``survivor`` whose lineage ``lookup`` knows, with its list, found in older metadata files.
 
     ``(None, empty list)`` when the whole chain back to the table's first
     snapshot is foreign; None when the metadata files no longer tell.
@@ -91,7 +93,7 @@ def last_known(iceberg: IcebergTable, survivor: Snapshot) -> tuple[Snapshot | No
             parent = by_id[survivor.snapshot_id].parent_snapshot_id
         while parent is not None and parent in by_id:
             snap = by_id[parent]
-            lst = _list_of(iceberg, snap)
+            lst = lookup(snap)
             if lst is not None:
                 return snap, lst
             if snap.parent_snapshot_id is None and snap.sequence_number <= 1:
@@ -135,6 +137,32 @@ def _images_at(iceberg: IcebergTable, base: LineageList) -> tuple[dict[str, File
     return files, segment_of, live
 
 
+def _gap_equality_deletes(iceberg: IcebergTable, survivor: Snapshot, planned: list[PlannedFile], base_version: int) -> dict[str, np.ndarray]:
+    """Positions of ``survivor``'s data files that equality deletes committed inside the gap remove.
+
+    Equality deletes of data sequence number up to the base's version were
+    resolved by then (the base list's resolved-delete files apply them). The
+    newer ones are resolved here with the sequence-number rule against every
+    data file live at the survivor, by scanning their equality columns: the
+    base's key index does not know the rows added inside the gap.
+    """
+    wanted = {d.file_path for p in planned for d in p.equality_deletes}
+    if not wanted:
+        return {}
+    unpartitioned = {spec.spec_id for spec in iceberg.metadata.partition_specs if spec.is_unpartitioned()}
+    deletes = []
+    delete_manifests = [m for m in survivor.manifests(iceberg.io) if m.content == ManifestContent.DELETES]
+    for entry in live_entries(iceberg, delete_manifests):
+        f = entry.data_file
+        if f.file_path in wanted and sequence_of(entry) > base_version:
+            deletes.append(EqualityDelete(f, sequence_of(entry), (f.spec_id or 0) in unpartitioned))
+    if not deletes:
+        return {}
+    candidates = [Candidate(p.data_file, p.sequence_number) for p in planned]
+    resolved = resolve_equality_deletes(iceberg.schema(), deletes, candidates)
+    return merge_positions(list(resolved.values()))
+
+
 def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: LineageList, survivor: Snapshot) -> LineageList:
     """The lineage list of ``survivor``, derived in one step from ``base`` (the list of ``base_snapshot``)."""
     version = survivor.sequence_number
@@ -145,14 +173,13 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
         for data_path in read_position_deletes(path):
             resolved_of.setdefault(data_path, []).append(path)
     planned = plan_snapshot(iceberg, survivor)
-    for p in planned:
-        # Equality deletes A resolved are applied through its resolved-delete files; newer ones are not resolved here.
-        if p.equality_deletes and p.data_file.file_path not in resolved_of:
-            raise LineageMetadataError(
-                f"cannot derive the lineage of snapshot {survivor.snapshot_id} (version {version}) across the snapshots another "
-                "engine expired before this library reconciled them: equality deletes committed in between are not "
-                "supported there; run `lineage reconcile` (Table.reconcile()) before another engine expires snapshots"
-            )
+    eq_dead = _gap_equality_deletes(iceberg, survivor, planned, base.version)
+    tag = reconciled_tag(survivor.snapshot_id)
+    resolved_path = None
+    if eq_dead:
+        resolved_path = f"{lineage_dir(iceberg.metadata.location)}/{tag}-resolved-deletes.parquet"
+        with overwriting():
+            write_resolved_deletes(iceberg.io, resolved_path, eq_dead)
 
     schema = arrow_schema(iceberg.schema())
     columns = schema.names
@@ -168,6 +195,8 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
         f = p.data_file
         g_paths.add(f.file_path)
         dead = positions_for(f.file_path, [d.file_path for d in p.position_deletes] + resolved_of.get(f.file_path, []))
+        if f.file_path in eq_dead:
+            dead = np.union1d(dead, eq_dead[f.file_path])
         dead = dead[dead < f.record_count]
         live_pos = np.setdiff1d(np.arange(f.record_count, dtype=np.int64), dead)
         if f.file_path in a_files:
@@ -249,8 +278,8 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
         deleted=int((~paired).sum()),
         next_row_id=next_row_id,
         gap=True,
+        transform_list=None if resolved_path is None else lambda lst: replace(lst, resolved_deletes=(*(lst.resolved_deletes or ()), resolved_path)),
     )
-    tag = reconciled_tag(survivor.snapshot_id)
     with overwriting():
         built = build_lineage(
             iceberg, parent, req, version=version, snapshot_id=survivor.snapshot_id, timestamp_ms=survivor.timestamp_ms, tag=tag, created=[]

@@ -137,7 +137,8 @@ def run_write(
     shared = [w.data_file.file_path for w in reuse_inserts or []]  # written once, used by every attempt
 
     def attempt(a: Attempt) -> CommitInfo:
-        state = table.state_in_hand()  # carries the live files of the table's own last commit
+        # carries the live files of the table's own last commit; a foreign base's lineage is persisted first
+        state = table.state_in_hand(persist=True)
         if expected_version is not None and state.version != expected_version:
             raise VersionMovedError(table.name, expected_version, state.version)
         con = duck.connect(isolated=True) if isolated else _LazyConnection()  # an isolated one is sealed by the plan
