@@ -102,13 +102,13 @@ def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
 
 def test_the_cache_keeps_within_its_bytes():
     cache = RowGroupCache(100)
-    small = pa.chunked_array([pa.array(np.arange(5, dtype=np.int64))])  # 40 bytes
+    small = pa.table({"c": np.arange(5, dtype=np.int64)})  # 40 bytes
     for i in range(4):
-        cache.put(("p", i, "c"), small)
-    assert cache.get(("p", 0, "c")) is None and cache.get(("p", 1, "c")) is None
-    assert cache.get(("p", 3, "c")) is not None
-    cache.put(("p", 9, "c"), pa.chunked_array([pa.array(np.arange(50, dtype=np.int64))]))  # larger than the cache: not kept
-    assert cache.get(("p", 9, "c")) is None and cache.get(("p", 3, "c")) is not None
+        cache.put(("p", i, "c", ""), small)
+    assert cache.get(("p", 0, "c", "")) is None and cache.get(("p", 1, "c", "")) is None
+    assert cache.get(("p", 3, "c", "")) is not None
+    cache.put(("p", 9, "c", ""), pa.table({"c": np.arange(50, dtype=np.int64)}))  # larger than the cache: not kept
+    assert cache.get(("p", 9, "c", "")) is None and cache.get(("p", 3, "c", "")) is not None
 
 
 def test_strict_change_streams_check_images_across_row_groups_and_renamed_columns(warehouse, monkeypatch):

@@ -55,23 +55,23 @@ _LAYOUTS: ImmutableFileCache[FileLayout] = ImmutableFileCache(4096)
 
 
 class RowGroupCache:
-    """A thread-safe LRU cache of decoded row-group columns, bounded by their Arrow size in bytes."""
+    """A thread-safe LRU cache of decoded row groups, bounded by their Arrow size in bytes."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity = capacity_bytes
-        self._items: OrderedDict[tuple[str, int, str], pa.ChunkedArray] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int, str, str], pa.Table] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int, str]) -> pa.ChunkedArray | None:
-        """The cached column, or None."""
+    def get(self, key: tuple[str, int, str, str]) -> pa.Table | None:
+        """The cached row group, or None."""
         with self._lock:
             value = self._items.get(key)
             if value is not None:
                 self._items.move_to_end(key)
             return value
 
-    def put(self, key: tuple[str, int, str], value: pa.ChunkedArray) -> None:
+    def put(self, key: tuple[str, int, str, str], value: pa.Table) -> None:
         """Keep ``value`` (unless it alone exceeds the capacity), evicting the least recently used."""
         size = value.nbytes
         if size > self.capacity:
@@ -176,47 +176,40 @@ def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids:
         return None  # no field ids in the file: only a name mapping could read it
     if len(positions) and (positions[0] < 0 or positions[-1] >= info.starts[-1]):
         raise IndexError(f"positions {positions[0]}..{positions[-1]} out of range for {info.starts[-1]} rows in data file {path}")
-    groups = np.searchsorted(info.starts, positions, side="right") - 1
-    wanted = np.unique(groups)
-    local = positions - info.starts[groups]
-    # offsets of each wanted group's rows in the concatenation of the wanted groups
-    sizes = np.diff(info.starts)[wanted]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])[np.searchsorted(wanted, groups)]
-    take = pa.array(local + offsets)
-    names: list[str | None] = []
+    mapping = []  # (table column, file column) of the columns the file has
     for field in schema:
         name = field.name if field_ids is None else info.names.get(field_ids[field.name])
-        names.append(None if name is None or info.arrow.get_field_index(name) < 0 else name)
-    groups_read = [_group_columns(path, info, int(g), sorted({n for n in names if n is not None})) for g in wanted]
-    present = [(field, name) for field, name in zip(schema, names, strict=True) if name is not None]
-    if len(groups_read) == 1:
-        arrays = [groups_read[0][name] for _, name in present]
+        if name is not None and info.arrow.get_field_index(name) >= 0:
+            mapping.append((field.name, name))
+    if len(info.starts) == 2:  # one row group: positions are row numbers in it
+        rows = _group(path, info, 0, schema, mapping).take(pa.array(positions))
     else:
-        arrays = [pa.chunked_array([c for g in groups_read for c in g[name].chunks], type=groups_read[0][name].type) for _, name in present]
-    taken = pa.Table.from_arrays(arrays, names=[f.name for f, _ in present]).take(take)
-    columns = []
-    for field in schema:
-        if field.name in taken.column_names:
-            values = taken.column(field.name)
-            columns.append(values if values.type == field.type else pc.cast(values, field.type))
-        else:
-            columns.append(pa.nulls(len(positions), field.type))
-    return pa.Table.from_arrays(columns, schema=schema)
+        groups = np.searchsorted(info.starts, positions, side="right") - 1
+        wanted = np.unique(groups)
+        # offset of each wanted group's first row in the concatenation of the wanted groups
+        firsts = np.concatenate([[0], np.cumsum(np.diff(info.starts)[wanted])])
+        take = positions - info.starts[groups] + firsts[np.searchsorted(wanted, groups)]
+        rows = pa.concat_tables([_group(path, info, int(g), schema, mapping) for g in wanted]).take(pa.array(take))
+    if rows.num_columns == len(schema):
+        return rows
+    have = dict(zip(rows.column_names, rows.columns, strict=True))
+    return pa.Table.from_arrays([have.get(f.name, pa.nulls(len(positions), f.type)) for f in schema], schema=schema)
 
 
-def _group_columns(path: str, info: FileLayout, group: int, names: list[str]) -> dict[str, pa.ChunkedArray]:
-    """Columns ``names`` of one row group, decoded once and then served from :data:`ROW_GROUPS`."""
-    out: dict[str, pa.ChunkedArray] = {}
-    for name in names:
-        cached = ROW_GROUPS.get((path, group, name))
-        if cached is not None:
-            out[name] = cached
-    missing = [n for n in names if n not in out]
-    if missing:
-        dictionary = [n for n in info.dictionary if n in missing]
-        reader = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=dictionary or None)
-        table = reader.read_row_group(group, columns=missing, use_threads=False)
-        for name in missing:
-            out[name] = table.column(name)
-            ROW_GROUPS.put((path, group, name), out[name])
-    return out
+def _group(path: str, info: FileLayout, group: int, schema: pa.Schema, mapping: list[tuple[str, str]]) -> pa.Table:
+    """One row group's columns named and typed as the table's, decoded once and then served from :data:`ROW_GROUPS`."""
+    key = (path, group, repr(mapping), str(schema))
+    cached = ROW_GROUPS.get(key)
+    if cached is not None:
+        return cached
+    names = [name for _, name in mapping]
+    reader = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=[n for n in info.dictionary if n in names] or None)
+    raw = reader.read_row_group(group, columns=names, use_threads=False)
+    fields = [schema.field(column) for column, _ in mapping]
+    # Strings decode fastest as dictionaries and are cast once here; so are promoted types.
+    table = pa.Table.from_arrays(
+        [raw.column(name) if raw.column(name).type == f.type else pc.cast(raw.column(name), f.type) for f, (_, name) in zip(fields, mapping, strict=True)],
+        schema=pa.schema(fields),
+    )
+    ROW_GROUPS.put(key, table)
+    return table
