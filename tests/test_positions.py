@@ -146,3 +146,14 @@ def test_strict_change_streams_check_images_across_row_groups_and_renamed_column
     live = {r["id"]: (r["label"], r["amount"], r["note"]) for r in t.scan().to_pylist()}
     assert live[1] == ("e", 2.0, "x") and live[14] == ("f", 1.0, None) and live[17] == ("b", 0.0, None) and len(live) == 20
 
+
+
+def test_a_file_replaced_at_its_path_is_not_served_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(positions, "ROW_GROUPS", RowGroupCache(1 << 20))
+    path = str(tmp_path / "f.parquet")
+    first = _write(path, 30, 1, 10, False)
+    assert values_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, None).to_pylist() == first.slice(25, 1).to_pylist()
+    second = _write(path, 30, 2, 7, False)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a coarse clock must not hide the change
+    assert values_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, None).to_pylist() == second.slice(25, 1).to_pylist()

@@ -49,6 +49,7 @@ class FileLayout:
     names: dict[int, str]  # Iceberg field id -> top-level Parquet column name
     arrow: pa.Schema  # the file's Arrow schema (top-level fields)
     dictionary: tuple[str, ...]  # string columns whose chunks are dictionary-encoded: decoded as dictionaries
+    stamp: str  # size and modification time of the file when the footer was read
 
 
 _LAYOUTS: ImmutableFileCache[FileLayout] = ImmutableFileCache(4096)
@@ -103,7 +104,7 @@ def _cache_bytes() -> int:
 ROW_GROUPS = RowGroupCache(_cache_bytes())
 
 
-def _layout(path: str) -> FileLayout:
+def _layout(path: str, stamp: str) -> FileLayout:
     metadata = pq.read_metadata(path)
     sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
     arrow = metadata.schema.to_arrow_schema()
@@ -116,7 +117,7 @@ def _layout(path: str) -> FileLayout:
         and metadata.num_row_groups
         and all(metadata.row_group(g).column(_leaf(parquet, f.name)).has_dictionary_page for g in range(metadata.num_row_groups))
     )
-    return FileLayout(metadata, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), names, arrow, dictionary)
+    return FileLayout(metadata, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), names, arrow, dictionary, stamp)
 
 
 def _leaf(parquet: pq.ParquetSchema, name: str) -> int:
@@ -124,8 +125,14 @@ def _leaf(parquet: pq.ParquetSchema, name: str) -> int:
 
 
 def layout(path: str) -> FileLayout:
-    """The footer facts of the local data file ``path`` (cached: data files are never rewritten)."""
-    return _LAYOUTS.get(path, lambda: _layout(path))
+    """The footer facts of the local data file ``path``.
+
+    Cached by path, size and modification time: Iceberg never rewrites a data
+    file, but a file replaced by hand must not be served from the cache.
+    """
+    st = os.stat(path)
+    stamp = f"{st.st_size}/{st.st_mtime_ns}"
+    return _LAYOUTS.get(f"{path}\0{stamp}", lambda: _layout(path, stamp))
 
 
 def _is_local(path: str) -> bool:
@@ -198,7 +205,7 @@ def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids:
 
 def _group(path: str, info: FileLayout, group: int, schema: pa.Schema, mapping: list[tuple[str, str]]) -> pa.Table:
     """One row group's columns named and typed as the table's, decoded once and then served from :data:`ROW_GROUPS`."""
-    key = (path, group, repr(mapping), str(schema))
+    key = (path, group, f"{info.stamp}|{mapping!r}", str(schema))
     cached = ROW_GROUPS.get(key)
     if cached is not None:
         return cached
