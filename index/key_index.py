@@ -56,6 +56,7 @@ files. :func:`delta_segment` builds the delta from explicit entries.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -593,15 +594,17 @@ def _deleted_now(paths: list[str], delete_files: Sequence[DataFile]) -> dict[str
     from lineage.writer import PATH_FIELD_ID
 
     wanted = set(paths)
-    lo_all, hi_all = min(wanted), max(wanted)
+    ordered = sorted(wanted)
     out: dict[str, np.ndarray] = {}
     for d in delete_files:
         if d.content != DataFileContent.POSITION_DELETES:
             continue
         lo = (d.lower_bounds or {}).get(PATH_FIELD_ID)
         hi = (d.upper_bounds or {}).get(PATH_FIELD_ID)
-        if lo is not None and hi is not None and (hi.decode() < lo_all or lo.decode() > hi_all):
-            continue  # its path range misses every new file
+        if lo is not None and hi is not None:
+            first = bisect.bisect_left(ordered, lo.decode())
+            if first == len(ordered) or ordered[first] > hi.decode():
+                continue  # no new file's path is in its path range (most delete files name one data file)
         for p, pos in read_position_deletes(d.file_path).items():
             if p in wanted:
                 out[p] = np.union1d(out.get(p, np.zeros(0, np.int64)), pos)

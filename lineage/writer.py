@@ -34,6 +34,12 @@ from lineage.fileio import write_bytes
 from lineage.rle import Runs
 
 POS_FIELD_ID = 2147483545
+POSITION_DELETE_SCHEMA = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
+    ]
+)
 
 # Hidden columns that carry lineage through partitioning; never written.
 ROW_ID = "__lineage_row_id"
@@ -196,17 +202,9 @@ def write_position_deletes(
         paths = np.concatenate([np.full(len(p), i) for i, (_, p) in enumerate(members)])
         names = [m[0].file_path for m in members]
         positions = np.concatenate([np.sort(p) for _, p in members]).astype(np.int64)
-        table = pa.table(
-            {
-                "file_path": pa.DictionaryArray.from_arrays(pa.array(paths, pa.int32()), pa.array(names)).cast(pa.string()),
-                "pos": positions,
-            },
-            schema=pa.schema(
-                [
-                    pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
-                    pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
-                ]
-            ),
+        table = pa.Table.from_arrays(
+            [pa.DictionaryArray.from_arrays(pa.array(paths, pa.int32()), pa.array(names)).cast(pa.string()), pa.array(positions)],
+            schema=POSITION_DELETE_SCHEMA,
         )
         sink = _io.BytesIO()
         pq.write_table(table, sink, compression="zstd")

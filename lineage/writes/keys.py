@@ -7,8 +7,8 @@ found lives in this one place:
 
 * through the key index (:class:`index.key_index.KeyIndex`) when the table
   keeps one: O(k log n), no table data read unless the images' column values
-  are asked for, and then only the data files that hold one of the keys, at
-  the images' positions, without their delete files;
+  are asked for, and then only the row groups that hold one of the images
+  (:mod:`lineage.writes.positions`), without their delete files;
 * otherwise (``lineage.key-index.enabled=false``, ``lineage.key.enforce=false``)
   one scan of the key columns of every live file, filtered by a semi join
   with the keys inside the Parquet scan.
@@ -30,6 +30,7 @@ from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.writes.keyed import removed_pointers
+from lineage.writes.positions import values_at
 
 LINEAGE_AND_POINTER = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__file_id", "__pos")
 
@@ -103,8 +104,12 @@ def live_images_for_keys(
     found = indexed_images(index, files, duck.fetch_arrow(con, f"SELECT * FROM {quote_ident(keys)}"))
     if not values:
         return LiveImages(files, found)
-    # The values: read only the files that hold a key of the batch, only at the images' positions.
     hit = hit_files(files, found)
+    data = values_at([f.path for f in hit.files], hit.ids, found.column("__pos").to_numpy(), schema, field_ids)
+    if data is not None:  # only the row groups that hold the images, through a cache of decoded row groups
+        pointers = [found.column(c) for c in LINEAGE_AND_POINTER[:3]] + [pa.array(hit.ids, pa.int32()), found.column("__pos")]
+        return LiveImages(hit.files, pa.Table.from_arrays([*data.columns, *pointers], names=[*schema.names, *LINEAGE_AND_POINTER]))
+    # Otherwise read the files that hold a key of the batch, only at the images' positions.
     con.register("__key_rows", pa.table({"__file_id": hit.ids, "__pos": found.column("__pos")}))
     register_live_view(con, "__key_live", hit.at_live_positions, schema, field_ids)
     sql = f"SELECT {wanted} FROM __key_live v SEMI JOIN __key_rows k ON k.__file_id = v.__file_id AND k.__pos = v.__pos"

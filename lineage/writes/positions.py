@@ -1,0 +1,222 @@
+"""Column values of data files at given row positions, reading only the row groups that hold them.
+
+The key index names each live image by (data file, position). When a write
+needs the images' values (strict-mode ``-U`` checks), reading whole data files
+would cost as much as a scan of the table; instead each file's Parquet footer
+(cached per file: data files are immutable) says which row groups hold the
+positions, and only those row groups and only the asked columns are decoded.
+Decoded row groups are kept in a small LRU cache bounded in bytes, so a
+stream that commits every few seconds from one process does not decode the
+same row groups again at every commit.
+
+No delete files are read: the positions come from the key index, which only
+names live images.
+
+Columns are matched as the table's scans match them (:func:`lineage.scan.register_live_view`):
+by name while every schema of the table names and types the columns as the
+current one does, otherwise by Iceberg field id (a column the file lacks
+reads as null, a promoted type is cast). :func:`values_at` returns None
+when it cannot read the files this way (not local files, nested columns on
+an evolved schema, a file without field ids); the caller then scans.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lineage.fileio import ImmutableFileCache, local_path
+
+FIELD_ID = b"PARQUET:field_id"
+CACHE_BYTES_ENV = "LINEAGE_ROW_GROUP_CACHE_MB"
+DEFAULT_CACHE_MB = 256
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """What a data file's footer says about where rows and columns are."""
+
+    metadata: pq.FileMetaData
+    starts: np.ndarray  # first row position of each row group, then the row count
+    names: dict[int, str]  # Iceberg field id -> top-level Parquet column name
+    arrow: pa.Schema  # the file's Arrow schema (top-level fields)
+    dictionary: tuple[str, ...]  # string columns whose chunks are dictionary-encoded: decoded as dictionaries
+    stamp: str  # size and modification time of the file when the footer was read
+
+
+_LAYOUTS: ImmutableFileCache[FileLayout] = ImmutableFileCache(4096)
+
+
+class RowGroupCache:
+    """A thread-safe LRU cache of decoded row groups, bounded by their Arrow size in bytes."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity = capacity_bytes
+        self._items: OrderedDict[tuple[str, int, str, str], pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int, str, str]) -> pa.Table | None:
+        """The cached row group, or None."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: tuple[str, int, str, str], value: pa.Table) -> None:
+        """Keep ``value`` (unless it alone exceeds the capacity), evicting the least recently used."""
+        size = value.nbytes
+        if size > self.capacity:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._items[key] = value
+            self._bytes += size
+            while self._bytes > self.capacity:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+def _cache_bytes() -> int:
+    try:
+        return max(0, int(float(os.environ.get(CACHE_BYTES_ENV, DEFAULT_CACHE_MB)) * 2**20))
+    except ValueError:
+        return DEFAULT_CACHE_MB * 2**20
+
+
+ROW_GROUPS = RowGroupCache(_cache_bytes())
+
+
+def _layout(path: str, stamp: str) -> FileLayout:
+    metadata = pq.read_metadata(path)
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    arrow = metadata.schema.to_arrow_schema()
+    names = {int(f.metadata[FIELD_ID]): f.name for f in arrow if f.metadata and FIELD_ID in f.metadata}
+    parquet = metadata.schema
+    dictionary = tuple(
+        f.name
+        for f in arrow
+        if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
+        and metadata.num_row_groups
+        and all(metadata.row_group(g).column(_leaf(parquet, f.name)).has_dictionary_page for g in range(metadata.num_row_groups))
+    )
+    return FileLayout(metadata, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), names, arrow, dictionary, stamp)
+
+
+def _leaf(parquet: pq.ParquetSchema, name: str) -> int:
+    return next(i for i in range(len(parquet)) if parquet.column(i).path == name)
+
+
+def layout(path: str) -> FileLayout:
+    """The footer facts of the local data file ``path``.
+
+    Cached by path, size and modification time: Iceberg never rewrites a data
+    file, but a file replaced by hand must not be served from the cache.
+    """
+    st = os.stat(path)
+    stamp = f"{st.st_size}/{st.st_mtime_ns}"
+    return _LAYOUTS.get(f"{path}\0{stamp}", lambda: _layout(path, stamp))
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file:")
+
+
+def values_at(
+    paths: Sequence[str],
+    file_ids: np.ndarray,
+    positions: np.ndarray,
+    schema: pa.Schema,
+    field_ids: dict[str, int] | None,
+) -> pa.Table | None:
+    """The ``schema`` columns of row ``positions[i]`` of data file ``paths[file_ids[i]]``, row for row.
+
+    ``field_ids`` (column name -> Iceberg field id) as from
+    :func:`lineage.schema.projection_field_ids`: None reads columns by name.
+    Returns None when the files cannot be read this way (the caller scans).
+    """
+    if not all(_is_local(p) for p in paths):
+        return None
+    if field_ids is not None and any(pa.types.is_nested(f.type) for f in schema):
+        return None
+    file_ids = np.asarray(file_ids, dtype=np.int64)
+    positions = np.asarray(positions, dtype=np.int64)
+    order = np.lexsort((positions, file_ids))
+    parts: list[pa.Table] = []
+    bounds = np.searchsorted(file_ids[order], np.arange(len(paths) + 1))
+    for i, path in enumerate(paths):
+        rows = order[bounds[i] : bounds[i + 1]]
+        if len(rows):
+            part = _file_values(local_path(path), positions[rows], schema, field_ids)
+            if part is None:
+                return None
+            parts.append(part)
+    if not parts:
+        return schema.empty_table()
+    # ``parts`` follow ``order``; put the rows back in the caller's order.
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.arange(len(order))
+    return pa.concat_tables(parts).take(pa.array(inverse))
+
+
+def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None) -> pa.Table | None:
+    """Values at sorted ``positions`` of one file."""
+    info = layout(path)
+    if field_ids is not None and not info.names:
+        return None  # no field ids in the file: only a name mapping could read it
+    if len(positions) and (positions[0] < 0 or positions[-1] >= info.starts[-1]):
+        raise IndexError(f"positions {positions[0]}..{positions[-1]} out of range for {info.starts[-1]} rows in data file {path}")
+    mapping = []  # (table column, file column) of the columns the file has
+    for field in schema:
+        name = field.name if field_ids is None else info.names.get(field_ids[field.name])
+        if name is not None and info.arrow.get_field_index(name) >= 0:
+            mapping.append((field.name, name))
+    if len(info.starts) == 2:  # one row group: positions are row numbers in it
+        rows = _group(path, info, 0, schema, mapping).take(pa.array(positions))
+    else:
+        groups = np.searchsorted(info.starts, positions, side="right") - 1
+        wanted = np.unique(groups)
+        # offset of each wanted group's first row in the concatenation of the wanted groups
+        firsts = np.concatenate([[0], np.cumsum(np.diff(info.starts)[wanted])])
+        take = positions - info.starts[groups] + firsts[np.searchsorted(wanted, groups)]
+        rows = pa.concat_tables([_group(path, info, int(g), schema, mapping) for g in wanted]).take(pa.array(take))
+    if rows.num_columns == len(schema):
+        return rows
+    have = dict(zip(rows.column_names, rows.columns, strict=True))
+    return pa.Table.from_arrays([have.get(f.name, pa.nulls(len(positions), f.type)) for f in schema], schema=schema)
+
+
+def _group(path: str, info: FileLayout, group: int, schema: pa.Schema, mapping: list[tuple[str, str]]) -> pa.Table:
+    """One row group's columns named and typed as the table's, decoded once and then served from :data:`ROW_GROUPS`."""
+    key = (path, group, f"{info.stamp}|{mapping!r}", str(schema))
+    cached = ROW_GROUPS.get(key)
+    if cached is not None:
+        return cached
+    names = [name for _, name in mapping]
+    reader = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=[n for n in info.dictionary if n in names] or None)
+    raw = reader.read_row_group(group, columns=names, use_threads=False)
+    fields = [schema.field(column) for column, _ in mapping]
+    # Strings decode fastest as dictionaries and are cast once here; so are promoted types.
+    table = pa.Table.from_arrays(
+        [raw.column(name) if raw.column(name).type == f.type else pc.cast(raw.column(name), f.type) for f, (_, name) in zip(fields, mapping, strict=True)],
+        schema=pa.schema(fields),
+    )
+    ROW_GROUPS.put(key, table)
+    return table

@@ -1,0 +1,159 @@
+"""Values at row positions of data files (lineage.writes.positions) against a plain read of the whole files."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyiceberg.types import StringType
+
+import lineage
+from conftest import SCHEMA
+from lineage.errors import KeyViolationError
+from lineage.writes import positions
+from lineage.writes.positions import RowGroupCache, values_at
+
+TARGET = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("note", pa.string())])
+IDS = {"id": 1, "name": 2, "amount": 3, "note": 4}
+
+
+def _with_ids(schema: pa.Schema, ids: dict[str, int]) -> pa.Schema:
+    return pa.schema([f.with_metadata({b"PARQUET:field_id": str(ids[f.name]).encode()}) for f in schema])
+
+
+def _write(path: str, rows: int, seed: int, row_group: int, old_layout: bool) -> pa.Table:
+    """A data file of ``rows`` rows in row groups of ``row_group``; returns its rows as the table reads them.
+
+    ``old_layout``: written under an older schema in which ``id`` was an int32,
+    ``name`` was called ``label`` and ``note`` did not exist yet.
+    """
+    rng = np.random.default_rng(seed)
+    ids = np.arange(rows) + 1000 * seed
+    names = pa.array([None if i % 5 == 0 else f"n{i % 3}" for i in range(rows)], pa.string())  # dictionary-encoded
+    amounts = rng.random(rows)
+    if old_layout:
+        data = pa.Table.from_arrays([pa.array(ids, pa.int32()), names, pa.array(amounts)], schema=_with_ids(
+            pa.schema([("id", pa.int32()), ("label", pa.string()), ("amount", pa.float64())]), {"id": 1, "label": 2, "amount": 3}))
+        want = pa.table([pa.array(ids, pa.int64()), names, pa.array(amounts), pa.nulls(rows, pa.string())], schema=TARGET)
+    else:
+        notes = pa.array([f"unique-{seed}-{i}" for i in range(rows)], pa.string())  # plain-encoded
+        data = pa.Table.from_arrays([pa.array(ids, pa.int64()), names, pa.array(amounts), notes], schema=_with_ids(TARGET, IDS))
+        want = pa.table([pa.array(ids, pa.int64()), names, pa.array(amounts), notes], schema=TARGET)
+    pq.write_table(data, path, row_group_size=row_group, use_dictionary=["label", "name"])
+    return want
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_values_at_positions_equal_a_full_read(tmp_path, data):
+    files = data.draw(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 9), st.booleans()), min_size=1, max_size=4), label="files")
+    by_id = data.draw(st.booleans(), label="by field id")
+    cache = data.draw(st.sampled_from([0, 300, 1 << 20]), label="cache bytes")
+    tag = len(os.listdir(tmp_path))
+    paths, wants = [], []
+    for i, (rows, group, old) in enumerate(files):
+        path = str(tmp_path / f"f{tag}-{i}.parquet")
+        wants.append(_write(path, rows, i, group, old and by_id))
+        paths.append(path)
+    picks = data.draw(st.lists(st.integers(0, 10**6), max_size=60), label="picks")
+    file_ids = np.array([p % len(files) for p in picks], dtype=np.int32)
+    pos = np.array([(p // len(files)) % files[f][0] for p, f in zip(picks, file_ids, strict=True)], dtype=np.int64)
+    want = [wants[f].slice(int(p), 1).to_pylist()[0] for f, p in zip(file_ids, pos, strict=True)]
+    old_cache = positions.ROW_GROUPS
+    positions.ROW_GROUPS = RowGroupCache(cache)
+    try:
+        for _ in range(2):  # cold, then from the cache
+            got = values_at(paths, file_ids, pos, TARGET, IDS if by_id else None)
+            assert got is not None and got.schema == TARGET
+            assert got.to_pylist() == want
+    finally:
+        positions.ROW_GROUPS = old_cache
+
+
+def test_only_the_row_groups_that_hold_a_position_are_read(tmp_path, monkeypatch):
+    path = str(tmp_path / "f.parquet")
+    want = _write(path, 100, 1, 10, False)
+    read: list[int] = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, i, **k: read.append(i) or real(self, i, **k))
+    monkeypatch.setattr(positions, "ROW_GROUPS", RowGroupCache(1 << 20))
+    got = values_at([path], np.zeros(3, np.int32), np.array([57, 3, 51]), TARGET, None)
+    assert got.to_pylist() == [want.slice(p, 1).to_pylist()[0] for p in (57, 3, 51)]
+    assert sorted(read) == [0, 5]
+    values_at([path], np.zeros(1, np.int32), np.array([55]), TARGET, None)
+    assert sorted(read) == [0, 5], "a decoded row group was read again"
+    with pytest.raises(IndexError, match="out of range"):
+        values_at([path], np.zeros(1, np.int32), np.array([100]), TARGET, None)
+
+
+def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"id": [1, 2]}), path)  # no field ids
+    schema = pa.schema([("id", pa.int64())])
+    assert values_at([path], np.zeros(1, np.int32), np.array([1]), schema, {"id": 1}) is None
+    assert values_at(["s3://bucket/f.parquet"], np.zeros(1, np.int32), np.array([1]), schema, None) is None
+    assert values_at([path], np.zeros(1, np.int32), np.array([1]), schema, None).to_pylist() == [{"id": 2}]
+
+
+def test_the_cache_keeps_within_its_bytes():
+    cache = RowGroupCache(100)
+    small = pa.table({"c": np.arange(5, dtype=np.int64)})  # 40 bytes
+    for i in range(4):
+        cache.put(("p", i, "c", ""), small)
+    assert cache.get(("p", 0, "c", "")) is None and cache.get(("p", 1, "c", "")) is None
+    assert cache.get(("p", 3, "c", "")) is not None
+    cache.put(("p", 9, "c", ""), pa.table({"c": np.arange(50, dtype=np.int64)}))  # larger than the cache: not kept
+    assert cache.get(("p", 9, "c", "")) is None and cache.get(("p", 3, "c", "")) is not None
+
+
+def test_strict_change_streams_check_images_across_row_groups_and_renamed_columns(warehouse, monkeypatch):
+    from lineage.writes import keys
+
+    groups: list[int] = []  # row groups of the files read by position; -1 when left to the scan
+    real = keys.values_at
+
+    def spy(paths, *a, **k):
+        out = real(paths, *a, **k)
+        groups.extend(pq.ParquetFile(lineage.fileio.local_path(p)).num_row_groups if out is not None else -1 for p in paths)
+        return out
+
+    monkeypatch.setattr(keys, "values_at", spy)
+    t = lineage.create_table("s.rg", SCHEMA, key=["id"], warehouse=warehouse, properties={"write.parquet.row-group-limit": "3"})
+    t.append(pa.table({"id": pa.array(range(20), pa.int64()), "name": [f"n{i}" for i in range(20)], "amount": [float(i) for i in range(20)]}))
+
+    def events(rows: list[tuple[str, int, str, float]]) -> pa.Table:
+        return pa.table({"id": pa.array([r[1] for r in rows], pa.int64()), "name": [r[2] for r in rows],
+                         "amount": [r[3] for r in rows], "_op": [r[0] for r in rows]})
+
+    info = t.apply_changelog(events([("-U", 1, "n1", 1.0), ("+U", 1, "a", 1.5), ("-U", 17, "n17", 17.0), ("+U", 17, "b", 0.0)]))
+    assert info.updated == 2 and groups == [7]
+    with pytest.raises(KeyViolationError, match="1 image"):
+        t.apply_changelog(events([("-U", 10, "n10", 10.0), ("+U", 10, "c", 0.0), ("-U", 13, "wrong", 13.0), ("+U", 13, "d", 0.0)]))
+    with t.iceberg.update_schema() as upd:  # files are read by field id from now on
+        upd.rename_column("name", "label")
+        upd.add_column("note", StringType())
+    t.refresh()
+    info = t.apply_changelog(pa.table({
+        "id": pa.array([1, 1, 14, 14], pa.int64()), "label": ["a", "e", "n14", "f"], "amount": [1.5, 2.0, 14.0, 1.0],
+        "note": [None, "x", None, None], "_op": ["-U", "+U", "-U", "+U"],
+    }))
+    assert info.updated == 2 and -1 not in groups
+    live = {r["id"]: (r["label"], r["amount"], r["note"]) for r in t.scan().to_pylist()}
+    assert live[1] == ("e", 2.0, "x") and live[14] == ("f", 1.0, None) and live[17] == ("b", 0.0, None) and len(live) == 20
+
+
+
+def test_a_file_replaced_at_its_path_is_not_served_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(positions, "ROW_GROUPS", RowGroupCache(1 << 20))
+    path = str(tmp_path / "f.parquet")
+    first = _write(path, 30, 1, 10, False)
+    assert values_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, None).to_pylist() == first.slice(25, 1).to_pylist()
+    second = _write(path, 30, 2, 7, False)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a coarse clock must not hide the change
+    assert values_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, None).to_pylist() == second.slice(25, 1).to_pylist()
