@@ -9,10 +9,15 @@ Iceberg field id the file records, so renamed columns keep their values,
 columns added after the file was written read as null and promoted types are
 cast. Row groups are decoded one at a time per worker, so memory stays at a
 few row groups plus the values returned.
+
+Each file's footer facts (:func:`layout`: row groups, field ids, dictionary
+columns) are read once per process and shared with the write path's cached
+reader (:mod:`lineage.writes.positions`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,28 +84,57 @@ class _File:
 
 
 @dataclass(frozen=True)
-class _Footer:
+class FileLayout:
+    """What a data file's footer says about where rows and columns are."""
+
     metadata: pq.FileMetaData
-    schema: pa.Schema
-    sizes: np.ndarray  # rows of each row group
+    starts: np.ndarray  # first row position of each row group, then the row count
+    names: dict[int, str]  # Iceberg field id -> top-level Parquet column name
+    arrow: pa.Schema  # the file's Arrow schema (top-level fields)
+    dictionary: tuple[str, ...]  # string columns whose chunks are dictionary-encoded: decoded as dictionaries
+    stamp: str  # size and modification time of the file when the footer was read
 
 
-# Data files are immutable and uniquely named: a footer stays valid while the file exists.
-_FOOTERS: ImmutableFileCache[_Footer] = ImmutableFileCache(2048)
+# Data files are immutable and uniquely named; the stamp guards against a file replaced by hand.
+_LAYOUTS: ImmutableFileCache[FileLayout] = ImmutableFileCache(4096)
 
 
-def _read_footer(path: str) -> _Footer:
-    pf = pq.ParquetFile(local_path(path))
-    md = pf.metadata
-    sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], np.int64)
-    return _Footer(md, pf.schema_arrow, sizes)
+def _layout(path: str, stamp: str) -> FileLayout:
+    metadata = pq.read_metadata(path)
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    arrow = metadata.schema.to_arrow_schema()
+    names = {int(f.metadata[FIELD_ID]): f.name for f in arrow if f.metadata and FIELD_ID in f.metadata}
+    parquet = metadata.schema
+    dictionary = tuple(
+        f.name
+        for f in arrow
+        if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
+        and metadata.num_row_groups
+        and all(metadata.row_group(g).column(_leaf(parquet, f.name)).has_dictionary_page for g in range(metadata.num_row_groups))
+    )
+    return FileLayout(metadata, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), names, arrow, dictionary, stamp)
+
+
+def _leaf(parquet: pq.ParquetSchema, name: str) -> int:
+    return next(i for i in range(len(parquet)) if parquet.column(i).path == name)
+
+
+def layout(path: str) -> FileLayout:
+    """The footer facts of the local data file ``path``.
+
+    Cached by path, size and modification time: Iceberg never rewrites a data
+    file, but a file replaced by hand must not be served from the cache.
+    """
+    st = os.stat(path)
+    stamp = f"{st.st_size}/{st.st_mtime_ns}"
+    return _LAYOUTS.get(f"{path}\0{stamp}", lambda: _layout(path, stamp))
 
 
 def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
-    footer = _FOOTERS.get(path, lambda: _read_footer(path))
-    sources = _columns(footer.schema, schema, field_ids)
-    strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(footer.schema.field(s).type)]
-    return _File(path, footer.metadata, sources, strings, np.cumsum(footer.sizes) - footer.sizes, footer.sizes)
+    info = layout(local_path(path))
+    sources = _columns(info.arrow, schema, field_ids)
+    strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(info.arrow.field(s).type)]
+    return _File(path, info.metadata, sources, strings, info.starts[:-1], np.diff(info.starts))
 
 
 def _read_task(f: _File, positions: np.ndarray, row_group: int, schema: pa.Schema) -> pa.Table:

@@ -26,33 +26,19 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lineage.fileio import ImmutableFileCache, local_path
+from lineage.fileio import local_path
+from lineage.values import FileLayout, layout
 
-FIELD_ID = b"PARQUET:field_id"
 CACHE_BYTES_ENV = "LINEAGE_ROW_GROUP_CACHE_MB"
 DEFAULT_CACHE_MB = 256
 
 
-@dataclass(frozen=True)
-class FileLayout:
-    """What a data file's footer says about where rows and columns are."""
-
-    metadata: pq.FileMetaData
-    starts: np.ndarray  # first row position of each row group, then the row count
-    names: dict[int, str]  # Iceberg field id -> top-level Parquet column name
-    arrow: pa.Schema  # the file's Arrow schema (top-level fields)
-    dictionary: tuple[str, ...]  # string columns whose chunks are dictionary-encoded: decoded as dictionaries
-    stamp: str  # size and modification time of the file when the footer was read
-
-
-_LAYOUTS: ImmutableFileCache[FileLayout] = ImmutableFileCache(4096)
 
 
 class RowGroupCache:
@@ -102,37 +88,6 @@ def _cache_bytes() -> int:
 
 
 ROW_GROUPS = RowGroupCache(_cache_bytes())
-
-
-def _layout(path: str, stamp: str) -> FileLayout:
-    metadata = pq.read_metadata(path)
-    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-    arrow = metadata.schema.to_arrow_schema()
-    names = {int(f.metadata[FIELD_ID]): f.name for f in arrow if f.metadata and FIELD_ID in f.metadata}
-    parquet = metadata.schema
-    dictionary = tuple(
-        f.name
-        for f in arrow
-        if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
-        and metadata.num_row_groups
-        and all(metadata.row_group(g).column(_leaf(parquet, f.name)).has_dictionary_page for g in range(metadata.num_row_groups))
-    )
-    return FileLayout(metadata, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), names, arrow, dictionary, stamp)
-
-
-def _leaf(parquet: pq.ParquetSchema, name: str) -> int:
-    return next(i for i in range(len(parquet)) if parquet.column(i).path == name)
-
-
-def layout(path: str) -> FileLayout:
-    """The footer facts of the local data file ``path``.
-
-    Cached by path, size and modification time: Iceberg never rewrites a data
-    file, but a file replaced by hand must not be served from the cache.
-    """
-    st = os.stat(path)
-    stamp = f"{st.st_size}/{st.st_mtime_ns}"
-    return _LAYOUTS.get(f"{path}\0{stamp}", lambda: _layout(path, stamp))
 
 
 def _is_local(path: str) -> bool:
