@@ -221,3 +221,38 @@ def test_equality_composite_key_partitioned_by_a_key_column(reference, warehouse
     spark = sorted(tuple(r.values()) for r in reference.read(warehouse, "shop.regional").select(schema.names).to_pylist())
     assert spark == want
     reference.forget(warehouse)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(["+I", "-U", "+U", "-D"]), st.integers(0, 4), st.sampled_from(["a", "b"]), st.integers(0, 3)),
+        min_size=1, max_size=25,
+    ),
+    composite=st.booleans(),
+)
+def test_arrow_plan_equals_the_sql_plan(warehouse, events, composite):
+    """The equality plan computed in Arrow (a stream's usual batch) is the window query's, for simple and composite keys."""
+    import dataclasses
+
+    from lineage import duck
+    from lineage.writes.changelog import prepare_batch
+    from lineage.writes.changelog_equality import _plan_in_arrow, plan_batch
+
+    name = "shop.plan_c" if composite else "shop.plan_s"
+    try:
+        t = lineage.open_table(name, warehouse=warehouse)
+    except lineage.errors.LineageError:
+        schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("region", pa.string(), False), pa.field("amount", pa.int64())])
+        t = lineage.create_table(name, schema, key=["id", "region"] if composite else ["id"], warehouse=warehouse, properties=EQ)
+    raw = pa.table({"_op": [e[0] for e in events], "id": [e[1] for e in events], "region": [e[2] for e in events], "amount": [e[3] for e in events]})
+    batch = prepare_batch(t, raw, "_op", None)
+    con = duck.connect()
+    try:
+        sql = plan_batch(dataclasses.replace(batch, explicit_order=True), t.arrow_schema, con)  # explicit order takes the SQL path
+    finally:
+        con.close()
+    arrow = _plan_in_arrow(batch, t.arrow_schema)
+    assert arrow[0].equals(sql[0]), "images differ"
+    assert sorted(arrow[1].to_pylist(), key=repr) == sorted(sql[1].to_pylist(), key=repr), "deleted keys differ"
+    assert arrow[2].tolist() == sql[2].tolist(), "superseded images differ"

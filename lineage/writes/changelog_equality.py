@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
 from lineage import duck
@@ -100,6 +101,8 @@ def plan_batch(batch: ChangelogBatch, arrow_schema: pa.Schema, con: duckdb.DuckD
     from lineage.writes.changelog import check_problems
 
     key = list(batch.key)
+    if not batch.explicit_order and not any(batch.events.column(k).null_count for k in key):
+        return _plan_in_arrow(batch, arrow_schema)
     con.register("events", batch.events)
     keys = ", ".join(quote_ident(k) for k in key)
     if batch.explicit_order:
@@ -120,6 +123,40 @@ def plan_batch(batch: ChangelogBatch, arrow_schema: pa.Schema, con: duckdb.DuckD
     images = images.drop_columns(["__superseded"]).cast(arrow_schema).append_column(_EVENT, pa.array(np.arange(images.num_rows, dtype=np.int64)))
     deleted_keys = duck.fetch_arrow(con, f"SELECT DISTINCT {keys} FROM events")
     return images, deleted_keys, superseded
+
+
+def _plan_in_arrow(batch: ChangelogBatch, arrow_schema: pa.Schema) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """:func:`plan_batch` without SQL, for batches in batch order with non-null keys (a stream's usual batch).
+
+    The same answer as the window query: a stable sort by key code then batch
+    position finds, for each event, whether a later event of its key follows.
+    Two small DuckDB queries cost more than the arithmetic on a few thousand
+    events, and this is most of an equality commit's own work.
+    """
+    events = batch.events
+    n = events.num_rows
+    perm = pc.sort_indices(events, sort_keys=[(c, "ascending") for c in batch.order]).to_numpy()
+    rank = np.empty(n, np.int64)
+    rank[perm] = np.arange(n, dtype=np.int64)
+    codes = _key_codes(events, list(batch.key))
+    by_key = np.lexsort((rank, codes))
+    later = np.zeros(n, bool)
+    later[by_key[:-1]] = codes[by_key[1:]] == codes[by_key[:-1]]
+    ops = events.column("__op").to_numpy(zero_copy_only=False)
+    chosen = perm[np.isin(ops[perm], POSITIVE)]  # positive events in batch order
+    images = events.select(list(batch.columns)).take(pa.array(chosen, pa.int64())).cast(arrow_schema)
+    images = images.append_column(_EVENT, pa.array(np.arange(len(chosen), dtype=np.int64)))
+    _, first = np.unique(codes, return_index=True)
+    deleted_keys = events.select(list(batch.key)).take(pa.array(np.sort(first), pa.int64()))
+    return images, deleted_keys, np.flatnonzero(later[chosen])
+
+
+def _key_codes(events: pa.Table, key: list[str]) -> np.ndarray:
+    """One integer per event, equal for events of equal (non-null) keys."""
+    parts = [pc.dictionary_encode(events.column(k)).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64) for k in key]
+    if len(parts) == 1:
+        return parts[0]
+    return np.unique(np.stack(parts, axis=1), axis=0, return_inverse=True)[1].ravel().astype(np.int64)
 
 
 def apply_equality_changelog(
