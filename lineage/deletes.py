@@ -53,6 +53,14 @@ def positions_for(data_path: str, delete_paths: list[str]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
 
+def live_positions(record_count: int, dead: np.ndarray) -> np.ndarray:
+    """Sorted positions ``0..record_count-1`` not in ``dead`` (a mask: linear, where a set difference sorts)."""
+    keep = np.ones(record_count, bool)
+    dead = np.asarray(dead, np.int64)
+    keep[dead[(dead >= 0) & (dead < record_count)]] = False
+    return np.flatnonzero(keep).astype(np.int64, copy=False)
+
+
 def referenced_data_path(delete_file: DataFile) -> str | None:
     """The single data file a file-scoped position delete file applies to (from its path bounds)."""
     if delete_file.content != DataFileContent.POSITION_DELETES:

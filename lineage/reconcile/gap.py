@@ -55,7 +55,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from index.deleted_rows import RemovedImages, read_index
 from lineage.commit import build_lineage
-from lineage.deletes import positions_for, read_position_deletes
+from lineage.deletes import live_positions, positions_for, read_position_deletes
 from lineage.equality import Candidate, EqualityDelete, merge_positions, resolve_equality_deletes, write_resolved_deletes
 from lineage.fileio import overwriting
 from lineage.metadata import FileLineage, LineageList, lineage_dir, read_segment
@@ -198,7 +198,7 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
         if f.file_path in eq_dead:
             dead = np.union1d(dead, eq_dead[f.file_path])
         dead = dead[dead < f.record_count]
-        live_pos = np.setdiff1d(np.arange(f.record_count, dtype=np.int64), dead)
+        live_pos = live_positions(f.record_count, dead)
         if f.file_path in a_files:
             fl = a_files[f.file_path]
             carried.append(LiveFile(f, p.position_deletes, fl, p.sequence_number, p.equality_deletes, tuple(resolved_of.get(f.file_path, ()))))

@@ -20,7 +20,7 @@ from pyiceberg.manifest import DataFile
 
 from index.key_index import KeyIndex
 from lineage import values
-from lineage.deletes import positions_for, read_position_deletes
+from lineage.deletes import live_positions, positions_for, read_position_deletes
 from lineage.equality import Candidate, EqualityDelete, applies_to, resolve_equality_deletes
 from lineage.planning import sequence_of
 from lineage.reconcile.changes import SnapshotChanges
@@ -43,9 +43,12 @@ class Images:
     index: KeyIndex | None = None
 
 
-def _union(target: dict[str, np.ndarray], path: str, pos: np.ndarray) -> None:
+def _union(target: dict[str, np.ndarray], path: str, pos: np.ndarray, *, sorted_unique: bool = False) -> None:
     if len(pos):
-        target[path] = np.union1d(target[path], pos) if path in target else np.unique(np.asarray(pos, np.int64))
+        if path in target:
+            target[path] = np.union1d(target[path], pos)
+        else:
+            target[path] = np.asarray(pos, np.int64) if sorted_unique else np.unique(np.asarray(pos, np.int64))
 
 
 def derive_images(parent: TableState, changes: SnapshotChanges) -> Images:
@@ -64,7 +67,7 @@ def derive_images(parent: TableState, changes: SnapshotChanges) -> Images:
         if f.file_path not in live:
             log.warning("snapshot %s removes %s, which was not live before it", changes.snapshot.snapshot_id, f.file_path)
             continue
-        _union(out.removed, f.file_path, np.setdiff1d(np.arange(f.record_count, dtype=np.int64), dead_at_parent(f.file_path)))
+        _union(out.removed, f.file_path, live_positions(f.record_count, dead_at_parent(f.file_path)), sorted_unique=True)
 
     added_paths = {e.data_file.file_path: e for e in changes.added}
     own_dead: dict[str, np.ndarray] = {}
@@ -83,7 +86,7 @@ def derive_images(parent: TableState, changes: SnapshotChanges) -> Images:
         f = entry.data_file
         dead = own_dead.get(f.file_path, _EMPTY)
         dead = dead[dead < f.record_count]
-        out.added.append((f, np.setdiff1d(np.arange(f.record_count, dtype=np.int64), dead), dead))
+        out.added.append((f, live_positions(f.record_count, dead), dead))
     return out
 
 
