@@ -283,6 +283,9 @@ class DuckLake(System):
         return out
 
     def close(self) -> None:
+        # The connection is a cursor of the process's shared DuckDB database, where ATTACH lives: detach, or
+        # the catalog file stays locked and the table_changes probe (another process) cannot open it.
+        self.con.execute("DETACH lake")
         self.con.close()
 
     def summarize(self, result: Any) -> dict:
