@@ -51,14 +51,14 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lineage.commit import CommitRequest, commit_files
-from lineage.deletes import read_position_deletes
+from lineage.deletes import positions_for
 from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
 from lineage.planning import live_entries, sequence_of
-from lineage.state import LiveFile, TableState
+from lineage.state import TableState
 from lineage.writer import write_position_deletes
 
 OPERATION = "convert-deletes"
@@ -184,31 +184,19 @@ def plan_from_resolved(state: TableState, created: list[str]) -> Conversion | No
             removed.append(f)
     if not removed:
         return None
-    files = list(state.files().files.values())
-    by_data: dict[str, list[np.ndarray]] = defaultdict(list)
-    for path in sorted({r for f in files for r in f.resolved}):
-        for data_path, pos in read_position_deletes(path).items():
-            by_data[data_path].append(pos)
     groups: dict[str, list[np.ndarray]] = {}
     lowest: dict[str, int] = {}
     targets: dict[str, DataFile] = {}
-    for f in files:
-        if f.path not in by_data:
+    for f in state.files().files.values():
+        if not f.resolved:
             continue
-        pos = np.setdiff1d(np.unique(np.concatenate(by_data[f.path])), _deleted(f))
+        pos = np.setdiff1d(positions_for(f.path, list(f.resolved)), positions_for(f.path, [d.file_path for d in f.deletes]))
         if not len(pos):
             continue
         groups[f.path] = [pos]
         lowest[f.path] = min((seq[d.file_path] for d in f.equality_deletes), default=seq[f.path])
         targets[f.path] = f.data_file
     return _write_conversion(ice, groups, lowest, targets, removed, created)
-
-
-def _deleted(f: LiveFile) -> np.ndarray:
-    """Positions of ``f`` its Iceberg position delete files remove."""
-    parts = [read_position_deletes(d.file_path).get(f.path) for d in f.deletes]
-    parts = [p for p in parts if p is not None and len(p)]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
 
 def _write_conversion(
