@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
@@ -111,26 +111,59 @@ T = TypeVar("T")
 
 
 class ImmutableFileCache(Generic[T]):
-    """A small thread-safe LRU cache of parsed immutable files, keyed by path.
+    """A small thread-safe LRU cache of what was parsed from immutable files, keyed by path (or any hashable key).
 
     Paths of lineage and index files carry a UUID and are never rewritten, so a
-    parsed copy stays valid for as long as the file exists.
+    parsed copy stays valid for as long as the file exists. ``capacity``
+    bounds the number of values kept, or their total weight when ``weigh``
+    is given (entries of a manifest, bytes of a decoded row group); a value
+    weighing more than ``max_share`` of the capacity is returned but not kept,
+    so that one huge value does not evict everything else.
     """
 
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._items: OrderedDict[str, T] = OrderedDict()
+    def __init__(self, capacity: int, weigh: Callable[[T], int] | None = None, max_share: float = 1.0) -> None:
+        self.capacity = capacity
+        self._weigh = weigh
+        self._max_share = max_share
+        self._items: OrderedDict[Hashable, tuple[T, int]] = OrderedDict()
+        self._held = 0
         self._lock = threading.Lock()
 
-    def get(self, path: str, load: Callable[[], T]) -> T:
-        """Return the cached value for ``path``, loading it on a miss."""
-        with self._lock:
-            if path in self._items:
-                self._items.move_to_end(path)
-                return self._items[path]
+    def get(self, path: Hashable, load: Callable[[], T]) -> T:
+        """Return the cached value for ``path``, loading (and keeping) it on a miss."""
+        hit = self.peek(path)
+        if hit is not None:
+            return hit
         value = load()
-        with self._lock:
-            self._items[path] = value
-            while len(self._items) > self._capacity:
-                self._items.popitem(last=False)
+        self.put(path, value)
         return value
+
+    def peek(self, path: Hashable) -> T | None:
+        """The cached value for ``path``, or None."""
+        with self._lock:
+            hit = self._items.get(path)
+            if hit is None:
+                return None
+            self._items.move_to_end(path)
+            return hit[0]
+
+    def put(self, path: Hashable, value: T) -> None:
+        """Keep ``value`` for ``path``, evicting the least recently used values beyond the capacity."""
+        weight = self._weigh(value) if self._weigh is not None else 1
+        if weight > self.capacity * self._max_share:
+            return
+        with self._lock:
+            old = self._items.pop(path, None)
+            if old is not None:
+                self._held -= old[1]
+            self._items[path] = (value, weight)
+            self._held += weight
+            while self._held > self.capacity:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._held -= dropped
+
+    def clear(self) -> None:
+        """Drop every value."""
+        with self._lock:
+            self._items.clear()
+            self._held = 0

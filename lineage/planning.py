@@ -18,9 +18,7 @@ foreign snapshots and CONVERT need.
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
@@ -31,6 +29,8 @@ from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
+
+from lineage.fileio import ImmutableFileCache
 
 
 @dataclass(frozen=True)
@@ -93,50 +93,20 @@ def sequence_of(entry: ManifestEntry) -> int:
     return entry.sequence_number if entry.sequence_number is not None else INITIAL_SEQUENCE_NUMBER
 
 
-class _EntryCache:
-    """Live entries of recently read manifests, by manifest path, bounded by the number of entries held.
-
-    Manifest files are immutable and uniquely named, so their entries stay
-    valid; a reader that polls the change feed or a stream that commits every
-    few seconds re-reads only the manifests its last call did not see.
-    """
-
-    def __init__(self, max_entries: int) -> None:
-        self._max = max_entries
-        self._held = 0
-        self._items: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, path: str) -> list[ManifestEntry] | None:
-        with self._lock:
-            hit = self._items.get(path)
-            if hit is not None:
-                self._items.move_to_end(path)
-            return hit
-
-    def put(self, path: str, entries: list[ManifestEntry]) -> None:
-        if len(entries) > self._max // 4:
-            return  # one huge manifest would evict everything else
-        with self._lock:
-            if path in self._items:
-                return
-            self._items[path] = entries
-            self._held += len(entries)
-            while self._held > self._max:
-                _, gone = self._items.popitem(last=False)
-                self._held -= len(gone)
-
-
-_ENTRIES = _EntryCache(200_000)
+# Live entries of recently read manifests, by manifest path, bounded by the number of entries held (one
+# manifest at most a quarter of them). Manifest files are immutable and uniquely named, so their entries stay
+# valid; a reader that polls the change feed or a stream that commits every few seconds re-reads only the
+# manifests its last call did not see.
+_ENTRIES: ImmutableFileCache[list[ManifestEntry]] = ImmutableFileCache(200_000, weigh=len, max_share=0.25)
 
 
 def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iterator[ManifestEntry]:
     """Every live (added or existing) entry of ``manifests``, in manifest order (the entries are shared: do not modify them).
 
-    Manifests not cached (:class:`_EntryCache`) are read in parallel.
+    Manifests not cached (:data:`_ENTRIES`) are read in parallel.
     """
     manifests = list(manifests)
-    found = {m.manifest_path: _ENTRIES.get(m.manifest_path) for m in manifests}
+    found = {m.manifest_path: _ENTRIES.peek(m.manifest_path) for m in manifests}
     missing = [m for m in manifests if found[m.manifest_path] is None]
     if missing:
         read = ExecutorFactory.get_or_create().map(lambda m: m.fetch_manifest_entry(table.io, discard_deleted=True), missing)

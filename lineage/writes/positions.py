@@ -23,8 +23,6 @@ an evolved schema, a file without field ids); the caller then scans.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lineage.fileio import local_path
+from lineage.fileio import ImmutableFileCache, local_path
 from lineage.values import FileLayout, layout
 
 CACHE_BYTES_ENV = "LINEAGE_ROW_GROUP_CACHE_MB"
@@ -41,43 +39,15 @@ DEFAULT_CACHE_MB = 256
 
 
 
-class RowGroupCache:
+class RowGroupCache(ImmutableFileCache[pa.Table]):
     """A thread-safe LRU cache of decoded row groups, bounded by their Arrow size in bytes."""
 
     def __init__(self, capacity_bytes: int) -> None:
-        self.capacity = capacity_bytes
-        self._items: OrderedDict[tuple[str, int, str, str], pa.Table] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        super().__init__(capacity_bytes, weigh=lambda table: table.nbytes)
 
-    def get(self, key: tuple[str, int, str, str]) -> pa.Table | None:
+    def get(self, key: tuple[str, int, str, str]) -> pa.Table | None:  # type: ignore[override]
         """The cached row group, or None."""
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: tuple[str, int, str, str], value: pa.Table) -> None:
-        """Keep ``value`` (unless it alone exceeds the capacity), evicting the least recently used."""
-        size = value.nbytes
-        if size > self.capacity:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-            self._items[key] = value
-            self._bytes += size
-            while self._bytes > self.capacity:
-                _, dropped = self._items.popitem(last=False)
-                self._bytes -= dropped.nbytes
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
+        return self.peek(key)
 
 
 def _cache_bytes() -> int:
