@@ -18,7 +18,11 @@ PATH_FIELD_ID = 2147483546  # the spec's reserved field id of a position delete 
 
 _EMPTY = np.zeros(0, np.int64)
 _EMPTY.setflags(write=False)
-_CACHE: ImmutableFileCache[dict[str, np.ndarray]] = ImmutableFileCache(128)
+# Parsed delete files, bounded by the positions held (8M: 64 MiB of positions). A change stream with
+# partition-scoped deletes has hundreds of live delete files that every read of a data file consults.
+_CACHE: ImmutableFileCache[dict[str, np.ndarray]] = ImmutableFileCache(
+    8_000_000, weigh=lambda parsed: 1 + sum(len(a) for a in parsed.values()), max_share=0.5
+)
 
 
 def read_position_deletes(path: str) -> dict[str, np.ndarray]:
@@ -68,3 +72,17 @@ def referenced_data_path(delete_file: DataFile) -> str | None:
     lo = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
     hi = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
     return lo.decode() if lo and lo == hi else None
+
+
+def path_in_bounds(delete_file: DataFile, data_path: str) -> bool:
+    """Whether ``data_path`` lies within the ``file_path`` bounds of a position delete file (True without bounds).
+
+    Bounds are UTF-8 bytes, and byte order is the spec's string order, so a
+    truncated bound still brackets every path the file names.
+    """
+    lo = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
+    hi = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
+    if lo is None and hi is None:
+        return True
+    raw = data_path.encode()
+    return (lo is None or lo <= raw) and (hi is None or raw <= hi)

@@ -18,18 +18,18 @@ foreign snapshots and CONVERT need.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
 from pyiceberg.manifest import INITIAL_SEQUENCE_NUMBER, DataFile, DataFileContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 
+from lineage.deletes import path_in_bounds, referenced_data_path
 from lineage.fileio import ImmutableFileCache
 
 
@@ -57,6 +57,9 @@ class _ByPartition:
 
     def newer_than(self, seq: int) -> list[DataFile]:
         return self.files[bisect_right(self.seqs, seq) :]
+
+    def at_least(self, seq: int) -> list[DataFile]:
+        return self.files[bisect_left(self.seqs, seq) :]
 
 
 class EqualityDeleteIndex:
@@ -86,6 +89,42 @@ class EqualityDeleteIndex:
         if local is not None:
             out = out + local.newer_than(seq)
         return tuple(out)
+
+
+class PositionDeleteIndex:
+    """Position delete files by the one data file they name (file-scoped) or by partition.
+
+    pyiceberg's ``DeleteFileIndex`` binds and evaluates a ``file_path``
+    predicate for every pair of data file and partition-scoped delete file,
+    which costs seconds per snapshot once a stream has written a few hundred
+    partition-scoped files; here a file-scoped delete is found by path and a
+    partition-scoped one is checked against its ``file_path`` bounds.
+    """
+
+    def __init__(self) -> None:
+        self._by_file: dict[str, list[tuple[int, DataFile]]] = {}
+        self._by_partition: dict[tuple[int, Record], _ByPartition] = {}
+
+    def add(self, entry: ManifestEntry) -> None:
+        """Index one live position delete entry."""
+        f = entry.data_file
+        target = referenced_data_path(f)
+        if target is not None:
+            self._by_file.setdefault(target, []).append((sequence_of(entry), f))
+        else:
+            self._by_partition.setdefault((f.spec_id or 0, f.partition), _ByPartition()).add(sequence_of(entry), f)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_file) or bool(self._by_partition)
+
+    def for_data_file(self, seq: int, data_file: DataFile) -> tuple[DataFile, ...]:
+        """Position delete files that apply to ``data_file`` of data sequence number ``seq``, sorted by path."""
+        path = data_file.file_path
+        out = [f for s, f in self._by_file.get(path, ()) if s >= seq]
+        local = self._by_partition.get((data_file.spec_id or 0, data_file.partition))
+        if local is not None:
+            out.extend(f for f in local.at_least(seq) if path_in_bounds(f, path))
+        return tuple(sorted(out, key=lambda d: d.file_path))
 
 
 def sequence_of(entry: ManifestEntry) -> int:
@@ -123,7 +162,7 @@ def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
     order pyiceberg's planner uses), so planning is deterministic.
     """
     data: list[ManifestEntry] = []
-    positions = DeleteFileIndex()
+    positions = PositionDeleteIndex()
     unpartitioned = {spec.spec_id for spec in table.metadata.partition_specs if spec.is_unpartitioned()}
     equality = EqualityDeleteIndex(unpartitioned)
     for entry in live_entries(table, snapshot.manifests(table.io)):
@@ -131,7 +170,7 @@ def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
         if content == DataFileContent.DATA:
             data.append(entry)
         elif content == DataFileContent.POSITION_DELETES:
-            positions.add_delete_file(entry, partition_key=entry.data_file.partition)
+            positions.add(entry)
         elif content == DataFileContent.EQUALITY_DELETES:
             equality.add(entry)
         else:
@@ -140,12 +179,11 @@ def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
     for entry in data:
         seq = sequence_of(entry)
         f = entry.data_file
-        pos = positions.for_data_file(seq, f, partition_key=f.partition) if not positions.is_empty() else set()
         out.append(
             PlannedFile(
                 f,
                 seq,
-                tuple(sorted(pos, key=lambda d: d.file_path)),
+                positions.for_data_file(seq, f) if positions else (),
                 equality.for_data_file(seq, f) if equality else (),
             )
         )

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.deletes import read_position_deletes, referenced_data_path
+from lineage.deletes import path_in_bounds, read_position_deletes, referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
 from lineage.planning import PlannedFile, live_entries, plan_snapshot
 from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
@@ -80,9 +80,9 @@ class SnapshotFiles:
         ``added`` are the new data files with their lineage (described by
         ``segment``), ``added_deletes`` the new delete files, ``removed`` the
         data and delete files leaving the snapshot, ``moved`` maps a merged
-        segment to the segment that now describes its files. Only position
-        delete files scoped to one data file can be attached here; any other
-        delete file returns None.
+        segment to the segment that now describes its files. Position delete
+        files are attached to the data files they apply to (each is newer than
+        every live file); an equality delete file returns None.
         """
         gone = {f.file_path for f in removed}
         files: dict[str, LiveFile] = {}
@@ -91,7 +91,7 @@ class SnapshotFiles:
                 continue
             if live.equality_deletes:
                 return None  # equality deletes are matched by sequence number: plan afresh
-            if live.deletes and any(d.file_path in gone for d in live.deletes):
+            if gone and live.deletes and any(d.file_path in gone for d in live.deletes):
                 live = replace(live, deletes=tuple(d for d in live.deletes if d.file_path not in gone))
             files[path] = live
         segment_of = {p: moved.get(s, s) for p, s in self.segment_of.items() if p in files}
@@ -101,12 +101,21 @@ class SnapshotFiles:
             files[data_file.file_path] = LiveFile(data_file, (), lineage)
             segment_of[data_file.file_path] = segment
         for d in added_deletes:
+            if d.content != DataFileContent.POSITION_DELETES:
+                return None  # an equality delete file: plan afresh
             target = referenced_data_path(d)
-            if target is None:
-                return None  # a partition-scoped or equality delete file: let pyiceberg match it
-            live = files.get(target)
-            if live is not None:
-                files[target] = replace(live, deletes=live.deletes + (d,))
+            if target is not None:
+                live = files.get(target)
+                if live is not None:
+                    files[target] = replace(live, deletes=live.deletes + (d,))
+                continue
+            # Partition-scoped: it applies to every file of its partition whose path its bounds bracket (the
+            # planner's rule, lineage.planning.PositionDeleteIndex; the commit's own new files included).
+            scope = (d.spec_id or 0, d.partition)
+            for path, live in files.items():
+                f = live.data_file
+                if (f.spec_id or 0, f.partition) == scope and path_in_bounds(d, path):
+                    files[path] = replace(live, deletes=live.deletes + (d,))
         return SnapshotFiles(snapshot_id, files, segment_of)
 
 

@@ -183,18 +183,26 @@ def _spec_id(data_file: DataFile, default: int) -> int:
 
 
 def write_position_deletes(
-    iceberg: IcebergTable, targets: Sequence[tuple[DataFile, np.ndarray]], granularity: str = "file"
+    iceberg: IcebergTable, targets: Sequence[tuple[DataFile, np.ndarray]], granularity: str = "file", *, file_scoped_limit: int = 16
 ) -> list[DataFile]:
     """Write position delete files for ``(data file, positions)`` pairs.
 
     ``granularity`` is ``"file"`` (one delete file per data file, the Iceberg
-    default) or ``"partition"`` (one per partition); never global.
+    default), ``"partition"`` (one per partition) or ``"auto"`` (per data
+    file, but one per partition for a partition with more than
+    ``file_scoped_limit`` targets); never global.
     """
-    groups: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
-    for data_file, positions in targets:
-        key = data_file.file_path if granularity == "file" else (data_file.spec_id, data_file.partition)
-        groups[key].append((data_file, positions))
+    if granularity not in ("file", "partition", "auto"):
+        raise ValueError(f"unknown delete granularity {granularity!r}")
     metadata = iceberg.metadata
+    by_partition: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
+    for data_file, positions in targets:
+        by_partition[(_spec_id(data_file, metadata.default_spec_id), data_file.partition)].append((data_file, positions))
+    groups: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
+    for partition, members in by_partition.items():
+        scoped = granularity == "partition" or (granularity == "auto" and len(members) > file_scoped_limit)
+        for data_file, positions in members:
+            groups[partition if scoped else data_file.file_path].append((data_file, positions))
     provider = load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
     out = []
     for members in groups.values():

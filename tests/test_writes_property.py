@@ -16,7 +16,8 @@ step we check, against a Python model of the table:
 * ``scan(as_of=v)`` for an earlier version returns the model's state at ``v``.
 
 The same property runs over an unpartitioned table, a ``bucket(4, id)`` one
-(both with ``write.delete.granularity`` drawn from file / partition) and one
+(both with ``write.delete.granularity`` drawn from unset / file / partition, and
+unset with a file-scoped limit of 1) and one
 identity-partitioned on ``name`` (so updates move rows between partitions)
 with ``write.delete.granularity=partition``; a tiny
 ``write.target-file-size-bytes`` is drawn too, so writes span several files.
@@ -354,10 +355,11 @@ def _check_commit(table: lineage.Table, model: Model, before: int, ci: lineage.C
 
 # ------------------------------------------------------------------ the property
 
-# partition_by, and the write.delete.granularity values to draw from (None: the default, "file").
+# partition_by, and the write.delete.granularity values to draw from (None: unset, file-scoped files up to
+# lineage.write.delete.file-scoped-limit data files per partition and commit, one partition-scoped file beyond).
 CONFIGS: dict[str, tuple[list[str] | None, list[str | None]]] = {
-    "unpartitioned": (None, [None, "partition"]),
-    "bucket": (["bucket(4, id)"], [None, "partition"]),
+    "unpartitioned": (None, [None, "file", "partition"]),
+    "bucket": (["bucket(4, id)"], [None, "file", "partition"]),
     "identity-granularity-partition": (["name"], ["partition"]),
 }
 # A tiny target file size makes every write split its rows over several data files.
@@ -432,6 +434,10 @@ def test_writes_match_model(config: str, data: st.DataObject) -> None:
     granularity = data.draw(st.sampled_from(granularities), label="write.delete.granularity")
     if granularity is not None:
         properties["write.delete.granularity"] = granularity
+    else:
+        limit = data.draw(st.sampled_from([None, "1"]), label="lineage.write.delete.file-scoped-limit")
+        if limit is not None:
+            properties["lineage.write.delete.file-scoped-limit"] = limit
     target = data.draw(st.sampled_from(TARGET_FILE_SIZES), label="write.target-file-size-bytes")
     if target is not None:
         properties["write.target-file-size-bytes"] = target

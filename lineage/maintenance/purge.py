@@ -55,6 +55,7 @@ from lineage.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.values import read_at
 from lineage.writer import WrittenFile, write_copy, write_position_deletes
+from lineage.writes.properties import delete_granularity
 
 
 def _erased(field: pa.Field, n: int, donor: object = None) -> pa.Array:
@@ -194,8 +195,8 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
                 for p in paths - rewritten.keys():
                     if p in live_by_path:
                         delete_targets.append((live_by_path[p], old_deleted[p]))
-        granularity = state.iceberg.metadata.properties.get("write.delete.granularity", "file")
-        new_deletes = write_position_deletes(state.iceberg, delete_targets, granularity) if delete_targets else []
+        granularity, limit = delete_granularity(state.iceberg.metadata.properties)
+        new_deletes = write_position_deletes(state.iceberg, delete_targets, granularity, file_scoped_limit=limit) if delete_targets else []
         created.extend(d.file_path for d in new_deletes)
 
         # 2. pinned files that left the snapshot: needed images into a fresh archive, purged rows nulled

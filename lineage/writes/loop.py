@@ -41,7 +41,7 @@ from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.values import read_at
 from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
-from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_DELETE_GRANULARITY, PROP_RETRIES, capture_preimages
+from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_RETRIES, capture_preimages, delete_granularity
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,10 +201,9 @@ def _materialize_and_commit(
                               version, None if values is None else values.take(pa.array(cols["__row"])))
             )
         if mode == MERGE_ON_READ:
-            granularity = ice.metadata.properties.get(PROP_DELETE_GRANULARITY, "file")
-            if granularity not in ("file", "partition"):
-                raise InvalidArgumentError(f"table property {PROP_DELETE_GRANULARITY} must be 'file' or 'partition', got {granularity!r}")
-            delete_files = write_position_deletes(ice, [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()], granularity)
+            granularity, limit = delete_granularity(ice.metadata.properties)
+            targets = [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()]
+            delete_files = write_position_deletes(ice, targets, granularity, file_scoped_limit=limit)
             created.extend(f.file_path for f in delete_files)
         else:
             kept = kept_rows(con, [plan.files[fid] for fid in groups], groups, table.arrow_schema, projection_field_ids(table.iceberg.metadata))
