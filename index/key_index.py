@@ -21,17 +21,11 @@ without a ``KeyIndexChange`` drops it (the list then names none), so a write
 path that does not know the index can never leave it stale: the next write
 that needs the index rebuilds it.
 
-**Merge policy** (table properties, see :class:`MergePolicy`). Deltas are
-level 0. When more than ``merge-fanout`` segments of the lowest level sit at
-the tail, they merge into one segment of the next level (tiered, so each
-entry is rewritten O(log) times: amortised O(change) per commit). When the
-segments after the base hold more than ``base-fraction`` of the base's
-entries (the oldest segment stands for the base until there is one), or
-there are more than ``max-segments``, everything merges into a new base
-(tombstones dropped). A merge that includes the oldest segment
-always yields a base. Writers do merges of at most ``writer-merge-limit``
-records (bounded work per commit; the ``max-segments`` cap overrides it),
-maintenance (:func:`lineage.maintenance.merge_key_index`) does the rest.
+**Merge policy** (table properties ``lineage.key-index.*``, :mod:`index.key_merge`):
+deltas merge in tiers, and into a new base (tombstones dropped) when the
+segments after the base grow too large or too many. Writers do merges of
+bounded size; maintenance (:func:`lineage.maintenance.merge_key_index`) does
+the rest.
 
 **Missing or stale index.** A table created before the key index, a list
 without an index reference, or segments written for another key definition
@@ -70,6 +64,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_hash import hash_name, key_hash
+from index.key_merge import WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     CREATED,
     FILE_PATH,
@@ -101,16 +96,10 @@ from lineage.state import LiveFile, TableState
 log = logging.getLogger(__name__)
 
 PROP_ENABLED = "lineage.key-index.enabled"
-PROP_FANOUT = "lineage.key-index.merge-fanout"
-PROP_BASE_FRACTION = "lineage.key-index.base-fraction"
-PROP_WRITER_LIMIT = "lineage.key-index.writer-merge-limit"
-PROP_MAX_SEGMENTS = "lineage.key-index.max-segments"
 PROP_DEFER_ROWS = "lineage.key-index.defer-rows"
 DEFAULT_DEFER_ROWS = 100_000
 _PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
 INPUT = "__input"
-
-WRITER, MAINTENANCE, FULL = "writer", "maintenance", "full"
 
 
 # ---------------------------------------------------------------- table facts
@@ -141,36 +130,6 @@ def _flag(props: Mapping[str, str], name: str) -> bool:
     return raw == "true"
 
 
-@dataclass(frozen=True)
-class MergePolicy:
-    """When segments merge (table properties ``lineage.key-index.*``)."""
-
-    fanout: int = 8
-    base_fraction: float = 0.25
-    writer_limit: int = 1_000_000
-    max_segments: int = 32
-
-    @staticmethod
-    def of(props: Mapping[str, str]) -> MergePolicy:
-        """The policy a table's properties ask for (defaults where unset)."""
-        d = MergePolicy()
-        try:
-            policy = MergePolicy(
-                fanout=int(props.get(PROP_FANOUT, d.fanout)),
-                base_fraction=float(props.get(PROP_BASE_FRACTION, d.base_fraction)),
-                writer_limit=int(props.get(PROP_WRITER_LIMIT, d.writer_limit)),
-                max_segments=int(props.get(PROP_MAX_SEGMENTS, d.max_segments)),
-            )
-        except ValueError as exc:
-            raise InvalidArgumentError(f"a lineage.key-index.* table property is not a number: {exc}") from None
-        if policy.fanout < 1 or policy.base_fraction <= 0 or policy.writer_limit < 0 or policy.max_segments < 1:
-            raise InvalidArgumentError(
-                f"key index properties out of range: {PROP_FANOUT} >= 1, {PROP_BASE_FRACTION} > 0, "
-                f"{PROP_WRITER_LIMIT} >= 0, {PROP_MAX_SEGMENTS} >= 1 (got {policy})"
-            )
-        return policy
-
-
 def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
     """Whether an append of ``rows`` rows planned with ``index`` leaves the index to its first keyed use.
 
@@ -191,47 +150,6 @@ def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
     if limit < 0:
         raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be >= 0 (0: never defer), got {limit}")
     return limit > 0 and rows >= limit
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    """What the merge policy knows of a segment."""
-
-    level: int
-    base: bool
-    entries: int
-
-
-def next_merge(segs: Sequence[SegmentInfo], policy: MergePolicy, mode: str) -> tuple[int, int] | None:
-    """The next merge to do, as (first segment index, level of the result), or None.
-
-    The merge always covers the segments from that index to the newest.
-    ``mode`` is ``writer`` (merges bounded by ``writer_limit`` unless the
-    segment count exceeds ``max_segments``), ``maintenance`` (unbounded) or
-    ``full`` (everything into one base).
-    """
-    if not segs:
-        return None
-    if mode == FULL:
-        return (0, 0) if len(segs) > 1 or not segs[0].base else None
-
-    def allowed(start: int) -> bool:
-        return mode != WRITER or sum(s.entries for s in segs[start:]) <= policy.writer_limit
-
-    last = segs[-1]
-    if not last.base:
-        start = len(segs)
-        while start > 0 and not segs[start - 1].base and segs[start - 1].level == last.level:
-            start -= 1
-        if len(segs) - start > policy.fanout and allowed(start):
-            return start, 0 if start == 0 else last.level + 1
-    if len(segs) > 1:  # the oldest segment stands for the base until a merge makes one
-        rest = sum(s.entries for s in segs[1:])
-        if rest > policy.base_fraction * segs[0].entries and allowed(0):
-            return 0, 0
-    if len(segs) > policy.max_segments:
-        return 0, 0
-    return None
 
 
 def _info(s: Segment) -> SegmentInfo:

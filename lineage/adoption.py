@@ -37,7 +37,8 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.types import NestedField, PrimitiveType
 
-from index.key_index import FULL, KeyIndex, KeyIndexChange, index_enabled
+from index.key_index import KeyIndex, KeyIndexChange, index_enabled
+from index.key_merge import FULL
 from lineage import duck
 from lineage.catalog import load_iceberg, resolve_catalog
 from lineage.commit import CommitRequest, commit_change

@@ -22,7 +22,8 @@ import lineage  # noqa: F401  (imports the package in dependency order)
 from conftest import key_hash_mask
 from index import key_hash as kh
 from index import key_segment
-from index.key_index import FULL, MAINTENANCE, WRITER, KeyIndex, MergePolicy, SegmentInfo, next_merge
+from index.key_index import KeyIndex
+from index.key_merge import FULL, MAINTENANCE, WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     SEGMENT_FORMAT_VERSION,
     KeyField,

@@ -26,7 +26,8 @@ from pyiceberg.table import TableProperties
 from pyiceberg.table.snapshots import Operation
 
 from lineage import duck
-from index.key_index import MAINTENANCE, KeyIndexChange
+from index.key_index import KeyIndexChange
+from index.key_merge import MAINTENANCE
 from lineage.commit import CommitRequest
 from lineage.deletes import positions_for, read_position_deletes
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, referenced_data_path, snapshot_files

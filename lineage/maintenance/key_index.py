@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
-from index.key_index import FULL, MAINTENANCE, KeyIndex, KeyIndexChange, MergePolicy, SegmentInfo, index_enabled, next_merge
+from index.key_index import KeyIndex, KeyIndexChange, index_enabled
+from index.key_merge import FULL, MAINTENANCE, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import ENTRY_COLUMNS
 from lineage.commit import CommitRequest
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageError

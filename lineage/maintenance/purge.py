@@ -38,7 +38,8 @@ from pyiceberg.table.snapshots import Operation
 from pyroaring import BitMap64
 
 from index.deleted_rows import RemovedImages, read_index
-from index.key_index import FULL, KeyIndexChange, index_enabled
+from index.key_index import KeyIndexChange, index_enabled
+from index.key_merge import FULL
 from index.purged import read_purged, write_purged
 from lineage import duck
 from lineage.commit import CommitRequest
