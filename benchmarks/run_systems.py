@@ -81,8 +81,10 @@ class Lineage(System):
     notes = ["merge-on-read (the default); each change commit is one Table.merge(upserts=..., deletes=...)"]
 
     def create(self) -> None:
+        import cdf  # imported with the table, as the peers import their libraries in create: the feed's time is the feed's
         import lineage
 
+        self.cdf = cdf
         self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root)
 
     def append(self, data: pa.Table) -> None:
@@ -98,9 +100,7 @@ class Lineage(System):
         return self.t.version
 
     def feed(self, a: int, b: int, net: bool) -> Any:
-        import cdf
-
-        return cdf.changes(self.t, a, b, net=net)
+        return self.cdf.changes(self.t, a, b, net=net)
 
     def summarize(self, result: Any) -> dict:
         return feed_summary(result.column("_change_type"), result.column("id"))
@@ -121,8 +121,10 @@ class LineageCapture(Lineage):
              "values in the deleted-rows index, so the feed reads pre-images from the index instead of the data files"]
 
     def create(self) -> None:
+        import cdf
         import lineage
 
+        self.cdf = cdf
         self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root,
                                       properties={"lineage.cdf.capture-preimages": "true"})
 

@@ -1,4 +1,4 @@
-"""Values at row positions of data files (lineage.writes.positions) against a plain read of the whole files."""
+"""Values at row positions of data files (lineage.writes.positions, and the feed's reader lineage.values) against a plain read of the whole files."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pyiceberg.types import StringType
 
 import lineage
 from conftest import SCHEMA
+from lineage import values
 from lineage.errors import KeyViolationError
 from lineage.writes import positions
 from lineage.writes.positions import RowGroupCache, values_at
@@ -73,6 +74,9 @@ def test_values_at_positions_equal_a_full_read(tmp_path, data):
             assert got.to_pylist() == want
     finally:
         positions.ROW_GROUPS = old_cache
+    got = values.read_at(paths, file_ids, pos, TARGET, IDS if by_id else None)  # the feed's reader
+    assert got.schema == TARGET
+    assert got.to_pylist() == want
 
 
 def test_only_the_row_groups_that_hold_a_position_are_read(tmp_path, monkeypatch):
