@@ -10,6 +10,7 @@ import pyarrow as pa
 from cdf import engine_duckdb
 from cdf.retention import resolve_range, window
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
+from lineage.memory import release_if_grown
 from lineage.table import Table
 
 ENGINES = ("duckdb", "spark")
@@ -73,7 +74,10 @@ def changes(
         from cdf import engine_spark
 
         return engine_spark.changes(spark, state, a, b, data, net)
-    return engine_duckdb.changes(state, a, b, data, net)
+    try:
+        return engine_duckdb.changes(state, a, b, data, net)
+    finally:
+        release_if_grown()
 
 
 def deleted_rows(
@@ -103,7 +107,10 @@ def deleted_rows(
         from cdf import engine_spark
 
         return engine_spark.deleted_rows(spark, state, a, b, data)
-    return engine_duckdb.deleted_rows(state, a, b, data)
+    try:
+        return engine_duckdb.deleted_rows(state, a, b, data)
+    finally:
+        release_if_grown()
 
 
 __all__ = ["changes", "deleted_rows", "RetentionError", "VersionRangeError"]

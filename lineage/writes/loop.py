@@ -36,6 +36,7 @@ from index.key_index import KeyIndexChange
 from lineage import duck
 from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
+from lineage.memory import release_if_grown
 from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
@@ -156,13 +157,16 @@ def run_write(
             con.close()
 
     loop: CommitLoop[CommitInfo] = CommitLoop(f"{table.name}: commit", lambda: table.iceberg, table.refresh, retries, shared, logger=log)
-    return loop.run(
-        attempt,
-        lambda n: CommitConflictError(
-            f"gave up after {n} attempts: other writers kept committing to {table.name}; nothing was committed. "
-            f"Retry later or raise the table property {PROP_RETRIES}"
-        ),
-    )
+    try:
+        return loop.run(
+            attempt,
+            lambda n: CommitConflictError(
+                f"gave up after {n} attempts: other writers kept committing to {table.name}; nothing was committed. "
+                f"Retry later or raise the table property {PROP_RETRIES}"
+            ),
+        )
+    finally:
+        release_if_grown()
 
 
 def _no_op(table: Table, state: TableState, operation: str, attempt: int, ignored: int = 0) -> CommitInfo:
