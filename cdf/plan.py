@@ -114,11 +114,17 @@ def per_version(p: Pointers, a: int, b: int) -> Skeleton:
     ends = np.flatnonzero((p.valid_to > a) & (p.valid_to <= b))
     starts = np.flatnonzero((p.valid_from > a) & (p.valid_from <= b))
     pointer = np.concatenate((ends, starts))
-    start = np.concatenate((np.zeros(len(ends), np.int64), np.ones(len(starts), np.int64)))
+    start = np.concatenate((np.zeros(len(ends), np.int8), np.ones(len(starts), np.int8)))
     version = np.concatenate((p.valid_to[ends], p.valid_from[starts]))
+    del ends, starts
     row_id = p.row_id[pointer]
     order = feed_order(version, row_id, start)
-    pointer, start, version, row_id = pointer[order], start[order], version[order], row_id[order]
+    # one array at a time, so that at most one extra copy is alive (a feed of millions of rows)
+    pointer = pointer[order]
+    start = start[order]
+    version = version[order]
+    row_id = row_id[order]
+    del order
     pair = (row_id[1:] == row_id[:-1]) & (version[1:] == version[:-1]) & (start[:-1] == 0) & (start[1:] == 1)
     pre = np.concatenate((pair, [False]))
     post = np.concatenate(([False], pair))

@@ -68,7 +68,7 @@ class _Builder:
     def __init__(self) -> None:
         self.file_ids: dict[str, int] = {}
         self.captured: list[IndexSegment] = []
-        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.parts: list[list[np.ndarray]] = []
 
     def file_id(self, path: str) -> int:
         return self.file_ids.setdefault(path, len(self.file_ids))
@@ -76,11 +76,16 @@ class _Builder:
     def add(self, source: np.ndarray, loc: np.ndarray, row_id: np.ndarray, created: np.ndarray, valid_from: np.ndarray,
             valid_to: np.ndarray) -> None:
         if len(loc):
-            self.parts.append((source, loc, row_id, created, valid_from, valid_to))
+            self.parts.append([source, loc, row_id, created, valid_from, valid_to])
 
     def build(self, state: TableState, commit_ms: dict[int, int]) -> Pointers:
         if self.parts:
-            cols = [np.concatenate([p[i] for p in self.parts]) for i in range(6)]
+            cols = []
+            for i in range(6):  # one column at a time, releasing the parts' column: the peak is the parts plus one column
+                cols.append(np.concatenate([p[i] for p in self.parts]))
+                for part in self.parts:
+                    part[i] = None
+            self.parts.clear()
         else:
             cols = [np.zeros(0, np.int32)] + [np.zeros(0, np.int64)] * 5
         purged = None
@@ -159,15 +164,23 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     total = int(length.sum())
     offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
     pos = np.repeat(start, length) + offsets
-    src = np.repeat(fid, length)
-    row_id = np.repeat(rid, length) + offsets
-    created = np.repeat(cre, length)
-    valid_from = np.repeat(upd, length)
+    src = np.repeat(fid.astype(np.int32), length)
     removed = _removed_keys(segments, builder, set(unique(fid).tolist()))
-    if len(removed):
-        alive = ~member((src << 40) | pos, removed)
-        src, pos, row_id, created, valid_from = src[alive], pos[alive], row_id[alive], created[alive], valid_from[alive]
-    builder.add(src.astype(np.int32), pos, row_id, created, valid_from, np.full(len(pos), LIVE, np.int64))
+    alive = ~member((src.astype(np.int64) << 40) | pos, removed) if len(removed) else None
+    del removed
+
+    def expand(run_values: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
+        out = np.repeat(run_values, length)
+        if plus is not None:
+            out += plus
+        return out if alive is None else out[alive]
+
+    row_id = expand(rid, offsets)
+    del offsets
+    created, valid_from = expand(cre), expand(upd)
+    if alive is not None:
+        src, pos = src[alive], pos[alive]
+    builder.add(src, pos, row_id, created, valid_from, np.full(len(pos), LIVE, np.int64))
 
 
 def _removed_keys(segments: list[IndexSegment], builder: _Builder, file_ids: set[int]) -> np.ndarray:

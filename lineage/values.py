@@ -171,14 +171,20 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     key = file_index.astype(np.int64) << 40 | positions.astype(np.int64)
     order = np.argsort(key, kind="stable")
     skey = key[order]
+    del key
     first = np.concatenate(([True], skey[1:] != skey[:-1]))
     uniq = skey[first]
+    del skey
+    rows = np.empty(n, np.int64)
+    rows[order] = np.cumsum(first) - 1  # distinct pairs are read in sorted order
+    del order, first
     ufile = (uniq >> 40).astype(np.int64)
     upos = uniq & ((1 << 40) - 1)
+    del uniq
     tasks: list[_Task] = []
     files: dict[int, _File] = {}
     bounds = np.flatnonzero(np.diff(ufile)) + 1
-    for s, e in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(uniq)])), strict=True):
+    for s, e in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(upos)])), strict=True):
         k = int(ufile[s])
         f = files[k] = _open(paths[k], schema, field_ids)
         total = int(f.sizes.sum())
@@ -197,8 +203,6 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     else:
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             pieces = list(pool.map(run, tasks))
-    rows = np.empty(n, np.int64)
-    rows[order] = np.cumsum(first) - 1  # distinct pairs are read in sorted order
     return Gathered(pieces, rows)
 
 
