@@ -820,12 +820,15 @@ def _replay(live: dict[int, tuple], op: tuple) -> tuple[dict[int, tuple], set[in
     return live, set()
 
 
-def _writer_proc(warehouse: str, barrier, done, results) -> None:  # noqa: ANN001
+def _writer_proc(warehouse: str, barrier, done, results, maintained) -> None:  # noqa: ANN001
     try:
         t = lineage.open_table(NAME, warehouse=warehouse)
         barrier.wait(timeout=120)
         log = []
-        for op in _writer_ops():
+        ops = _writer_ops()
+        for i, op in enumerate(ops):
+            if i == len(ops) // 2:  # on a loaded machine the writes could all land before maintenance commits once
+                maintained.wait(timeout=60)
             ci = _apply_op(t, op)
             # maintenance never changes rows, so the current scan is the state this commit made
             log.append((ci.committed, ci.version, ci.timestamp, ci.attempts, _state(t)))
@@ -836,7 +839,7 @@ def _writer_proc(warehouse: str, barrier, done, results) -> None:  # noqa: ANN00
         done.set()
 
 
-def _maintainer_proc(warehouse: str, barrier, done, results) -> None:  # noqa: ANN001
+def _maintainer_proc(warehouse: str, barrier, done, results, maintained) -> None:  # noqa: ANN001
     try:
         rng = random.Random(7)
         t = lineage.open_table(NAME, warehouse=warehouse)
@@ -859,6 +862,8 @@ def _maintainer_proc(warehouse: str, barrier, done, results) -> None:  # noqa: A
                 log.append((kind, None, str(exc)))
                 continue
             log.append((kind, res.version, res.detail))
+            if res.version is not None:
+                maintained.set()
         results.put(("ok", "maintainer", log))
     except BaseException:  # noqa: BLE001
         results.put(("error", "maintainer", traceback.format_exc()))
@@ -869,8 +874,8 @@ def test_maintenance_concurrent_with_a_writer_loses_no_commit(warehouse) -> None
     first = t.append(_rows(1, 40))
     initial = _state(t)
     ctx = mp.get_context("spawn")
-    barrier, done, results = ctx.Barrier(2), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=f, args=(warehouse, barrier, done, results), daemon=True) for f in (_writer_proc, _maintainer_proc)]
+    barrier, done, results, maintained = ctx.Barrier(2), ctx.Event(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=f, args=(warehouse, barrier, done, results, maintained), daemon=True) for f in (_writer_proc, _maintainer_proc)]
     for p in procs:
         p.start()
     out = {}
