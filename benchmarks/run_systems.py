@@ -79,13 +79,14 @@ class System:
 class Lineage(System):
     name = "lineage"
     notes = ["merge-on-read (the default); each change commit is one Table.merge(upserts=..., deletes=...)"]
+    properties: dict[str, str] = {}
 
     def create(self) -> None:
         import cdf  # imported with the table, as the peers import their libraries in create: the feed's time is the feed's
         import lineage
 
         self.cdf = cdf
-        self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root)
+        self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root, properties=self.properties)
 
     def append(self, data: pa.Table) -> None:
         self.t.append(data)
@@ -119,14 +120,7 @@ class LineageCapture(Lineage):
     name = "lineage-capture"
     notes = ["ours with the table property lineage.cdf.capture-preimages=true: writes also store the removed images' "
              "values in the deleted-rows index, so the feed reads pre-images from the index instead of the data files"]
-
-    def create(self) -> None:
-        import cdf
-        import lineage
-
-        self.cdf = cdf
-        self.t = lineage.create_table("bench.orders", SCHEMA, key=["id"], warehouse=self.root,
-                                      properties={"lineage.cdf.capture-preimages": "true"})
+    properties = {"lineage.cdf.capture-preimages": "true"}
 
 
 class PyIceberg(System):

@@ -5,24 +5,27 @@ Arrow's allocator (mimalloc in the pyarrow wheels) and the C library's
 change feed of a million rows, a long-lived process (a stream writer, an MV
 refresh job, a notebook) would otherwise sit at its high-water mark: measured
 on a 1M-row table, 560 MB resident after 25 writes and one feed, of which
-200 MB were freed pages, against 360 MB once they were returned.
+about 200 MB were freed pages, against 344 MB once they were returned.
 
 :func:`release_if_grown` runs at the end of every write (``run_write``) and
 every change feed in this process. It reads the resident size (one read of
 ``/proc/self/statm``, Linux only; elsewhere it does nothing) and only when the
 process grew by more than the slack since the last release does it ask Arrow's
 pool and glibc's ``malloc_trim`` to return free pages (about half a
-millisecond on a small heap, ~10 ms after a feed of millions of rows). The slack is ``LINEAGE_MEMORY_SLACK_MB`` (default 64); a
-negative value turns the release off.
+millisecond on a small heap, ~10 ms after a feed of millions of rows). The
+slack is ``LINEAGE_MEMORY_SLACK_MB`` (default 64); a negative value turns the
+release off.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -45,14 +48,20 @@ def _resident_bytes() -> int | None:
         return None
 
 
-def _malloc_trim() -> None:
+@functools.cache
+def _libc_trim() -> Callable[[int], int] | None:
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
+        return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to trim
-        return
-    trim(0)
+        return None
+
+
+def _malloc_trim() -> None:
+    trim = _libc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def slack_bytes() -> int | None:
