@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -327,9 +328,9 @@ CLASSES = {"lineage": Lineage, "lineage-maintain": LineageMaintained, "delta": D
 # ---------------------------------------------------------------------- one system, in a child process
 def _stats(values: list[float]) -> dict[str, float | None]:
     if not values:
-        return {"median": None, "p99": None, "n": 0}
+        return {"median": None, "p99": None, "mean": None, "n": 0}
     arr = np.asarray(values, float)
-    return {"median": float(np.median(arr)), "p99": float(np.percentile(arr, 99)), "n": len(values)}
+    return {"median": float(np.median(arr)), "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean()), "n": len(values)}
 
 
 def _timed_feed(system: System) -> dict | None:
@@ -355,6 +356,7 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
     disk = Disk(root)
     times: list[float] = []
     cpu: list[float] = []  # CPU seconds of the process (all threads): the work, without waiting for a loaded machine
+    kernel: list[float] = []  # of which system time: the kernel's work for the commit (file creation, fsync, page faults)
     bytes_: dict[int, int] = {}
     maintain_s: list[float] = []
     feeds: dict[str, Any] = {}
@@ -370,10 +372,11 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
         measured = i < first_end or i >= last_start
         if measured:
             disk.written()  # files written by upkeep or earlier commits are not this commit's
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, k0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
         system.upsert(batch)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+        kernel.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - k0)
         if measured:
             bytes_[i] = disk.written()
         done = i + 1
@@ -392,9 +395,10 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
     first = list(range(0, min(first_end, done)))
     last = list(range(max(last_start, first_end), done)) if done > first_end else []
     out["first"] = {"range": [1, len(first)], "time": _stats([times[i] for i in first]), "cpu": _stats([cpu[i] for i in first]),
+                    "kernel": _stats([kernel[i] for i in first]),
                     "bytes": _stats([bytes_[i] for i in first if i in bytes_])}
     out["last"] = {"range": [last[0] + 1, last[-1] + 1] if last else None, "time": _stats([times[i] for i in last]),
-                   "cpu": _stats([cpu[i] for i in last]), "bytes": _stats([bytes_[i] for i in last if i in bytes_])}
+                   "cpu": _stats([cpu[i] for i in last]), "kernel": _stats([kernel[i] for i in last]), "bytes": _stats([bytes_[i] for i in last if i in bytes_])}
     if isinstance(system, Lineage) and len(system.plan_s) == len(times) + 0 and system.plan_s:
         plan = system.plan_s
         out["plan_split"] = {
@@ -452,6 +456,9 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> str:
             ps = r["plan_split"]
             bits.append("plan (key lookup) / rest, median ms: first " + f"{_ms(ps['first']['plan_median'])} / {_ms(ps['first']['rest_median'])}"
                         + (f", last {_ms(ps['last']['plan_median'])} / {_ms(ps['last']['rest_median'])}" if ps.get("last") else ""))
+        if r["first"].get("kernel") and r["last"]["kernel"]["median"] is not None:
+            bits.append(f"CPU per commit, mean ms (of which kernel): first {_ms(r['first']['cpu']['mean'])} ({_ms(r['first']['kernel']['mean'])}), "
+                        f"last {_ms(r['last']['cpu']['mean'])} ({_ms(r['last']['kernel']['mean'])})")
         if r.get("maintain"):
             m = r["maintain"]
             bits.append(f"maintain(): {m['runs']} runs, median {m['median']:.1f} s, total {m['total_seconds']:.0f} s")
