@@ -148,6 +148,28 @@ class Disk:
         return total
 
 
+def file_system(path: str) -> str:
+    """The type of the file system holding ``path`` (``ext4``, ``tmpfs``...; Linux's mount table), or ``unknown``.
+
+    Recorded because the commit time of a table that creates and deletes files
+    at a high rate depends on it (benchmarks/README.md, "history.py").
+    """
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/mounts", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
 def du(root: str) -> int:
     """Bytes of every file under ``root``."""
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(root) for f in names if os.path.exists(os.path.join(d, f)))
@@ -349,7 +371,7 @@ def run_child(name: str, args: argparse.Namespace) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     system = CLASSES[name](root, args)
-    out: dict[str, Any] = {"system": name, "load_start": os.getloadavg()}
+    out: dict[str, Any] = {"system": name, "load_start": os.getloadavg(), "file_system": file_system(os.path.realpath(root))}
     start = time.perf_counter()
     system.create(base_rows(args.rows))
     out["load_seconds"] = time.perf_counter() - start

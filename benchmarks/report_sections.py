@@ -400,6 +400,8 @@ def _history_notes(doc: dict[str, Any]) -> list[str]:
                         + (f", {_ms_or_dash(ps['last']['plan_median'])} / {_ms_or_dash(ps['last']['rest_median'])} ms in the last" if ps.get("last") else ""))
         if x["first"].get("cpu", {}).get("median") is not None and x["last"].get("cpu", {}).get("median") is not None:
             bits.append(f"median CPU per commit {_ms_or_dash(x['first']['cpu']['median'])} then {_ms_or_dash(x['last']['cpu']['median'])} ms")
+        if (x["first"].get("kernel") or {}).get("mean") is not None and (x["last"].get("kernel") or {}).get("mean") is not None:
+            bits.append(f"kernel (system) CPU per commit, mean {_ms_or_dash(x['first']['kernel']['mean'])} then {_ms_or_dash(x['last']['kernel']['mean'])} ms")
         if x.get("maintain"):
             m = x["maintain"]
             bits.append(f"`maintain()` ran {m['runs']} times, median {m['median']:.1f} s, {m['total_seconds']:,.0f} s in all (not in the commit times)")
@@ -412,19 +414,42 @@ def _history_notes(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _history_storage(doc: dict[str, Any]) -> str:
+    """Where the run's tables lived: the file system its children recorded (older records: the temp folder on disk)."""
+    kinds = sorted({x.get("file_system") for x in doc["results"]["systems"].values() if x.get("file_system")})
+    if not kinds:
+        return "disk"
+    return "/".join(kinds)
+
+
+def _storage_words(kind: str) -> str:
+    if kind == "disk":
+        return "the tables lived in the temp folder on the machine's disk (the record predates the file-system field)"
+    if kind == "tmpfs":
+        return "the tables lived on tmpfs (`--workdir` in a RAM file system)"
+    return f"the tables lived on {kind}"
+
+
 @section("history")
 def _history(records: Records) -> str:
-    doc = records.latest("history")
-    if doc is None:
+    found = records.select("history")
+    if not found:
         return missing("history.py", HISTORY_COMMAND)
-    r = doc["results"]
-    headers, rows = _history_rows(doc)
-    return "\n".join([
-        provenance(doc), "",
-        (f"{r['rows']:,} rows, then {r['commits']:,} upserts of 10 rows (5 updates, 5 inserts). \"first\" is commits 1 to "
-         f"{min(r['window'], r['commits']):,}, \"last\" the last {r['window']:,} commits made; bytes are what appeared on disk per commit."), "",
-        md_table(headers, rows, right=set(range(1, len(headers)))), "", *_history_notes(doc),
-    ])
+    newest: dict[str, dict[str, Any]] = {}
+    for doc in found:  # oldest first: the newest record of each file system wins
+        newest[_history_storage(doc)] = doc
+    blocks = []
+    for kind, doc in sorted(newest.items(), key=lambda kv: kv[1]["started_at"], reverse=True):
+        records.cited[doc["_file"]] = doc
+        r = doc["results"]
+        headers, rows = _history_rows(doc)
+        blocks.append("\n".join([
+            f"**Tables on {kind}.**", "", provenance(doc), f"Storage: {_storage_words(kind)}.", "",
+            (f"{r['rows']:,} rows, then {r['commits']:,} upserts of 10 rows (5 updates, 5 inserts). \"first\" is commits 1 to "
+             f"{min(r['window'], r['commits']):,}, \"last\" the last {r['window']:,} commits made; bytes are what appeared on disk per commit."), "",
+            md_table(headers, rows, right=set(range(1, len(headers)))), "", *_history_notes(doc),
+        ]))
+    return "\n\n".join(blocks)
 
 
 @section("readme-history")
@@ -442,5 +467,5 @@ def _readme_history(records: Records) -> str:
         out.append(f"{HISTORY_NAMES[name]}: median commit {_ms_or_dash(f['time']['median'])} ms in the first {min(r['window'], r['commits']):,} commits "
                    f"and {_ms_or_dash(la['time']['median'])} ms in the last {r['window']:,} ({_times(f['time']['median'], la['time']['median'])}), "
                    f"{_kib(f['bytes']['median'])} then {_kib(la['bytes']['median'])} KiB written per commit")
-    return (f"After {r['rows']:,} rows and {r['commits']:,} small upserts ({doc['date']}, {load_words(doc)}; "
+    return (f"After {r['rows']:,} rows and {r['commits']:,} small upserts ({doc['date']}, tables on {_history_storage(doc)}, {load_words(doc)}; "
             f"`benchmarks/results/{doc['_file']}`): " + "; ".join(out) + ".")
