@@ -2,12 +2,13 @@
 
 The driver computes the feed's skeleton from metadata (which image each row
 shows, its change type, version and place in the order) and ships it as a
-small DataFrame: one row per feed row, metadata only. Executors read the
-Parquet files themselves (``_metadata.file_path`` / ``_metadata.row_index``
-give positions) or, for images whose values an index segment captured, the
-segment's value lists (``posexplode``), join them to the skeleton, and apply
-the changed-columns rule of :mod:`cdf.plan` rendered as Spark SQL. The driver
-never collects table data.
+small DataFrame: one row per feed row, metadata only, files named by number.
+Executors read the Parquet files themselves (``_metadata.file_path`` /
+``_metadata.row_index`` give positions; :func:`lineage.spark.file_index` turns
+Spark's file URIs into those numbers) or, for images whose values an index
+segment captured, the segment's value lists (``posexplode``), join them to the
+skeleton, and apply the changed-columns rule of :mod:`cdf.plan` rendered as
+Spark SQL. The driver never collects table data.
 """
 
 from __future__ import annotations
@@ -25,28 +26,28 @@ from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import VALUE_PREFIX
 from lineage.arrays import unique
 from lineage.fileio import local_path
+from lineage.spark import file_index, read_files
 from lineage.state import TableState
 
 # Up to this many skeleton rows are broadcast to every executor instead of shuffling the data rows.
 BROADCAST_POINTERS = 5_000_000
-
-# Spark reports local files as file:/path or file:///path; Iceberg may store either or a bare path.
-_NORMALIZE = r"^file:(//)?"
-
 
 def _spark_type(spark: Any, t: pa.DataType) -> str:
     """The Spark SQL type name of an Arrow type (via an empty DataFrame)."""
     return spark.createDataFrame(pa.Table.from_batches([], schema=pa.schema([("x", t)]))).schema["x"].dataType.simpleString()
 
 
-def _skeleton(p: Pointers, sk: plan.Skeleton) -> pa.Table:
-    """The skeleton as shipped: order, where the values are, and the output's metadata columns."""
+def _skeleton(p: Pointers, sk: plan.Skeleton, file_no: np.ndarray, seg_no: np.ndarray) -> pa.Table:
+    """The skeleton as shipped: order, where the values are, and the output's metadata columns.
+
+    ``file_no`` numbers the pointers' files (``p.files``) and ``seg_no`` their
+    captured segments (``p.captured``) as the executors' reads do; -1 for
+    those not read.
+    """
     n = len(sk)
     ptr = sk.pointer
     source, loc = p.source[ptr], p.loc[ptr]
     from_file = source >= 0
-    paths = np.array([local_path(f) for f in p.files] + [""], dtype=object)
-    seg_paths = np.array([local_path(s.path) for s in p.captured] + [""], dtype=object)
     seg_row = np.zeros(n, np.int64)
     seg_k = np.zeros(n, np.int64)
     for k in unique(source[~from_file]):
@@ -62,9 +63,9 @@ def _skeleton(p: Pointers, sk: plan.Skeleton) -> pa.Table:
     cols = {
         "__ord": np.arange(n, dtype=np.int64),
         "__pair": pair,
-        "__path": pa.array(paths[np.where(from_file, source, -1)], pa.string()),
+        "__file": np.where(from_file, np.append(file_no, -1)[np.where(from_file, source, -1)], -1).astype(np.int32),
         "__pos": np.where(from_file, loc, -1),
-        "__seg": pa.array(seg_paths[np.where(from_file, -1, -source - 1)], pa.string()),
+        "__seg": np.where(from_file, -1, np.append(seg_no, -1)[np.where(from_file, -1, -source - 1)]).astype(np.int32),
         "__segrow": seg_row,
         "__k": seg_k,
         "__change": sk.change.astype(np.int32),
@@ -79,20 +80,8 @@ def _skeleton(p: Pointers, sk: plan.Skeleton) -> pa.Table:
     return pa.table(cols)
 
 
-def _file_values(spark: Any, paths: list[str], data: pa.Schema) -> Any:
-    """Executors read the data files, adding ``__path`` and ``__pos`` for every row."""
-    from pyspark.sql import functions as F
-
-    df = spark.read.option("recursiveFileLookup", "true").parquet(*paths)
-    return df.select(
-        *[F.col(f"`{c}`") for c in data.names],
-        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__vpath"),
-        F.col("_metadata.row_index").alias("__vpos"),
-    )
-
-
 def _captured_values(spark: Any, state: TableState, segments: list[str], data: pa.Schema) -> Any:
-    """Executors read the values index segments captured: one row per entry, keyed by (segment, row, list index)."""
+    """Executors read the values index segments captured: one row per entry, keyed by (segment number, row, list index)."""
     from pyspark.sql import functions as F
 
     field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
@@ -101,10 +90,11 @@ def _captured_values(spark: Any, state: TableState, segments: list[str], data: p
     lists = [f"{VALUE_PREFIX}{field_ids[c]}" for c in data.names]
     zipped = F.arrays_zip(*[F.col(f"`{n}`").alias(str(i)) for i, n in enumerate(lists) if n in present])
     exploded = df.select(
-        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__vseg"),
+        F.col("_metadata.file_path").alias("__uri"),
         F.col("_metadata.row_index").alias("__vsegrow"),
         F.posexplode(zipped).alias("__vk", "__v"),
     )
+    exploded = exploded.join(F.broadcast(file_index(spark, df, segments)), "__uri").withColumnRenamed("__file", "__vseg")
     values = []
     for i, (c, n) in enumerate(zip(data.names, lists, strict=True)):
         typ = _spark_type(spark, data.field(c).type)
@@ -116,7 +106,15 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
     """The skeleton joined with the values of the images it shows (executors read them)."""
     from pyspark.sql import functions as F
 
-    skel = _skeleton(p, sk)
+    sources = p.source[sk.pointer]
+    from_file = sources >= 0
+    read = unique(sources[from_file]).astype(np.int64)
+    captured = (-unique(sources[~from_file]) - 1).astype(np.int64)
+    file_no = np.full(len(p.files), -1, np.int64)
+    file_no[read] = np.arange(len(read))
+    seg_no = np.full(len(p.captured), -1, np.int64)
+    seg_no[captured] = np.arange(len(captured))
+    skel = _skeleton(p, sk, file_no, seg_no)
     meta = [c for c in skel.column_names]
     if skel.num_rows == 0:
         empty = pa.schema(list(data) + [f for f in skel.schema])
@@ -125,16 +123,13 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
     if skel.num_rows <= BROADCAST_POINTERS:
         rows = F.broadcast(rows)  # the skeleton is small: no shuffle of the table's rows
     parts = []
-    from_file = p.source[sk.pointer] >= 0
-    if from_file.any():
-        paths = sorted({local_path(p.files[int(s)]) for s in unique(p.source[sk.pointer][from_file])})
-        vals = _file_values(spark, paths, data)
-        wanted = rows.where(F.col("__pos") >= 0)
-        parts.append(vals.join(wanted, (vals["__vpath"] == wanted["__path"]) & (vals["__vpos"] == wanted["__pos"])).select(*data.names, *meta))
-    if (~from_file).any():
-        segs = sorted({local_path(p.captured[-int(s) - 1].path) for s in unique(p.source[sk.pointer][~from_file])})
-        vals = _captured_values(spark, state, segs, data)
-        wanted = rows.where(F.col("__pos") < 0)
+    if len(read):
+        vals = read_files(spark, [p.files[int(i)] for i in read], data.names).withColumnRenamed("__file", "__vfile").withColumnRenamed("__pos", "__vpos")
+        wanted = rows.where(F.col("__file") >= 0)
+        parts.append(vals.join(wanted, (vals["__vfile"] == wanted["__file"]) & (vals["__vpos"] == wanted["__pos"])).select(*data.names, *meta))
+    if len(captured):
+        vals = _captured_values(spark, state, [local_path(p.captured[int(i)].path) for i in captured], data)
+        wanted = rows.where(F.col("__seg") >= 0)
         on = (vals["__vseg"] == wanted["__seg"]) & (vals["__vsegrow"] == wanted["__segrow"]) & (vals["__vk"] == wanted["__k"])
         parts.append(vals.join(wanted, on).select(*data.names, *meta))
     images = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from urllib.parse import quote
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -23,9 +24,10 @@ def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
     root = os.path.abspath(os.fspath(warehouse))
     os.makedirs(root, exist_ok=True)
     # timeout: writers in several processes wait for SQLite's lock instead of failing.
+    # The path is percent-encoded: SQLAlchemy decodes the URL, so a folder named "a%25b" would otherwise become "a%b".
     return SqlCatalog(
         CATALOG_NAME,
-        uri=f"sqlite:///{os.path.join(root, CATALOG_FILE)}?timeout=60",
+        uri=f"sqlite:///{quote(os.path.join(root, CATALOG_FILE))}?timeout=60",
         warehouse=root,
     )
 

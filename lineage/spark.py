@@ -13,15 +13,17 @@ interpreter (``spark.pyspark.python``) or install the package on the workers.
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 
-from lineage.errors import InvalidArgumentError, KeyViolationError
+from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
 from lineage.fileio import local_path
 from lineage.rle import combined_breakpoints, encode_sequence, encode_values
 from lineage.schema import conform
@@ -31,6 +33,7 @@ from lineage.writer import CREATED, ROW_ID, WrittenFile, write_data_files
 if TYPE_CHECKING:  # pragma: no cover
     from lineage.table import Table
 
+# Data file locations as position delete files store them: plain paths or file: URIs (not percent-encoded).
 _NORMALIZE = r"^file:(//)?"
 
 
@@ -45,17 +48,48 @@ def _col(name: str) -> Any:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def file_index(spark: Any, df: Any, paths: list[str]) -> Any:
+    """A small DataFrame naming each file ``df`` reads: ``__uri``, ``__path`` and ``__file``.
+
+    ``df`` is a Spark read of ``paths``. Spark names a file by its URI, which
+    it percent-encodes (``_metadata.file_path`` is ``file:/my%20lake/a.parquet``
+    for ``/my lake/a.parquet``), so rows are matched to the table's paths
+    through Spark's own listing (``inputFiles()``, no job) decoded once per
+    file here, not by rewriting the URI on every row. ``__path`` is the
+    file's local path as :func:`~lineage.fileio.local_path` gives it and
+    ``__file`` its index in ``paths``.
+    """
+    wanted: dict[str, int] = {}
+    for i, p in enumerate(paths):
+        wanted.setdefault(os.path.normpath(local_path(p)), i)
+    uris, locals_, ids = [], [], []
+    found = set()
+    for uri in df.inputFiles():
+        parsed = urlparse(uri)
+        i = wanted.get(os.path.normpath(unquote(parsed.path)))
+        if i is None:
+            raise LineageMetadataError(f"Spark lists the file {uri!r}, which is none of the {len(paths)} files it was asked to read")
+        found.add(i)
+        # the listing says file:///x where _metadata.file_path says file:/x: both spellings map to the file
+        spellings = {uri} if parsed.netloc else {uri, f"{parsed.scheme}:{parsed.path}", f"{parsed.scheme}://{parsed.path}"}
+        for spelling in sorted(spellings):
+            uris.append(spelling)
+            locals_.append(local_path(paths[i]))
+            ids.append(i)
+    if len(found) != len(wanted):
+        raise LineageMetadataError(f"Spark lists {len(found)} of the {len(wanted)} files it was asked to read")
+    return spark.createDataFrame(pa.table({"__uri": pa.array(uris, pa.string()), "__path": pa.array(locals_, pa.string()),
+                                           "__file": pa.array(ids, pa.int32())}))
+
+
 def read_files(spark: Any, paths: list[str], columns: list[str]) -> Any:
-    """Rows of ``paths`` with ``__path`` (normalised local path) and ``__pos`` (row index)."""
+    """Rows of ``paths`` with ``__path`` (local path), ``__file`` (index in ``paths``) and ``__pos`` (row index)."""
     from pyspark.sql import functions as F
 
     # recursiveFileLookup disables partition inference from directory names like id_bucket=3.
     df = spark.read.option("recursiveFileLookup", "true").parquet(*[local_path(p) for p in paths])
-    return df.select(
-        *[_col(c) for c in columns],
-        F.regexp_replace(F.col("_metadata.file_path"), _NORMALIZE, "").alias("__path"),
-        F.col("_metadata.row_index").alias("__pos"),
-    )
+    rows = df.select(*[_col(c) for c in columns], F.col("_metadata.file_path").alias("__uri"), F.col("_metadata.row_index").alias("__pos"))
+    return rows.join(F.broadcast(file_index(spark, df, paths)), "__uri").drop("__uri")
 
 
 def live_rows(spark: Any, state: TableState, columns: list[str], files: list[LiveFile] | None = None) -> Any:
