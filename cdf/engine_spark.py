@@ -14,10 +14,12 @@ Spark SQL. The driver never collects table data.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdf import plan
 from cdf.dialect import SPARK
@@ -26,7 +28,7 @@ from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import VALUE_PREFIX
 from lineage.arrays import unique
 from lineage.fileio import local_path
-from lineage.spark import file_index, read_files
+from lineage.spark import file_index
 from lineage.state import TableState
 
 # Up to this many skeleton rows are broadcast to every executor instead of shuffling the data rows.
@@ -70,7 +72,7 @@ def _skeleton(p: Pointers, sk: plan.Skeleton, file_no: np.ndarray, seg_no: np.nd
         "__k": seg_k,
         "__change": sk.change.astype(np.int32),
         "_commit_version": sk.version,
-        "_commit_timestamp": pa.array(ms, pa.int64(), mask=ms < 0).cast(TIMESTAMP),
+        "__ms": pa.array(ms, pa.int64(), mask=ms < 0),  # the commit timestamp, made a timestamp in Spark
         "_row_id": p.row_id[ptr],
         "_row_created_at_version": p.created[ptr],
         "_row_last_updated_at_version": p.valid_from[ptr],
@@ -102,6 +104,27 @@ def _captured_values(spark: Any, state: TableState, segments: list[str], data: p
     return exploded.select("__vseg", "__vsegrow", "__vk", *values)
 
 
+def _value_reader(paths: list[str], data: pa.Schema, field_ids: dict[str, int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: skeleton rows in (``__file``, ``__pos`` name an image), the same rows with ``data``'s values out.
+
+    Each task reads only the row groups holding its rows, with the value
+    reader of the embedded engine (:func:`lineage.values.read_at`: columns
+    matched by field id, each row group decoded once).
+    """
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from lineage.values import read_at
+
+        got = list(batches)
+        rows = pa.Table.from_batches(got) if got else None
+        if rows is None or rows.num_rows == 0:
+            return
+        values = read_at(paths, rows.column("__file").to_numpy(), rows.column("__pos").to_numpy(), data, field_ids)
+        yield from pa.Table.from_arrays([*values.columns, *rows.columns], names=[*data.names, *rows.column_names]).to_batches()
+
+    return read
+
+
 def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, data: pa.Schema) -> Any:
     """The skeleton joined with the values of the images it shows (executors read them)."""
     from pyspark.sql import functions as F
@@ -115,26 +138,28 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
     seg_no = np.full(len(p.captured), -1, np.int64)
     seg_no[captured] = np.arange(len(captured))
     skel = _skeleton(p, sk, file_no, seg_no)
-    meta = [c for c in skel.column_names]
+    meta = [c for c in skel.column_names if c != "__ms"]
+    timestamp = F.timestamp_millis(F.col("__ms")).alias("_commit_timestamp")
     if skel.num_rows == 0:
-        empty = pa.schema(list(data) + [f for f in skel.schema])
+        empty = pa.schema(list(data) + [f for f in skel.schema if f.name != "__ms"] + [pa.field("_commit_timestamp", TIMESTAMP)])
         return spark.createDataFrame(pa.Table.from_batches([], schema=empty))
-    rows = spark.createDataFrame(skel)
-    if skel.num_rows <= BROADCAST_POINTERS:
-        rows = F.broadcast(rows)  # the skeleton is small: no shuffle of the table's rows
     parts = []
     if len(read):
-        vals = read_files(spark, [p.files[int(i)] for i in read], data.names).withColumnRenamed("__file", "__vfile").withColumnRenamed("__pos", "__vpos")
-        wanted = rows.where(F.col("__file") >= 0)
-        parts.append(vals.join(wanted, (vals["__vfile"] == wanted["__file"]) & (vals["__vpos"] == wanted["__pos"])).select(*data.names, *meta))
+        # sorted by file and position: a task's rows share row groups, and few row groups are read by two tasks
+        mine = skel.filter(pc.greater_equal(skel.column("__file"), 0))
+        mine = mine.take(pa.array(np.lexsort((mine.column("__pos").to_numpy(), mine.column("__file").to_numpy()))))
+        out = spark.createDataFrame(pa.Table.from_batches([], schema=pa.schema(list(data) + list(mine.schema)))).schema
+        fn = _value_reader([local_path(p.files[int(i)]) for i in read], data, {f.name: f.field_id for f in state.iceberg.schema().fields})
+        parts.append(spark.createDataFrame(mine).mapInArrow(fn, out).select(*data.names, *meta, timestamp))
     if len(captured):
+        wanted = spark.createDataFrame(skel.filter(pc.greater_equal(skel.column("__seg"), 0)))
         vals = _captured_values(spark, state, [local_path(p.captured[int(i)].path) for i in captured], data)
-        wanted = rows.where(F.col("__seg") >= 0)
+        wanted = F.broadcast(wanted) if skel.num_rows <= BROADCAST_POINTERS else wanted
         on = (vals["__vseg"] == wanted["__seg"]) & (vals["__vsegrow"] == wanted["__segrow"]) & (vals["__vk"] == wanted["__k"])
-        parts.append(vals.join(wanted, on).select(*data.names, *meta))
+        parts.append(vals.join(wanted, on).select(*data.names, *meta, timestamp))
     images = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     if p.purged is not None:  # erased images read as null
-        images = images.select(*[F.when(~F.col("_purged"), F.col(f"`{c}`")).alias(c) for c in data.names], *meta)
+        images = images.select(*[F.when(~F.col("_purged"), F.col(f"`{c}`")).alias(c) for c in data.names], *meta, "_commit_timestamp")
     return images
 
 
