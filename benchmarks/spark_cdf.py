@@ -3,7 +3,9 @@
 Builds (or reuses, with ``--warehouse``) a table of ``--rows`` rows in 5
 appends followed by 4 commits that each update 0.2% and delete 0.05% of the
 rows, then times ``cdf.changes`` over the last 8 commits (about 1% of the
-table) with both engines, per-version and net, and checks that they agree:
+table) with both engines, per-version and net (the median of ``--repeat``
+reads; Spark's after one warm-up read in the same session), and checks that
+they agree:
 the two answers must hold the same rows in every column, as multisets (DuckDB's
 ``EXCEPT ALL`` both ways, after casting Spark's Arrow result to our schema). Any
 difference is written to the record and makes the script exit with status 1.
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--warehouse", default=None, help="reuse a table built by an earlier run")
+    parser.add_argument("--repeat", type=int, default=5, help="timed reads per engine and mode after one warm-up (the median is reported)")
     record.add_arguments(parser)
     args = parser.parse_args(argv)
     rec = record.Recorder("spark_cdf", scale=args.rows, argv=argv, settings=vars(args), peers=["pyspark"])
@@ -92,12 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"rows": args.rows, "range": [a, t.version]}
     for net in (False, True):
         key = "net" if net else "per_version"
-        ours = rec.step(f"{key}_duckdb", lambda net=net: cdf.changes(t, a, net=net))
+        duck_s, spark_s = [], []
+        for i in range(args.repeat):
+            ours = rec.step(f"{key}_duckdb_{i}", lambda net=net: cdf.changes(t, a, net=net))
+            duck_s.append(rec.steps[-1]["wall_s"])
         rec.step(f"{key}_spark_warmup", lambda net=net: cdf.changes(t, a, net=net, engine="spark", spark=spark).count())  # JIT, caches
-        theirs = rec.step(f"{key}_spark", lambda net=net: cdf.changes(t, a, net=net, engine="spark", spark=spark).toArrow())
+        for i in range(args.repeat):
+            theirs = rec.step(f"{key}_spark_{i}", lambda net=net: cdf.changes(t, a, net=net, engine="spark", spark=spark).toArrow())
+            spark_s.append(rec.steps[-1]["wall_s"])
         diff = multiset_difference(ours, theirs)
-        results[key] = {"duckdb_s": rec.steps[-3]["wall_s"], "spark_s": rec.steps[-1]["wall_s"], "rows": ours.num_rows,
-                        "spark_rows": theirs.num_rows, "columns": ours.column_names, **diff}
+        results[key] = {"duckdb_s": float(np.median(duck_s)), "spark_s": float(np.median(spark_s)), "duckdb_runs_s": duck_s,
+                        "spark_runs_s": spark_s, "rows": ours.num_rows, "spark_rows": theirs.num_rows, "columns": ours.column_names, **diff}
         print(f"{key:12s} duckdb {results[key]['duckdb_s']:7.2f}s  spark {results[key]['spark_s']:7.2f}s  rows {ours.num_rows:,} / {theirs.num_rows:,}  "
               f"identical={diff['identical']} (only duckdb {diff['only_duckdb']:,}, only spark {diff['only_spark']:,})")
     scanned = rec.step("full_scan_duckdb", lambda: t.scan())
