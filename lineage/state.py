@@ -201,8 +201,10 @@ class TableState:
             return set()
         if "files" in self.memo:
             return set(self.files().files)
-        data_manifests = [m for m in self.snapshot.manifests(self.iceberg.io) if m.content == 0]
-        return {entry.data_file.file_path for entry in live_entries(self.iceberg, data_manifests)}
+        if "data_paths" not in self.memo:  # a snapshot's files never change: read its manifests once
+            data_manifests = [m for m in self.snapshot.manifests(self.iceberg.io) if m.content == 0]
+            self.memo["data_paths"] = frozenset(entry.data_file.file_path for entry in live_entries(self.iceberg, data_manifests))
+        return set(self.memo["data_paths"])
 
 
 def _with_resolved(files: list[LiveFile], resolved: tuple[str, ...]) -> list[LiveFile]:
