@@ -89,18 +89,21 @@ def _captured_values(spark: Any, state: TableState, segments: list[str], data: p
     field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
     df = spark.read.option("mergeSchema", "true").parquet(*segments)
     present = set(df.columns)
-    lists = [f"{VALUE_PREFIX}{field_ids[c]}" for c in data.names]
-    zipped = F.arrays_zip(*[F.col(f"`{n}`").alias(str(i)) for i, n in enumerate(lists) if n in present])
+    lists = []
+    for i, c in enumerate(data.names):
+        typ = _spark_type(spark, data.field(c).type)
+        name = f"{VALUE_PREFIX}{field_ids[c]}"
+        # a column added after a segment was written: its list is missing (null once schemas merge), and
+        # arrays_zip of a null list is null, which would drop the segment's entries; nulls, as in the data file
+        nulls = F.array_repeat(F.lit(None).cast(typ), F.size("row_ids"))
+        lists.append((F.coalesce(F.col(f"`{name}`").cast(f"array<{typ}>"), nulls) if name in present else nulls).alias(str(i)))
     exploded = df.select(
         F.col("_metadata.file_path").alias("__uri"),
         F.col("_metadata.row_index").alias("__vsegrow"),
-        F.posexplode(zipped).alias("__vk", "__v"),
+        F.posexplode(F.arrays_zip(*lists)).alias("__vk", "__v"),
     )
     exploded = exploded.join(F.broadcast(file_index(spark, df, segments)), "__uri").withColumnRenamed("__file", "__vseg")
-    values = []
-    for i, (c, n) in enumerate(zip(data.names, lists, strict=True)):
-        typ = _spark_type(spark, data.field(c).type)
-        values.append((F.col(f"__v.`{i}`") if n in present else F.lit(None)).cast(typ).alias(c))
+    values = [F.col(f"__v.`{i}`").alias(c) for i, c in enumerate(data.names)]
     return exploded.select("__vseg", "__vsegrow", "__vk", *values)
 
 
