@@ -26,8 +26,9 @@ import pyarrow as pa
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
 from lineage.fileio import local_path
 from lineage.rle import combined_breakpoints, encode_sequence, encode_values
-from lineage.schema import conform
+from lineage.schema import conform, projection_field_ids
 from lineage.state import LiveFile, TableState
+from lineage.values import file_columns, layout
 from lineage.writer import CREATED, ROW_ID, WrittenFile, write_data_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,7 +49,7 @@ def _col(name: str) -> Any:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def file_index(spark: Any, df: Any, paths: list[str]) -> Any:
+def file_index(spark: Any, df: Any, paths: list[str], numbers: list[int] | None = None) -> Any:
     """A small DataFrame naming each file ``df`` reads: ``__uri``, ``__path`` and ``__file``.
 
     ``df`` is a Spark read of ``paths``. Spark names a file by its URI, which
@@ -57,7 +58,7 @@ def file_index(spark: Any, df: Any, paths: list[str]) -> Any:
     through Spark's own listing (``inputFiles()``, no job) decoded once per
     file here, not by rewriting the URI on every row. ``__path`` is the
     file's local path as :func:`~lineage.fileio.local_path` gives it and
-    ``__file`` its index in ``paths``.
+    ``__file`` its index in ``paths`` (or ``numbers[index]``).
     """
     wanted: dict[str, int] = {}
     for i, p in enumerate(paths):
@@ -75,21 +76,43 @@ def file_index(spark: Any, df: Any, paths: list[str]) -> Any:
         for spelling in sorted(spellings):
             uris.append(spelling)
             locals_.append(local_path(paths[i]))
-            ids.append(i)
+            ids.append(i if numbers is None else numbers[i])
     if len(found) != len(wanted):
         raise LineageMetadataError(f"Spark lists {len(found)} of the {len(wanted)} files it was asked to read")
     return spark.createDataFrame(pa.table({"__uri": pa.array(uris, pa.string()), "__path": pa.array(locals_, pa.string()),
                                            "__file": pa.array(ids, pa.int32())}))
 
 
-def read_files(spark: Any, paths: list[str], columns: list[str]) -> Any:
-    """Rows of ``paths`` with ``__path`` (local path), ``__file`` (index in ``paths``) and ``__pos`` (row index)."""
+def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[str, int] | None = None) -> Any:
+    """Rows of ``paths`` (``schema``'s columns) with ``__path`` (local path), ``__file`` (index in ``paths``) and ``__pos`` (row index).
+
+    With ``field_ids`` (the table's schema evolved: :func:`lineage.schema.projection_field_ids`)
+    columns are matched by Iceberg field id, as the embedded engine does: files
+    are grouped by the names their footers give the columns (one group per
+    schema the table had), a column a file lacks reads as null, and older
+    types are cast to the current ones.
+    """
     from pyspark.sql import functions as F
 
-    # recursiveFileLookup disables partition inference from directory names like id_bucket=3.
-    df = spark.read.option("recursiveFileLookup", "true").parquet(*[local_path(p) for p in paths])
-    rows = df.select(*[_col(c) for c in columns], F.col("_metadata.file_path").alias("__uri"), F.col("_metadata.row_index").alias("__pos"))
-    return rows.join(F.broadcast(file_index(spark, df, paths)), "__uri").drop("__uri")
+    groups: dict[tuple[str | None, ...], list[int]] = {}
+    for i, p in enumerate(paths):
+        sources = tuple(schema.names) if field_ids is None else tuple(file_columns(layout(local_path(p)).arrow, schema, field_ids))
+        groups.setdefault(sources, []).append(i)
+    types = spark.createDataFrame(schema.empty_table()).schema if field_ids is not None else None
+    out = None
+    for sources, members in groups.items():
+        group = [paths[i] for i in members]
+        # recursiveFileLookup disables partition inference from directory names like id_bucket=3.
+        df = spark.read.option("recursiveFileLookup", "true").parquet(*[local_path(p) for p in group])
+        if types is None:
+            cols = [_col(c) for c in schema.names]
+        else:
+            cols = [(_col(src) if src is not None else F.lit(None)).cast(types[c].dataType).alias(c)
+                    for c, src in zip(schema.names, sources, strict=True)]
+        rows = df.select(*cols, F.col("_metadata.file_path").alias("__uri"), F.col("_metadata.row_index").alias("__pos"))
+        rows = rows.join(F.broadcast(file_index(spark, df, group, members)), "__uri").drop("__uri")
+        out = rows if out is None else out.unionByName(rows)
+    return out
 
 
 def live_rows(spark: Any, state: TableState, columns: list[str], files: list[LiveFile] | None = None) -> Any:
@@ -104,7 +127,9 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
             + [pa.field("__path", pa.string())]
         )
         return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
-    rows = read_files(spark, [f.path for f in files], columns)
+    table_schema = _arrow_schema(state)
+    rows = read_files(spark, [f.path for f in files], pa.schema([table_schema.field(c) for c in columns]),
+                      projection_field_ids(state.iceberg.metadata))
 
     deletes = sorted({local_path(d) for f in files for d in f.delete_paths})
     if deletes:

@@ -44,7 +44,7 @@ def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
-def _columns(file_schema: pa.Schema, schema: pa.Schema, field_ids: dict[str, int] | None) -> list[str | None]:
+def file_columns(file_schema: pa.Schema, schema: pa.Schema, field_ids: dict[str, int] | None) -> list[str | None]:
     """For each column of ``schema``, the name of the file's column holding it (None: absent, reads as null)."""
     by_id = {}
     for f in file_schema:
@@ -132,7 +132,7 @@ def layout(path: str) -> FileLayout:
 
 def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
     info = layout(local_path(path))
-    sources = _columns(info.arrow, schema, field_ids)
+    sources = file_columns(info.arrow, schema, field_ids)
     strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(info.arrow.field(s).type)]
     return _File(path, info.metadata, sources, strings, info.starts[:-1], np.diff(info.starts))
 
