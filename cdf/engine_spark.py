@@ -3,12 +3,14 @@
 The driver computes the feed's skeleton from metadata (which image each row
 shows, its change type, version and place in the order) and ships it as a
 small DataFrame: one row per feed row, metadata only, files named by number.
-Executors read the Parquet files themselves (``_metadata.file_path`` /
-``_metadata.row_index`` give positions; :func:`lineage.spark.file_index` turns
-Spark's file URIs into those numbers) or, for images whose values an index
-segment captured, the segment's value lists (``posexplode``), join them to the
-skeleton, and apply the changed-columns rule of :mod:`cdf.plan` rendered as
-Spark SQL. The driver never collects table data.
+Executors read the values: from data files inside ``mapInArrow``, with the
+embedded engine's value reader (only the row groups holding the skeleton's
+rows, columns matched by field id); from index segments that captured them,
+as value lists exploded in SQL and joined to the skeleton
+(``_metadata.file_path`` / ``_metadata.row_index`` locate an entry;
+:func:`lineage.spark.file_index` turns Spark's file URIs into numbers). They
+then apply the changed-columns rule of :mod:`cdf.plan` rendered as Spark SQL.
+The driver never collects table data.
 """
 
 from __future__ import annotations
@@ -33,11 +35,6 @@ from lineage.state import TableState
 
 # Up to this many skeleton rows are broadcast to every executor instead of shuffling the data rows.
 BROADCAST_POINTERS = 5_000_000
-
-def _spark_type(spark: Any, t: pa.DataType) -> str:
-    """The Spark SQL type name of an Arrow type (via an empty DataFrame)."""
-    return spark.createDataFrame(pa.Table.from_batches([], schema=pa.schema([("x", t)]))).schema["x"].dataType.simpleString()
-
 
 def _skeleton(p: Pointers, sk: plan.Skeleton, file_no: np.ndarray, seg_no: np.ndarray) -> pa.Table:
     """The skeleton as shipped: order, where the values are, and the output's metadata columns.
@@ -89,9 +86,10 @@ def _captured_values(spark: Any, state: TableState, segments: list[str], data: p
     field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
     df = spark.read.option("mergeSchema", "true").parquet(*segments)
     present = set(df.columns)
+    types = spark.createDataFrame(data.empty_table()).schema  # Spark's names of the columns' types
     lists = []
     for i, c in enumerate(data.names):
-        typ = _spark_type(spark, data.field(c).type)
+        typ = types[c].dataType.simpleString()
         name = f"{VALUE_PREFIX}{field_ids[c]}"
         # a column added after a segment was written: its list is missing (null once schemas merge), and
         # arrays_zip of a null list is null, which would drop the segment's entries; nulls, as in the data file
