@@ -57,6 +57,26 @@ def rows(tbl: pa.Table, columns: list[str] | None = None) -> list[tuple]:
     return sorted((tuple(r[c] for c in columns) for r in data), key=repr)
 
 
+def rename_and_add_a_column(t: lineage.Table) -> None:
+    """Four commits on an empty ``SCHEMA`` table around a schema change (``note`` added, ``name`` renamed ``label``).
+
+    Version 1 appends ids 1-3, version 2 updates id 1's amount; then the
+    schema changes; version 3 sets id 2's note, version 4 deletes id 3. The
+    images of versions 1 and 2 live in files (and segments) written under
+    the old names.
+    """
+    from pyiceberg.types import StringType
+
+    t.append(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0]}, schema=SCHEMA))
+    t.update("id = 1", {"amount": "amount + 1"})
+    with t.iceberg.update_schema() as u:
+        u.add_column("note", StringType())
+        u.rename_column("name", "label")
+    t.refresh()
+    t.update("id = 2", {"note": "'x'"})
+    t.delete("id = 3")
+
+
 def assert_interop(table: lineage.Table) -> None:
     """pyiceberg's scan and DuckDB's iceberg_scan return exactly our scan's rows."""
     table.refresh()

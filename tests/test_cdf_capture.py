@@ -16,12 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.types import StringType
 from pyroaring import BitMap64
 
 import cdf
 import lineage
-from conftest import SCHEMA, rows
+from conftest import SCHEMA, rename_and_add_a_column, rows
 from index import deleted_rows
 from index.deleted_rows import read_index, read_index_segment
 from lineage.fileio import local_path
@@ -154,14 +153,7 @@ def lineage_verify_problems(t: lineage.Table) -> list[str]:
 def test_columns_are_matched_by_field_id_after_a_rename_and_an_added_column(warehouse):
     for props in ({}, CAPTURE):
         t = lineage.create_table(f"s.evo{len(props)}", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
-        t.append(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0]}, schema=SCHEMA))
-        t.update("id = 1", {"amount": "amount + 1"})
-        with t.iceberg.update_schema() as u:
-            u.add_column("note", StringType())
-            u.rename_column("name", "label")
-        t.refresh()
-        t.update("id = 2", {"note": "'x'"})
-        t.delete("id = 3")
+        rename_and_add_a_column(t)
         got = [(r["id"], r["label"], r["note"], r["_change_type"], r["_changed_columns"]) for r in cdf.changes(t, 1).to_pylist()]
         assert got == [
             (1, "a", None, "update_preimage", ["amount"]),

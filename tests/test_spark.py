@@ -10,7 +10,7 @@ import pytest
 import cdf
 import cdf.spark
 import lineage
-from conftest import SCHEMA, assert_interop, rows
+from conftest import SCHEMA, assert_interop, rename_and_add_a_column, rows
 from lineage.maintenance.key_index import check_key_index
 
 pytestmark = pytest.mark.spark
@@ -169,18 +169,9 @@ def test_spark_feed_carries_every_column_type(spark, warehouse, capture):
 @pytest.mark.parametrize("capture", [False, True])
 def test_spark_feed_matches_columns_by_field_id_after_a_rename(spark, warehouse, capture):
     """Older files carry the old column name: the executors' reads (feed and scan) match by field id, as the embedded engine does."""
-    from pyiceberg.types import StringType
-
     t = lineage.create_table("s.evo", SCHEMA, key=["id"], warehouse=warehouse,
                              properties={"lineage.cdf.capture-preimages": str(capture).lower()})
-    t.append(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0]}, schema=SCHEMA))
-    t.update("id = 1", {"amount": "amount + 1"})
-    with t.iceberg.update_schema() as u:
-        u.add_column("note", StringType())
-        u.rename_column("name", "label")
-    t.refresh()
-    t.update("id = 2", {"note": "'x'"})
-    t.delete("id = 3")
+    rename_and_add_a_column(t)
     for net in (False, True):
         ours = cdf.changes(t, 0, net=net)
         theirs = cdf.changes(t, 0, net=net, engine="spark", spark=spark).toArrow()
