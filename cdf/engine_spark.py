@@ -79,11 +79,10 @@ def _skeleton(p: Pointers, sk: plan.Skeleton, file_no: np.ndarray, seg_no: np.nd
     return pa.table(cols)
 
 
-def _captured_values(spark: Any, state: TableState, segments: list[str], data: pa.Schema) -> Any:
+def _captured_values(spark: Any, segments: list[str], data: pa.Schema, field_ids: dict[str, int]) -> Any:
     """Executors read the values index segments captured: one row per entry, keyed by (segment number, row, list index)."""
     from pyspark.sql import functions as F
 
-    field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
     df = spark.read.option("mergeSchema", "true").parquet(*segments)
     present = set(df.columns)
     types = spark.createDataFrame(data.empty_table()).schema  # Spark's names of the columns' types
@@ -139,6 +138,7 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
     seg_no = np.full(len(p.captured), -1, np.int64)
     seg_no[captured] = np.arange(len(captured))
     skel = _skeleton(p, sk, file_no, seg_no)
+    field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
     meta = [c for c in skel.column_names if c != "__ms"]
     timestamp = F.timestamp_millis(F.col("__ms")).alias("_commit_timestamp")
     if skel.num_rows == 0:
@@ -150,11 +150,11 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
         mine = skel.filter(pc.greater_equal(skel.column("__file"), 0))
         mine = mine.take(pa.array(np.lexsort((mine.column("__pos").to_numpy(), mine.column("__file").to_numpy()))))
         out = spark.createDataFrame(pa.Table.from_batches([], schema=pa.schema(list(data) + list(mine.schema)))).schema
-        fn = _value_reader([local_path(p.files[int(i)]) for i in read], data, {f.name: f.field_id for f in state.iceberg.schema().fields})
+        fn = _value_reader([local_path(p.files[int(i)]) for i in read], data, field_ids)
         parts.append(spark.createDataFrame(mine).mapInArrow(fn, out).select(*data.names, *meta, timestamp))
     if len(captured):
         wanted = spark.createDataFrame(skel.filter(pc.greater_equal(skel.column("__seg"), 0)))
-        vals = _captured_values(spark, state, [local_path(p.captured[int(i)].path) for i in captured], data)
+        vals = _captured_values(spark, [local_path(p.captured[int(i)].path) for i in captured], data, field_ids)
         wanted = F.broadcast(wanted) if skel.num_rows <= BROADCAST_POINTERS else wanted
         on = (vals["__vseg"] == wanted["__seg"]) & (vals["__vsegrow"] == wanted["__segrow"]) & (vals["__vk"] == wanted["__k"])
         parts.append(vals.join(wanted, on).select(*data.names, *meta, timestamp))
