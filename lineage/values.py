@@ -7,8 +7,9 @@ decodes string columns as dictionaries (the strings of the rows taken are
 materialised, not those of the whole row group), and matches columns by the
 Iceberg field id the file records, so renamed columns keep their values,
 columns added after the file was written read as null and promoted types are
-cast. Row groups are decoded one at a time per worker, so memory stays at a
-few row groups plus the values returned.
+cast. Row groups are decoded one at a time per worker, largest first (a
+bulk load's big row group must not be left for last while the other worker
+runs dry), so memory stays at a few row groups plus the values returned.
 
 Each file's footer facts (:func:`layout`: row groups, field ids, dictionary
 columns) are read once per process and shared with the write path's cached
@@ -38,6 +39,7 @@ class _Task:
     row_group: int
     start: int  # slice of the sorted positions this task returns
     end: int
+    cost: int  # uncompressed bytes of the row group's columns it decodes: the largest tasks start first
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -137,8 +139,19 @@ def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _Fi
     return _File(path, info.metadata, sources, strings, info.starts[:-1], np.diff(info.starts))
 
 
+def _wanted(f: _File) -> list[str]:
+    return sorted({s for s in f.sources if s is not None})
+
+
+def _cost(f: _File, row_group: int) -> int:
+    """Uncompressed bytes of the column chunks a task on ``row_group`` decodes."""
+    wanted = set(_wanted(f))
+    chunks = f.metadata.row_group(row_group)
+    return sum(c.total_uncompressed_size for c in map(chunks.column, range(chunks.num_columns)) if c.path_in_schema.split(".")[0] in wanted)
+
+
 def _read_task(f: _File, positions: np.ndarray, row_group: int, schema: pa.Schema) -> pa.Table:
-    wanted = sorted({s for s in f.sources if s is not None})
+    wanted = _wanted(f)
     if wanted:
         pf = pq.ParquetFile(local_path(f.path), metadata=f.metadata, read_dictionary=f.strings or None)
         table = pf.read_row_group(row_group, columns=wanted, use_threads=False)
@@ -193,7 +206,7 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
         rg = np.searchsorted(f.starts, upos[s:e], side="right") - 1
         rg_bounds = np.flatnonzero(np.diff(rg)) + 1
         for rs, re_ in zip(np.concatenate(([0], rg_bounds)), np.concatenate((rg_bounds, [e - s])), strict=True):
-            tasks.append(_Task(k, int(rg[rs]), int(s + rs), int(s + re_)))
+            tasks.append(_Task(k, int(rg[rs]), int(s + rs), int(s + re_), _cost(f, int(rg[rs]))))
 
     def run(t: _Task) -> pa.Table:
         return _read_task(files[t.file], upos[t.start:t.end], t.row_group, schema)
@@ -201,8 +214,12 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     if len(tasks) == 1:
         pieces = [run(tasks[0])]
     else:
+        # Largest first: a bulk load's million-row group is often the last file numbered, and started
+        # last it would run alone after the other worker has read every small file.
+        order = sorted(range(len(tasks)), key=lambda i: -tasks[i].cost)
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            pieces = list(pool.map(run, tasks))
+            done = dict(zip(order, pool.map(run, [tasks[i] for i in order]), strict=True))
+        pieces = [done.pop(i) for i in range(len(tasks))]
     return Gathered(pieces, rows)
 
 

@@ -95,6 +95,21 @@ def test_only_the_row_groups_that_hold_a_position_are_read(tmp_path, monkeypatch
         values_at([path], np.zeros(1, np.int32), np.array([100]), TARGET, None)
 
 
+def test_the_feed_reader_starts_the_largest_row_group_first(tmp_path, monkeypatch):
+    small, large = str(tmp_path / "small.parquet"), str(tmp_path / "large.parquet")
+    want_small, want_large = _write(small, 20, 1, 20, False), _write(large, 400, 2, 400, False)
+    started: list[int] = []
+    real = values._read_task
+    monkeypatch.setattr(values, "_read_task", lambda f, pos, rg, schema: started.append(len(pos)) or real(f, pos, rg, schema))
+    monkeypatch.setattr(values, "WORKERS", 1)  # one worker: tasks run in the order they were submitted
+    file_ids = np.array([0, 0, 1, 1, 1], np.int32)  # the small file is numbered first
+    pos = np.array([3, 7, 9, 399, 200])
+    got = values.read_at([small, large], file_ids, pos, TARGET, IDS)
+    want = [w.slice(p, 1).to_pylist()[0] for w, p in zip([want_small] * 2 + [want_large] * 3, pos, strict=True)]
+    assert got.to_pylist() == want
+    assert started == [3, 2], "the large file's row group should be decoded first"
+
+
 def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
     path = str(tmp_path / "f.parquet")
     pq.write_table(pa.table({"id": [1, 2]}), path)  # no field ids
