@@ -45,18 +45,27 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
     return pa.Table.from_arrays(cols, schema=data)
 
 
-def image_values(state: TableState, p: Pointers, pointer: np.ndarray, data: pa.Schema) -> pa.Table:
-    """The values of ``data``'s columns of the images ``pointer`` (in that order); purged images read as null."""
-    n = len(pointer)
+def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, data: pa.Schema) -> pa.Table:
+    """The values of ``data``'s columns of the images ``pointer`` (in that order; None: every image of ``p``).
+
+    Purged images read as null.
+    """
     field_ids = _field_ids(state)
-    source, loc = p.source[pointer], p.loc[pointer]
+    source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])
+    n = len(source)
     pieces: list[pa.Table] = []
     rows = np.zeros(n, np.int64)
     from_files = np.flatnonzero(source >= 0)
-    if len(from_files):
+    if len(from_files) == n:  # no captured values: no copy of the pointers
+        got = gather(p.files, source, loc, data, field_ids)
+        pieces.extend(got.pieces)
+        rows = got.rows
+        del got
+    elif len(from_files):
         got = gather(p.files, source[from_files], loc[from_files], data, field_ids)
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
+        del got
     offset = sum(t.num_rows for t in pieces)
     for k in unique(source[source < 0]):
         idx = np.flatnonzero(source == k)
@@ -68,7 +77,7 @@ def image_values(state: TableState, p: Pointers, pointer: np.ndarray, data: pa.S
         offset += piece.num_rows
     values = take_rows(pieces, rows, data)
     if p.purged is not None:
-        erased = pa.array(p.purged[pointer])
+        erased = pa.array(p.purged if pointer is None else p.purged[pointer])
         nullable = pa.schema([f.with_nullable(True) for f in data])
         values = pa.Table.from_arrays(
             [pc.if_else(erased, pa.nulls(n, f.type), values.column(f.name)) for f in data], schema=nullable
@@ -105,20 +114,28 @@ def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str
     per_row[pre] = counts
     per_row[pre + 1] = counts
     offsets = pa.array(np.concatenate(([0], np.cumsum(per_row))).astype(np.int32), pa.int32())
-    which = np.nonzero(np.repeat(changed, 2, axis=0))[1]
-    child = pa.array(names, pa.string()).take(pa.array(which, pa.int64())) if len(which) else pa.array([], pa.string())
+    del per_row
+    # The column numbers of each pair's list, twice (pre-image row, then post-image row), in row order:
+    # a small-integer matrix of the pairs with -1 where a column did not change, read row by row.
+    small = np.int8 if len(names) < 128 else np.int32
+    numbered = np.where(changed, np.arange(len(names), dtype=small), np.array(-1, small))
+    both = np.concatenate((numbered, numbered), axis=1)
+    del numbered
+    which = both[both >= 0]
+    del both
+    child = pa.array(names, pa.string()).take(pa.array(which)) if len(which) else pa.array([], pa.string())
     update = np.zeros(n, bool)
     update[pre] = True
     update[pre + 1] = True
     return pa.ListArray.from_arrays(offsets, child, mask=pa.array(~update))
 
 
-def _timestamps(p: Pointers, version: np.ndarray) -> pa.Array:
+def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
     if len(version) == 0:
         return pa.array([], pa.int64()).cast(TIMESTAMP)
     lo = int(version.min())
     lookup = np.full(int(version.max()) - lo + 1, -1, np.int64)
-    for v, ms in p.commit_ms.items():
+    for v, ms in commit_ms.items():
         if lo <= v < lo + len(lookup):
             lookup[v - lo] = ms
     ms = lookup[version - lo]
@@ -129,7 +146,8 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
     """The change feed over ``(a, b]`` as an Arrow table."""
     p = change_pointers(state, a, b)
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    values = image_values(state, p, sk.pointer, data)
+    p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
+    values = image_values(state, p, None, data)
     pre = sk.preimages
     changed = changed_matrix(values, pre)
     if net:  # a pair whose images are equal in every selected column is no change
@@ -137,21 +155,20 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         if len(same):
             keep = np.ones(len(sk), bool)
             keep[same] = keep[same + 1] = False
-            sk, values, changed = sk.without_pairs(same), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
+            sk, p, values, changed = sk.without_pairs(same), p.select(keep), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
             pre = sk.preimages
     schema = change_schema(data, p.purged is not None)
-    ptr = sk.pointer
     meta = [
         _CHANGE_NAMES.take(pa.array(sk.change, pa.int8())),
         pa.array(sk.version, pa.int64()),
-        _timestamps(p, sk.version),
-        pa.array(p.row_id[ptr], pa.int64()),
-        pa.array(p.created[ptr], pa.int64()),
-        pa.array(p.valid_from[ptr], pa.int64()),
+        _timestamps(p.commit_ms, sk.version),
+        pa.array(p.row_id, pa.int64()),
+        pa.array(p.created, pa.int64()),
+        pa.array(p.valid_from, pa.int64()),
         _changed_lists(len(sk), pre, changed, data.names),
     ]
     if p.purged is not None:
-        meta.append(pa.array(p.purged[ptr], pa.bool_()))
+        meta.append(pa.array(p.purged, pa.bool_()))
     return pa.Table.from_arrays(list(values.columns) + meta, schema=schema)
 
 
@@ -163,7 +180,7 @@ def deleted_rows(state: TableState, since: int, until: int, data: pa.Schema) -> 
     ptr = sk.pointer
     meta = [
         pa.array(sk.version, pa.int64()),
-        _timestamps(p, sk.version),
+        _timestamps(p.commit_ms, sk.version),
         pa.array(p.row_id[ptr], pa.int64()),
         pa.array(p.created[ptr], pa.int64()),
         pa.array(p.valid_from[ptr], pa.int64()),

@@ -61,6 +61,12 @@ class Pointers:
     def __len__(self) -> int:
         return len(self.row_id)
 
+    def select(self, rows: np.ndarray) -> Pointers:
+        """The pointers ``rows`` (indices or a mask), in that order: a feed keeps only the images it shows."""
+        purged = None if self.purged is None else self.purged[rows]
+        return Pointers(self.files, self.captured, self.source[rows], self.loc[rows], self.row_id[rows], self.created[rows],
+                        self.valid_from[rows], self.valid_to[rows], purged, self.commit_ms)
+
 
 class _Builder:
     """Collects pointer arrays from several parts, numbering files as they come."""

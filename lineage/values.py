@@ -181,18 +181,26 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     n = len(positions)
     if n == 0:
         return Gathered([], np.zeros(0, np.int64))
-    key = file_index.astype(np.int64) << 40 | positions.astype(np.int64)
+    # In place where possible: at millions of requests every temporary array is tens of MB.
+    key = np.left_shift(file_index, 40, dtype=np.int64)
+    key |= positions
     order = np.argsort(key, kind="stable")
     skey = key[order]
     del key
-    first = np.concatenate(([True], skey[1:] != skey[:-1]))
+    first = np.empty(n, bool)
+    first[0] = True
+    np.not_equal(skey[1:], skey[:-1], out=first[1:])
     uniq = skey[first]
     del skey
+    distinct = np.cumsum(first)
+    distinct -= 1
+    del first
     rows = np.empty(n, np.int64)
-    rows[order] = np.cumsum(first) - 1  # distinct pairs are read in sorted order
-    del order, first
-    ufile = (uniq >> 40).astype(np.int64)
-    upos = uniq & ((1 << 40) - 1)
+    rows[order] = distinct  # distinct pairs are read in sorted order
+    del order, distinct
+    ufile = uniq >> 40
+    upos = uniq
+    upos &= (1 << 40) - 1
     del uniq
     tasks: list[_Task] = []
     files: dict[int, _File] = {}
