@@ -113,6 +113,12 @@ class IndexSegment:
     def __len__(self) -> int:
         return len(self.positions)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays and captured values (what a cache of segments holds)."""
+        arrays = (self.file_index, self.positions, self.row_ids, self.created, self.valid_from, self.valid_to)
+        return sum(a.nbytes for a in arrays) + (0 if self.values is None else self.values.nbytes)
+
     def entries(self) -> tuple[RemovedImages, ...]:
         """The same entries grouped by data file."""
         bounds = np.flatnonzero(np.diff(self.file_index)) + 1
@@ -193,9 +199,12 @@ def _write(fileio: FileIO, path: str, table: pa.Table) -> int:
     return write_bytes(fileio, path, sink.getvalue())
 
 
-# Parsed segments, cached by path (segments are immutable): pointers of many, values of a few.
-_CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(1024)
-_VALUE_CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(32)
+# Parsed segments, cached by path (segments are immutable) within a byte budget each for pointers and for
+# captured values: a feed over a table's recent commits rereads none of them, and a process that reads
+# long ranges of a large table does not keep them all (a 1M-row delete makes a 65 MB segment).
+CACHE_BYTES = 256 << 20
+_CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(CACHE_BYTES, weigh=lambda s: s.nbytes, max_share=0.25)
+_VALUE_CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(CACHE_BYTES, weigh=lambda s: s.nbytes, max_share=0.25)
 
 
 def read_index(fileio: FileIO, path: str, with_values: bool = False) -> IndexSegment:

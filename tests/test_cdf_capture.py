@@ -72,8 +72,8 @@ def test_captured_feed_equals_pointer_feed_and_pins_nothing(warehouse):
     pointed = {e.file_path for s in segments for e in read_index_segment(cap.iceberg.io, s)}
     live = cap.state().all_data_file_paths()
     assert any(not os.path.exists(local_path(p)) for p in pointed - live), "some pointed-to files were released"
-    deleted_rows._CACHE._items.clear()
-    deleted_rows._VALUE_CACHE._items.clear()
+    deleted_rows._CACHE.clear()
+    deleted_rows._VALUE_CACHE.clear()
     assert _feeds(cap) == before
     assert not lineage_verify_problems(cap)
 
@@ -138,8 +138,8 @@ def test_changelog_and_key_index_writes_capture_their_removed_images(warehouse):
     cap.vacuum(older_than=ZERO)
     pointed = {e.file_path for c in cap.state().lineage.commits if c.index for e in read_index_segment(cap.iceberg.io, c.index)}
     assert not any(os.path.exists(local_path(p)) for p in pointed), "vacuum released every pre-image's file"
-    deleted_rows._CACHE._items.clear()
-    deleted_rows._VALUE_CACHE._items.clear()
+    deleted_rows._CACHE.clear()
+    deleted_rows._VALUE_CACHE.clear()
     assert _feeds(cap) == before
     assert not lineage_verify_problems(cap)
 
@@ -175,13 +175,13 @@ def test_format_1_segments_are_still_read(warehouse, table):
          "created_values": [[1]], "created_lengths": [[1]], "valid_from_values": [[1]], "valid_from_lengths": [[1]], "valid_to": [entry.valid_to]}
     ).replace_schema_metadata({"lineage.format": "deleted-rows-segment", "lineage.format-version": "1"})
     pq.write_table(v1, local_path(path))
-    deleted_rows._CACHE._items.clear()
+    deleted_rows._CACHE.clear()
     (again,) = read_index_segment(table.iceberg.io, path)
     assert again.positions.tolist() == [1] and again.values is None and again.valid_to == entry.valid_to
     assert rows(cdf.changes(table, 0)) == feed
     newer = v1.replace_schema_metadata({"lineage.format": "deleted-rows-segment", "lineage.format-version": "3"})
     pq.write_table(newer, local_path(path))
-    deleted_rows._CACHE._items.clear()
+    deleted_rows._CACHE.clear()
     with pytest.raises(lineage.UnsupportedFormatError, match="reads up to 2"):
         read_index_segment(table.iceberg.io, path)
 
@@ -194,8 +194,8 @@ def test_capture_values_round_trip_and_mixed_segments_are_refused(tmp_path):
     img = deleted_rows.RemovedImages("f.parquet", np.array([9, 2]), np.array([19, 12]), np.array([1, 1]), np.array([1, 2]), 3, values)
     path = str(tmp_path / "seg.parquet")
     deleted_rows.write_index_segment(io, path, [img])
-    deleted_rows._CACHE._items.clear()
-    deleted_rows._VALUE_CACHE._items.clear()
+    deleted_rows._CACHE.clear()
+    deleted_rows._VALUE_CACHE.clear()
     (back,) = read_index_segment(io, path, with_values=True)
     assert back.positions.tolist() == [2, 9] and back.row_ids.tolist() == [12, 19]  # sorted by position, values with them
     assert back.values.column("1").to_pylist() == [5, 7] and back.values.column("2").to_pylist() == [None, "x"]

@@ -38,8 +38,7 @@ MIN_COUNT = 6  # small, so that a few dozen commits exercise several merges
 
 def _forget() -> None:
     for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, commit_log._CHUNK_CACHE, deleted_rows._CACHE):
-        with cache._lock:
-            cache._items.clear()
+        cache.clear()
     state.forget_planned_files()
 
 

@@ -86,8 +86,7 @@ def _drop_caches() -> None:
     from lineage import commit_log, metadata, state
 
     for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, commit_log._CHUNK_CACHE, deleted_rows._CACHE, purged._CACHE):
-        with cache._lock:
-            cache._items.clear()
+        cache.clear()
     state.forget_planned_files()  # tables keep their current snapshot's live files in memory
 
 

@@ -45,10 +45,10 @@ PROFILE = settings(max_examples=150, deadline=None, suppress_health_check=[Healt
 
 
 def _clear_caches() -> None:
-    metadata._SEGMENT_CACHE._items.clear()
-    metadata._LIST_CACHE._items.clear()
-    commit_log._CHUNK_CACHE._items.clear()
-    deleted_rows._CACHE._items.clear()
+    metadata._SEGMENT_CACHE.clear()
+    metadata._LIST_CACHE.clear()
+    commit_log._CHUNK_CACHE.clear()
+    deleted_rows._CACHE.clear()
     state.forget_planned_files()  # tables keep their current snapshot's live files in memory
 
 
@@ -237,6 +237,29 @@ def test_index_segment_round_trip(tmp_path_factory, removed):
     raw = pq.read_table(path)
     for blob, want in zip(raw.column("positions").to_pylist(), removed, strict=True):
         assert list(BitMap64.deserialize(blob)) == sorted(want.positions.tolist())
+
+
+def test_index_segments_are_cached_within_a_byte_budget(tmp_path, monkeypatch):
+    from lineage.fileio import ImmutableFileCache
+
+    rng = np.random.default_rng(7)
+
+    def segment(n: int) -> str:
+        path = str(tmp_path / f"{uuid.uuid4()}-deleted-rows.parquet")
+        pos = np.sort(rng.choice(10 * n, n, replace=False)).astype(np.int64)
+        write_index_segment(FILEIO, path, [RemovedImages("s3://b/f.parquet", pos, pos + 1, np.ones(n, np.int64), np.ones(n, np.int64), 2)])
+        return path
+
+    small, other, large = segment(100), segment(100), segment(20_000)
+    each = deleted_rows._read(FILEIO, small, False).nbytes
+    budget = 4 * each + 100  # two small segments fit; the large one is more than a quarter of it
+    real = deleted_rows._CACHE  # its weighing and share, with a smaller budget
+    monkeypatch.setattr(deleted_rows, "_CACHE", ImmutableFileCache(budget, weigh=real._weigh, max_share=real._max_share))
+    for path in (small, other, large):
+        deleted_rows.read_index(FILEIO, path)
+    assert deleted_rows._CACHE.peek(small) is not None and deleted_rows._CACHE.peek(other) is not None
+    assert deleted_rows._CACHE.peek(large) is None, "a segment larger than a quarter of the budget is read, not kept"
+    assert deleted_rows.CACHE_BYTES >= 64 << 20 and deleted_rows._VALUE_CACHE.capacity == deleted_rows.CACHE_BYTES
 
 
 # ====================================================================== O(1) metadata for a fresh append

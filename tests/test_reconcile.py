@@ -327,7 +327,7 @@ def test_foreign_versions_in_every_engine_and_reader(reference, warehouse, keyed
     from lineage.metadata import _LIST_CACHE
     import lineage.reconcile as rec
 
-    _LIST_CACHE._items.clear()
+    _LIST_CACHE.clear()
     rec._CACHE.clear()
     again = lineage.open_table(NAME, warehouse=warehouse)
     assert rows(again.scan()) == rows(t.scan())

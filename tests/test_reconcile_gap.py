@@ -34,7 +34,7 @@ def _feed(t: lineage.Table, a: int) -> list[tuple]:
 
 def _forget() -> None:
     rec._CACHE.clear()
-    _LIST_CACHE._items.clear()
+    _LIST_CACHE.clear()
 
 
 def _foreign_history(t: lineage.Table) -> tuple[list[int], str]:

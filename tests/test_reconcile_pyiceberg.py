@@ -135,8 +135,8 @@ def test_vacuum_keeps_reconciled_lineage(table):
     t.expire_snapshots(retain_last=1)  # the foreign head alone: its lineage cannot be derived again
     t.vacuum(older_than=dt.timedelta(0))
     rec._CACHE.clear()
-    _LIST_CACHE._items.clear()
-    _SEGMENT_CACHE._items.clear()
+    _LIST_CACHE.clear()
+    _SEGMENT_CACHE.clear()
     assert rows(t.scan()) == expected
     assert _feed(t, 0) == feed
     assert not verify(t).problems

@@ -69,7 +69,7 @@ def _read_only(root: str) -> Iterator[None]:
 def _fresh_process_memory() -> None:
     """Forget what this process derived or read, as a new process would."""
     rec._CACHE.clear()
-    _LIST_CACHE._items.clear()
+    _LIST_CACHE.clear()
     forget_planned_files()
 
 
