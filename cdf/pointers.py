@@ -115,9 +115,10 @@ def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dic
     rows = np.flatnonzero(keep)
     if not len(rows):
         return
-    if seg.values is None:
-        for i in np.unique(seg.file_index[rows]):
-            pinned.setdefault(seg.files[int(i)], set()).update(int(v) for v in np.unique(seg.valid_to[rows[seg.file_index[rows] == i]]))
+    if seg.values is None:  # the files these images are read from, and the versions that removed them
+        pairs = unique(seg.file_index[rows].astype(np.int64) << 32 | seg.valid_to[rows])
+        for f, v in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
+            pinned.setdefault(seg.files[f], set()).add(v)
     if seg.values is not None:
         builder.captured.append(seg)
         source = np.full(len(rows), -len(builder.captured), np.int32)
