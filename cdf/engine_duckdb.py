@@ -13,6 +13,8 @@ DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,9 +22,10 @@ import pyarrow.compute as pc
 from cdf import plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
+from index.deleted_rows import IndexSegment
 from lineage.arrays import unique
 from lineage.state import TableState
-from lineage.values import gather, take_rows
+from lineage.values import Gathered, gather, take_rows
 
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 
@@ -45,24 +48,21 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
     return pa.Table.from_arrays(cols, schema=data)
 
 
-def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, data: pa.Schema) -> pa.Table:
-    """The values of ``data``'s columns of the images ``pointer`` (in that order; None: every image of ``p``).
-
-    Purged images read as null.
-    """
+def _read_images(state: TableState, files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
+                 loc: np.ndarray, data: pa.Schema) -> Gathered:
+    """The values of the images ``(source, loc)`` (see :class:`Pointers`): image i is row ``rows[i]`` of the pieces."""
     field_ids = _field_ids(state)
-    source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])
     n = len(source)
     pieces: list[pa.Table] = []
     rows = np.zeros(n, np.int64)
     from_files = np.flatnonzero(source >= 0)
     if len(from_files) == n:  # no captured values: no copy of the pointers
-        got = gather(p.files, source, loc, data, field_ids)
+        got = gather(files, source, loc, data, field_ids)
         pieces.extend(got.pieces)
         rows = got.rows
         del got
     elif len(from_files):
-        got = gather(p.files, source[from_files], loc[from_files], data, field_ids)
+        got = gather(files, source[from_files], loc[from_files], data, field_ids)
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
         del got
@@ -71,17 +71,30 @@ def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, dat
         idx = np.flatnonzero(source == k)
         wanted = unique(loc[idx])
         inverse = np.searchsorted(wanted, loc[idx])
-        piece = _captured_piece(p.captured[-int(k) - 1].values, wanted, data, field_ids)
+        piece = _captured_piece(captured[-int(k) - 1].values, wanted, data, field_ids)
         pieces.append(piece)
         rows[idx] = offset + inverse
         offset += piece.num_rows
-    values = take_rows(pieces, rows, data)
+    return Gathered(pieces, rows)
+
+
+def _erase(values: pa.Table, purged: np.ndarray, data: pa.Schema) -> pa.Table:
+    """``values`` with the rows of purged images null in every column."""
+    erased = pa.array(purged)
+    nullable = pa.schema([f.with_nullable(True) for f in data])
+    return pa.Table.from_arrays([pc.if_else(erased, pa.nulls(len(purged), f.type), values.column(f.name)) for f in data], schema=nullable)
+
+
+def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, data: pa.Schema) -> pa.Table:
+    """The values of ``data``'s columns of the images ``pointer`` (in that order; None: every image of ``p``).
+
+    Purged images read as null.
+    """
+    source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])
+    got = _read_images(state, p.files, p.captured, source, loc, data)
+    values = take_rows(got.pieces, got.rows, data)
     if p.purged is not None:
-        erased = pa.array(p.purged if pointer is None else p.purged[pointer])
-        nullable = pa.schema([f.with_nullable(True) for f in data])
-        values = pa.Table.from_arrays(
-            [pc.if_else(erased, pa.nulls(n, f.type), values.column(f.name)) for f in data], schema=nullable
-        )
+        values = _erase(values, p.purged if pointer is None else p.purged[pointer], data)
     return values
 
 
@@ -145,9 +158,22 @@ def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
     """The change feed over ``(a, b]`` as an Arrow table."""
     p = change_pointers(state, a, b)
-    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
-    values = image_values(state, p, None, data)
+    if net:
+        sk = plan.net(p, a, b)
+        p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
+        values = image_values(state, p, None, data)
+    else:
+        # The per-version feed shows every image of p (one that starts and ends in the range twice),
+        # so their values are read while the feed is planned.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            reading = pool.submit(_read_images, state, p.files, p.captured, p.source, p.loc, data)
+            sk = plan.per_version(p, a, b)
+            p = p.select(sk.pointer)  # frees the pointers' other columns while the values are read
+            got = reading.result()
+        values = take_rows(got.pieces, got.rows[sk.pointer], data)
+        del got
+        if p.purged is not None:
+            values = _erase(values, p.purged, data)
     pre = sk.preimages
     changed = changed_matrix(values, pre)
     if net:  # a pair whose images are equal in every selected column is no change
