@@ -78,6 +78,27 @@ def test_update_that_changes_nothing_is_an_update_with_no_changed_columns(table)
     assert cdf.changes(table, 1, net=True).num_rows == 0  # equal images: the net pair is dropped
 
 
+def test_a_table_written_with_lz4_feeds_and_reads_like_any_other(warehouse):
+    import glob
+    import os
+
+    import pyarrow.parquet as pq
+
+    from conftest import assert_interop
+
+    t = lineage.create_table("shop.fast", SCHEMA, key=["id"], warehouse=warehouse, properties={"write.parquet.compression-codec": "lz4"})
+    t.append(pa.table({"id": list(range(6)), "name": list("abcdef"), "amount": [float(i) for i in range(6)]}))
+    t.upsert(pa.table({"id": [1, 9], "name": ["B", "z"], "amount": [10.0, 9.0]}))
+    t.delete("id = 4")
+    data = [f for f in glob.glob(os.path.join(warehouse, "**", "data", "*.parquet"), recursive=True) if "name" in pq.read_schema(f).names]
+    codecs = {c for f in data for (c,) in duckdb.sql(f"SELECT DISTINCT compression FROM parquet_metadata('{f}')").fetchall()}
+    assert data and codecs == {"LZ4_RAW"}  # Parquet's name (pyarrow's metadata calls it LZ4)
+    feed = cdf.changes(t, 1)
+    assert sorted(zip(feed.column("_change_type").to_pylist(), feed.column("id").to_pylist(), feed.column("name").to_pylist())) == [
+        ("delete", 4, "e"), ("insert", 9, "z"), ("update_postimage", 1, "B"), ("update_preimage", 1, "b")]
+    assert_interop(t)
+
+
 def test_empty_range_and_columns_projection(history):
     t, _ = history
     assert cdf.changes(t, 4, 4).num_rows == 0

@@ -115,6 +115,15 @@ def test_embedded_catalog_name_is_the_one_the_reference_engine_uses(warehouse):
 # ---------------------------------------------------------------------- Spark reads our tables
 
 
+def test_spark_reads_a_table_written_with_lz4(reference, warehouse):
+    """The codec README suggests for feed-heavy tables (Parquet's LZ4_RAW) is read by Iceberg 1.10 on Spark."""
+    t = lineage.create_table("shop.fast", TYPED, key=["id"], warehouse=warehouse, properties={"write.parquet.compression-codec": "lz4"})
+    t.append(_batch(list(range(1, 9))))
+    t.upsert(_batch([2, 3, 30], variant=1))
+    assert_spark_reads_ours(reference, warehouse, t)
+    reference.forget(warehouse)
+
+
 def test_spark_reads_every_version_of_a_day_partitioned_table(reference, warehouse):
     """All write kinds and both maintenance operations, each version read back by Spark (time travel)."""
     t = _typed_table(warehouse, ["day(ts)"])
