@@ -49,6 +49,7 @@ def render_peers(doc: dict[str, Any]) -> str:
                      *(_ratio(t[label][p], t[label]["lineage"]) for p in peers)])
     rows.append(["load during its slot", *(f"{v[0]:.0f}-{v[1]:.0f}" if v else "—" for v in (s["load1_per_system"][x] for x in systems)), *([""] * len(peers))])
     out.append(md_table(["step", *(f"{x} s" for x in systems), *(f"{p}/ours" for p in peers)], rows))
+    out += _feed_calls(res)
     out += ["", "**Bytes written (MB) and peak RSS of the process during the step (MB, max over the group)**", ""]
     b, m = s["bytes_written"], s["peak_rss_mb"]
     rows = [[label, *(fmt_mb(b[label][x]) for x in systems), *("—" if m[label][x] is None else f"{m[label][x]:.0f}" for x in systems)] for label in GROUP_LABELS]
@@ -85,6 +86,21 @@ def render_peers(doc: dict[str, Any]) -> str:
             + ", ".join(f"{x} {'matches' if x in ok else 'DIFFERS'}" for x in checked)
             + "".join(f"; {x} not checked ({s['errors'].get(x, 'no result')})" for x in systems if x not in checked) + "."]
     return "\n".join(out)
+
+
+def _feed_calls(res: dict[str, Any]) -> list[str]:
+    """How the feed times were taken: the median of several calls (and the first call of each), or one call."""
+    firsts, calls = [], set()
+    for x, r in res["systems"].items():
+        steps = [st for st in r.get("steps", []) if st["kind"] == "feed" and st.get("calls_wall_s")]
+        if steps:
+            calls.update(len(st["calls_wall_s"]) for st in steps)
+            firsts.append(f"{x} " + " / ".join(fmt_s(st["wall_s"]) for st in steps))
+    if not firsts:
+        return []
+    n = "/".join(str(c) for c in sorted(calls))
+    return ["", f"Feed times are the median of {n} calls in a row in the system's process (the first call is the step whose peak "
+            f"RSS is reported). First calls, s, per feed in the order above: {'; '.join(firsts)}."]
 
 
 def peer_sentences(doc: dict[str, Any], groups: tuple[str, ...]) -> list[str]:
