@@ -39,3 +39,27 @@ def test_a_write_and_a_feed_release_what_they_freed(warehouse, monkeypatch):
     assert calls == ["write"]
     assert cdf.changes(t, 0).num_rows == 1000
     assert calls == ["write", "feed"]
+
+
+def test_a_write_leaves_no_reference_cycle_holding_its_plan(warehouse):
+    """A cycle (attempt -> describe closure -> attempt) kept a write's plan, and the key index it built
+    (about 250 MB at 10M rows), alive until Python's next full garbage collection."""
+    import gc
+
+    import lineage
+
+    t = lineage.create_table("db.c", pa.schema([("id", pa.int64()), ("v", pa.int64())]), key=["id"], warehouse=warehouse)
+    t.append(pa.table({"id": pa.array(range(100), pa.int64()), "v": pa.array(range(100), pa.int64())}))
+    gc.collect()
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # keep what a collection finds in gc.garbage instead of freeing it
+    try:
+        t.merge(upserts=pa.table({"id": pa.array([1, 200], pa.int64()), "v": pa.array([7, 8], pa.int64())}), deletes=pa.table({"id": pa.array([5], pa.int64())}))
+        t.update("id = 2", {"v": "v + 1"})
+        t.delete("id = 3")
+        gc.collect()
+        cyclic = sorted({type(o).__name__ for o in gc.garbage} & {"Plan", "Attempt", "CommitResult", "KeyIndex", "WrittenFile"})
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    assert cyclic == [], f"objects of a write left in reference cycles: {cyclic}"

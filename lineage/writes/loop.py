@@ -252,6 +252,8 @@ def _materialize_and_commit(
         key_index=plan.key_index,
     )
 
+    number = attempt.number  # not the attempt itself: it holds ``info``, and a cycle would keep the plan's arrays until a full GC
+
     def info(result: CommitResult) -> CommitInfo:
         return CommitInfo(
             version=result.version,
@@ -265,7 +267,7 @@ def _materialize_and_commit(
             delete_files_added=len(delete_files),
             data_files_removed=len(removed_files),
             bytes_written=result.bytes_written,
-            attempts=attempt.number,
+            attempts=number,
             ignored=plan.ignored,
         )
 
