@@ -5,10 +5,10 @@ The feed's rows are decided from metadata (:mod:`cdf.plan` over
 groups that hold them and the selected columns (:mod:`lineage.values`), or the
 values an index segment captured. A per-version feed shows every image in its
 range, so their values are read in a second thread while the feed is planned;
-a net feed plans first and reads only the images it keeps. Update pairs get ``_changed_columns`` by
-comparing their two images column by column (the rule of :mod:`cdf.plan`),
-net pairs equal in every selected column are dropped, and the result is
-assembled column by column as an Arrow table. The engine keeps its public
+a net feed plans first and reads only the images it keeps. Update pairs get
+``_changed_columns`` by comparing their two images column by column (the rule
+of :mod:`cdf.plan`), net pairs equal in every selected column are dropped, and
+the result is assembled column by column as an Arrow table. The engine keeps its public
 name ``duckdb``: it is the embedded default, and the views over it live in
 DuckDB (:mod:`cdf.views`).
 """
