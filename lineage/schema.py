@@ -225,10 +225,9 @@ def null_or_duplicate_keys(data: pa.Table, key: Sequence[str]) -> str | None:
             return f"key column {k!r} is null in {nulls} row(s)"
     if len(key) == 1 and _is_numeric_key(data.schema.field(key[0]).type):
         # One integer-like key: a batch in key order needs one pass, any other a sort; no hash table.
-        values = data.column(key[0]).to_numpy()
-        if len(values) < 2 or bool((values[1:] > values[:-1]).all()):
+        if _strictly_increasing(data.column(key[0])):
             return None
-        ordered = np.sort(values)
+        ordered = np.sort(data.column(key[0]).to_numpy())
         repeated = unique(ordered[1:][ordered[1:] == ordered[:-1]])
         if len(repeated):
             sample = [{key[0]: v} for v in pa.array(repeated[:3]).cast(data.schema.field(key[0]).type).to_pylist()]
@@ -240,6 +239,31 @@ def null_or_duplicate_keys(data: pa.Table, key: Sequence[str]) -> str | None:
         sample = dups.slice(0, 3).drop_columns(["count_all"]).to_pylist()
         return f"{dups.num_rows} key value(s) occur more than once in the batch, e.g. {sample}"
     return None
+
+
+_BLOCK = 1 << 20
+
+
+def _strictly_increasing(col: pa.ChunkedArray) -> bool:
+    """Whether a null-free integer-like column increases strictly, read chunk by chunk in blocks.
+
+    A bulk load's batch of millions of rows arrives in key order: this pass
+    neither concatenates its chunks nor allocates a comparison array of the
+    column's length (each is tens of MB, and fresh pages are costly).
+    """
+    previous = None
+    for chunk in col.chunks:
+        if not len(chunk):
+            continue
+        values = chunk.to_numpy(zero_copy_only=False)  # a view for null-free 64-bit columns
+        if previous is not None and not values[0] > previous:
+            return False
+        for start in range(0, len(values) - 1, _BLOCK):
+            end = min(start + _BLOCK + 1, len(values))
+            if not (values[start + 1:end] > values[start:end - 1]).all():
+                return False
+        previous = values[-1]
+    return True
 
 
 def _is_numeric_key(t: pa.DataType) -> bool:

@@ -15,6 +15,8 @@ import sys
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.snapshots import Operation
 
@@ -434,3 +436,22 @@ def test_a_writer_racing_a_deferred_bulk_append_sees_its_keys(warehouse, monkeyp
     assert winner.state().lineage.key_index is None and winner.count() == 10
     loser.append(_batch([70], "loser"))
     _consistent(loser)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.lists(st.integers(-5, 40), max_size=9), max_size=5), block=st.integers(1, 4),
+       key_type=st.sampled_from([pa.int64(), pa.int32(), pa.date32(), pa.timestamp("us")]))
+def test_the_batch_key_check_reads_chunks_and_blocks_like_one_sorted_array(chunks, block, key_type):
+    """The in-order pass over a batch's key (chunk by chunk, in blocks) answers as a check of the whole column."""
+    from lineage import schema
+
+    old = schema._BLOCK
+    schema._BLOCK = block
+    try:
+        col = pa.chunked_array([pa.array(c, pa.int32() if key_type == pa.date32() else pa.int64()).cast(key_type) for c in chunks], type=key_type)
+        flat = [v for c in chunks for v in c]
+        assert schema._strictly_increasing(col) == all(b > a for a, b in zip(flat, flat[1:]))
+        found = schema.null_or_duplicate_keys(pa.table({"id": col}), ["id"])
+        assert (found is None) == (len(set(flat)) == len(flat)), found
+    finally:
+        schema._BLOCK = old
