@@ -99,7 +99,7 @@ def child(system: str, rows: int, root: str, upserts: int) -> dict:
         table = lineage.create_table("bench.orders", SCHEMA, key=key, warehouse=root, properties=props)
     measured, _ = record.measure(lambda: table.append(data), rss)
     out["append"] = measured
-    if system.startswith("lineage-keyed"):
+    if system.startswith("lineage-keyed") and upserts > 0:  # --upserts 0: the append alone
         from index.key_index import KeyIndex
 
         rng = np.random.default_rng(SEED + 1)
