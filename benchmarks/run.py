@@ -46,8 +46,9 @@ and ``sum(id)`` per change type, compared with ours and with the counts the
 workload implies. Each feed is called ``--feed-calls`` times in a row (default
 5): the first call is the measured step (peak RSS, first-call time), and the
 time reported for the feed is the median of all calls, since single calls on
-a shared VM vary by 2-3x from run to run. After the feeds each system's final table is checked against
-the expected row count, ``sum(id)`` and ``sum(amount)``.
+a shared VM vary by 2-3x from run to run. After the feeds each system's final
+table is checked against the expected row count, ``sum(id)`` and
+``sum(amount)``.
 
     .venv/bin/python benchmarks/run.py                    # 1,000,000 rows, every system
     .venv/bin/python benchmarks/run.py --scale 10000000
@@ -502,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--feed-calls must be at least 1")
     timeout = args.timeout or 1800 + 0.003 * args.scale
     rec = record.Recorder("run", scale=args.scale, argv=argv, script="run.py", peers=PEER_PACKAGES,
-                          settings={"systems": systems, "timeout": timeout})
+                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls})
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-run-")
     os.makedirs(workdir, exist_ok=True)
     print(f"benchmarks/run.py: scale {args.scale:,} rows, systems {', '.join(systems)}; work dir {workdir}")
