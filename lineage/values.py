@@ -80,6 +80,7 @@ class _File:
     path: str
     metadata: pq.FileMetaData  # the footer, read once per process (data files are immutable)
     sources: list[str | None]  # file column per requested column
+    wanted: list[str]  # the file columns read (sorted, each once)
     strings: list[str]  # file columns decoded as dictionaries
     starts: np.ndarray  # first position of each row group
     sizes: np.ndarray  # rows of each row group
@@ -135,23 +136,20 @@ def layout(path: str) -> FileLayout:
 def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
     info = layout(local_path(path))
     sources = file_columns(info.arrow, schema, field_ids)
-    strings = [s for s in sorted({s for s in sources if s is not None}) if _is_string(info.arrow.field(s).type)]
-    return _File(path, info.metadata, sources, strings, info.starts[:-1], np.diff(info.starts))
-
-
-def _wanted(f: _File) -> list[str]:
-    return sorted({s for s in f.sources if s is not None})
+    wanted = sorted({s for s in sources if s is not None})
+    strings = [s for s in wanted if _is_string(info.arrow.field(s).type)]
+    return _File(path, info.metadata, sources, wanted, strings, info.starts[:-1], np.diff(info.starts))
 
 
 def _cost(f: _File, row_group: int) -> int:
     """Uncompressed bytes of the column chunks a task on ``row_group`` decodes."""
-    wanted = set(_wanted(f))
+    wanted = set(f.wanted)
     chunks = f.metadata.row_group(row_group)
     return sum(c.total_uncompressed_size for c in map(chunks.column, range(chunks.num_columns)) if c.path_in_schema.split(".")[0] in wanted)
 
 
 def _read_task(f: _File, positions: np.ndarray, row_group: int, schema: pa.Schema) -> pa.Table:
-    wanted = _wanted(f)
+    wanted = f.wanted
     if wanted:
         pf = pq.ParquetFile(local_path(f.path), metadata=f.metadata, read_dictionary=f.strings or None)
         table = pf.read_row_group(row_group, columns=wanted, use_threads=False)
