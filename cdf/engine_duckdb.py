@@ -204,15 +204,15 @@ def deleted_rows(state: TableState, since: int, until: int, data: pa.Schema) -> 
     """Rows deleted in ``(since, until]`` with their last values."""
     p = change_pointers(state, since, until)
     sk = plan.deleted(p, since, until)
-    values = image_values(state, p, sk.pointer, data)
-    ptr = sk.pointer
+    p = p.select(sk.pointer)  # as in a net feed: row i shows image i
+    values = image_values(state, p, None, data)
     meta = [
         pa.array(sk.version, pa.int64()),
         _timestamps(p.commit_ms, sk.version),
-        pa.array(p.row_id[ptr], pa.int64()),
-        pa.array(p.created[ptr], pa.int64()),
-        pa.array(p.valid_from[ptr], pa.int64()),
+        pa.array(p.row_id, pa.int64()),
+        pa.array(p.created, pa.int64()),
+        pa.array(p.valid_from, pa.int64()),
     ]
     if p.purged is not None:
-        meta.append(pa.array(p.purged[ptr], pa.bool_()))
+        meta.append(pa.array(p.purged, pa.bool_()))
     return pa.Table.from_arrays(list(values.columns) + meta, schema=deleted_schema(data, p.purged is not None))
