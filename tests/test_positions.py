@@ -74,7 +74,12 @@ def test_values_at_positions_equal_a_full_read(tmp_path, data):
             assert got.to_pylist() == want
     finally:
         positions.ROW_GROUPS = old_cache
-    got = values.read_at(paths, file_ids, pos, TARGET, IDS if by_id else None)  # the feed's reader
+    split = data.draw(st.sampled_from([0, values.SPLIT_BYTES]), label="split row groups over")
+    old_split, values.SPLIT_BYTES = values.SPLIT_BYTES, split  # 0: every row group is decoded in column parts
+    try:
+        got = values.read_at(paths, file_ids, pos, TARGET, IDS if by_id else None)  # the feed's reader
+    finally:
+        values.SPLIT_BYTES = old_split
     assert got.schema == TARGET
     assert got.to_pylist() == want
 
@@ -99,8 +104,8 @@ def test_the_feed_reader_starts_the_largest_row_group_first(tmp_path, monkeypatc
     small, large = str(tmp_path / "small.parquet"), str(tmp_path / "large.parquet")
     want_small, want_large = _write(small, 20, 1, 20, False), _write(large, 400, 2, 400, False)
     started: list[int] = []
-    real = values._read_task
-    monkeypatch.setattr(values, "_read_task", lambda f, pos, rg, schema: started.append(len(pos)) or real(f, pos, rg, schema))
+    real = values._read_columns
+    monkeypatch.setattr(values, "_read_columns", lambda f, pos, rg, cols: started.append(len(pos)) or real(f, pos, rg, cols))
     monkeypatch.setattr(values, "WORKERS", 1)  # one worker: tasks run in the order they were submitted
     file_ids = np.array([0, 0, 1, 1, 1], np.int32)  # the small file is numbered first
     pos = np.array([3, 7, 9, 399, 200])
@@ -108,6 +113,23 @@ def test_the_feed_reader_starts_the_largest_row_group_first(tmp_path, monkeypatc
     want = [w.slice(p, 1).to_pylist()[0] for w, p in zip([want_small] * 2 + [want_large] * 3, pos, strict=True)]
     assert got.to_pylist() == want
     assert started == [3, 2], "the large file's row group should be decoded first"
+
+
+def test_a_large_row_group_is_decoded_by_both_workers_in_column_parts(tmp_path, monkeypatch):
+    path = str(tmp_path / "large.parquet")
+    want = _write(path, 400, 3, 400, False)
+    parts: list[tuple[str, ...]] = []
+    real = values._read_columns
+    monkeypatch.setattr(values, "_read_columns", lambda f, pos, rg, cols: parts.append(cols) or real(f, pos, rg, cols))
+    monkeypatch.setattr(values, "SPLIT_BYTES", 1)
+    pos = np.array([399, 5, 17, 5])
+    got = values.read_at([path], np.zeros(len(pos), np.int32), pos, TARGET, IDS)
+    assert got.to_pylist() == [want.slice(p, 1).to_pylist()[0] for p in pos]
+    assert len(parts) == values.WORKERS and sorted(c for p in parts for c in p) == sorted(TARGET.names)
+    parts.clear()
+    monkeypatch.setattr(values, "SPLIT_BYTES", 1 << 30)  # under the threshold: one worker reads the row group whole
+    assert values.read_at([path], np.zeros(len(pos), np.int32), pos, TARGET, IDS).equals(got)
+    assert parts == [tuple(sorted(TARGET.names))]
 
 
 def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
