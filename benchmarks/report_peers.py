@@ -89,18 +89,26 @@ def render_peers(doc: dict[str, Any]) -> str:
 
 
 def _feed_calls(res: dict[str, Any]) -> list[str]:
-    """How the feed times were taken: the median of several calls (and the first call of each), or one call."""
+    """How the feed and append times were taken: the median of several calls (listed), or one call."""
     firsts, calls = [], set()
     for x, r in res["systems"].items():
         steps = [st for st in r.get("steps", []) if st["kind"] == "feed" and st.get("calls_wall_s")]
         if steps:
             calls.update(len(st["calls_wall_s"]) for st in steps)
             firsts.append(f"{x} " + " / ".join(fmt_s(st["wall_s"]) for st in steps))
-    if not firsts:
-        return []
-    n = "/".join(str(c) for c in sorted(calls))
-    return ["", f"Feed times are the median of {n} calls in a row in the system's process (the first call is the step whose peak "
-            f"RSS is reported). First calls, s, per feed in the order above: {'; '.join(firsts)}."]
+    out = []
+    if firsts:
+        n = "/".join(str(c) for c in sorted(calls))
+        out += ["", f"Feed times are the median of {n} calls in a row in the system's process (the first call is the step whose peak "
+                f"RSS is reported). First calls, s, per feed in the order above: {'; '.join(firsts)}."]
+    appends = {x: st["calls_wall_s"] for x, r in res["systems"].items() for st in r.get("steps", [])
+               if st["step"] == "append" and len(st.get("calls_wall_s") or []) > 1}
+    if appends:
+        out += [""] if not out else []
+        out.append(f"The append base time is the median of {'/'.join(sorted({str(len(c)) for c in appends.values()}))} appends of the "
+                   "same rows, the first into the benchmark's table (the step whose peak RSS is reported), the others into fresh "
+                   "tables after the feeds. All calls, s: " + "; ".join(f"{x} " + " / ".join(fmt_s(c) for c in v) for x, v in appends.items()) + ".")
+    return out
 
 
 def peer_sentences(doc: dict[str, Any], groups: tuple[str, ...]) -> list[str]:

@@ -48,7 +48,11 @@ workload implies. Each feed is called ``--feed-calls`` times in a row (default
 time reported for the feed is the median of all calls, since single calls on
 a shared VM vary by 2-3x from run to run. After the feeds each system's final
 table is checked against the expected row count, ``sum(id)`` and
-``sum(amount)``.
+``sum(amount)``. Last, the base append is repeated ``--append-calls`` - 1 more
+times (default 3 in all), each into a fresh table in a folder of its own that
+is removed afterwards; the append's time is the median of all its calls (the
+first stays the measured step), for the same reason. They run after
+everything else, so they cannot change what the other steps measure.
 
     .venv/bin/python benchmarks/run.py                    # 1,000,000 rows, every system
     .venv/bin/python benchmarks/run.py --scale 10000000
@@ -226,7 +230,7 @@ def make_plan(scale: int, plan_dir: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the child
-def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int = 1) -> None:
+def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int = 1, append_calls: int = 1) -> None:
     """Run the workload on one system, writing results to ``out`` after every step."""
     expected = json.load(open(os.path.join(plan_dir, "expected.json")))
     impl = IMPLS[system](root)
@@ -300,6 +304,9 @@ def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int =
                 feed: probe_table_changes(root, a + 1, b, PROBE_TIMEOUT) for feed, (a, b) in (("all", (v_base, v_end)), ("last5", (v_changes, v_end)))
             }
             save()
+        if append_calls > 1:
+            _repeat_append(system, plan_dir, root, append_calls - 1, result["steps"][1])
+            save()
     except Exception as exc:  # record and stop this system; the others still run
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()
@@ -307,11 +314,33 @@ def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int =
     save()
 
 
+def _repeat_append(system: str, plan_dir: str, root: str, times: int, step: dict[str, Any]) -> None:
+    """Append the base rows ``times`` more times, each into a fresh table beside ``root``; time only the append."""
+    assert step["step"] == "append"
+    base = pq.read_table(os.path.join(plan_dir, "base.parquet"))
+    calls = [step["wall_s"]]
+    for k in range(times):
+        scratch = f"{root}.append-{k + 1}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.makedirs(scratch)
+        again = IMPLS[system](scratch)
+        try:
+            again.create()
+            t0 = time.perf_counter()
+            again.append(base)
+            calls.append(round(time.perf_counter() - t0, 4))
+        finally:
+            again.close()
+            del again
+            shutil.rmtree(scratch, ignore_errors=True)
+    step["calls_wall_s"] = calls
+
+
 # --------------------------------------------------------------------------- the parent: run, compare, report
-def run_system(system: str, plan_dir: str, root: str, out: str, timeout: float, feed_calls: int = 1) -> dict:
+def run_system(system: str, plan_dir: str, root: str, out: str, timeout: float, feed_calls: int = 1, append_calls: int = 1) -> dict:
     """Run one system in a child process; its own peak RSS comes from wait4."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--plan", plan_dir, "--root", root, "--child-out", out,
-           "--feed-calls", str(feed_calls)]
+           "--feed-calls", str(feed_calls), "--append-calls", str(append_calls)]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, start_new_session=True)
     status, usage, timed_out = 0, None, False
@@ -345,7 +374,7 @@ def run_system(system: str, plan_dir: str, root: str, out: str, timeout: float, 
 
 
 def step_wall(step: dict) -> float:
-    """A step's time: the median of a feed's calls when it was called several times, else its one call."""
+    """A step's time: the median of its calls when it was called several times (feeds, the append), else its one call."""
     calls = step.get("calls_wall_s")
     return float(statistics.median(calls)) if calls else step["wall_s"]
 
@@ -464,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the tables after the run")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per system before it is stopped (default 1800 + 0.003 s per row)")
     parser.add_argument("--feed-calls", type=int, default=5, help="calls of each change feed; its time is their median (default 5)")
+    parser.add_argument("--append-calls", type=int, default=3,
+                        help="appends of the base rows, the extra ones into fresh tables after the other steps; its time is their median (default 3)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
@@ -482,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         ducklake_probe(root, int(start), int(end))
         return 0
     if args.child:
-        run_child(args.child, args.plan, args.root, args.child_out, args.feed_calls)
+        run_child(args.child, args.plan, args.root, args.child_out, args.feed_calls, args.append_calls)
         return 0
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
@@ -499,11 +530,12 @@ def main(argv: list[str] | None = None) -> int:
         systems.insert(0, "lineage")  # ours first: the peers are compared with it
     if args.scale < 1000:
         parser.error("--scale must be at least 1000")
-    if args.feed_calls < 1:
-        parser.error("--feed-calls must be at least 1")
+    if args.feed_calls < 1 or args.append_calls < 1:
+        parser.error("--feed-calls and --append-calls must be at least 1")
     timeout = args.timeout or 1800 + 0.003 * args.scale
     rec = record.Recorder("run", scale=args.scale, argv=argv, script="run.py", peers=PEER_PACKAGES,
-                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls})
+                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls,
+                                                                                                "append_calls": args.append_calls})
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-run-")
     os.makedirs(workdir, exist_ok=True)
     print(f"benchmarks/run.py: scale {args.scale:,} rows, systems {', '.join(systems)}; work dir {workdir}")
@@ -517,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for s in systems:
             print(f"\n== {s}", flush=True)
-            results[s] = run_system(s, plan_dir, os.path.join(workdir, s), os.path.join(workdir, f"{s}.json"), timeout, args.feed_calls)
+            results[s] = run_system(s, plan_dir, os.path.join(workdir, s), os.path.join(workdir, f"{s}.json"), timeout, args.feed_calls,
+                                    args.append_calls)
             print(f"  {s}: process {results[s]['process_wall_s']:.1f}s, max RSS {results[s]['process_max_rss_mb']} MB", flush=True)
             if not args.keep:
                 shutil.rmtree(os.path.join(workdir, s), ignore_errors=True)
