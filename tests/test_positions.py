@@ -132,6 +132,39 @@ def test_a_large_row_group_is_decoded_by_both_workers_in_column_parts(tmp_path, 
     assert parts == [tuple(sorted(TARGET.names))]
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_take_rows_orders_dictionary_encoded_strings_like_plain_ones(data):
+    """Pieces from Parquet keep string columns as dictionaries (each its own); captured pieces hold plain strings."""
+    words = st.one_of(st.none(), st.sampled_from(["a", "bb", "", "ccc", "dd"]), st.text(max_size=3))
+    pieces, plain = [], []
+    for kind in data.draw(st.lists(st.sampled_from(["dict", "plain"]), min_size=1, max_size=4), label="pieces"):
+        got = data.draw(st.lists(words, max_size=12), label="values")
+        plain.extend(got)
+        arr = pa.array(got, pa.string())
+        pieces.append(pa.table({"s": arr.dictionary_encode() if kind == "dict" else arr, "n": pa.array(range(len(got)), pa.int64())}))
+    rows = np.array(data.draw(st.lists(st.integers(0, max(len(plain) - 1, 0)), max_size=30) if plain else st.just([])), np.int64)
+    schema = pa.schema([("s", pa.string()), ("n", pa.int64())])
+    got = values.take_rows(pieces, rows, schema)
+    assert got.schema == schema
+    assert got.column("s").to_pylist() == [plain[i] for i in rows]
+    assert pieces == [], "take_rows consumes its pieces"
+
+
+@pytest.mark.parametrize("target", [pa.string(), pa.large_string()])  # pyiceberg's tables read strings as large_string
+def test_take_rows_reorders_few_distinct_strings_as_dictionary_indices(monkeypatch, target):
+    first, second = pa.array(["x", None, "y", "x"]).dictionary_encode(), pa.array(["z", "y", None]).dictionary_encode()
+    plain = first.to_pylist() + second.to_pylist()
+    rows = np.random.default_rng(5).integers(0, len(plain), 400)
+    joined: list[pa.DataType] = []
+    real = pa.concat_arrays
+    monkeypatch.setattr(pa, "concat_arrays", lambda arrays, *a, **k: joined.extend(x.type for x in arrays) or real(arrays, *a, **k))
+    got = values.take_rows([pa.table({"s": first}), pa.table({"s": second})], rows, pa.schema([("s", target)]))
+    assert got.column("s").to_pylist() == [plain[i] for i in rows]
+    assert got.schema.field("s").type == target
+    assert joined and all(pa.types.is_dictionary(t) for t in joined), "the indices, not the strings, should be reordered"
+
+
 def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
     path = str(tmp_path / "f.parquet")
     pq.write_table(pa.table({"id": [1, 2]}), path)  # no field ids
