@@ -93,14 +93,22 @@ def combined_breakpoints(row_ids: Runs, created: Runs, updated: Runs) -> tuple[n
     and both versions are constant. This is the shape an ASOF join needs.
     """
     bounds = [np.cumsum(r.lengths) - r.lengths for r in (row_ids, created, updated)]
-    pos_start = unique(np.concatenate(bounds))
+    # Each bounds array is sorted and unique and starts at 0. A file written by one commit has one run of
+    # `updated` (and often of `created`): those add no break, and the union is the other array as it is.
+    several = [b for b in bounds if len(b) > 1]
+    pos_start = several[0] if len(several) == 1 else unique(np.concatenate(several or bounds[:1]))
 
     def lookup(runs: Runs, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each of pos_start: the start of the run holding it, and the run's value."""
+        if len(starts) == len(pos_start):  # starts is a subset of pos_start, so the same array
+            return starts, runs.values
+        if len(starts) == 1:
+            return np.zeros(len(pos_start), np.int64), np.full(len(pos_start), runs.values[0], np.int64)
         idx = np.searchsorted(starts, pos_start, side="right") - 1
-        return idx, runs.values[idx]
+        return starts[idx], runs.values[idx]
 
-    rid_idx, rid_vals = lookup(row_ids, bounds[0])
-    row_id_start = rid_vals + (pos_start - bounds[0][rid_idx])
+    rid_first, rid_vals = lookup(row_ids, bounds[0])
+    row_id_start = rid_vals + (pos_start - rid_first)
     _, created_vals = lookup(created, bounds[1])
     _, updated_vals = lookup(updated, bounds[2])
     return pos_start, row_id_start, created_vals, updated_vals
