@@ -27,7 +27,7 @@ from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment
 from lineage.arrays import unique
 from lineage.state import TableState
-from lineage.values import Gathered, gather, take_rows
+from lineage.values import Gathered, decoded, gather, take_rows
 
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 
@@ -87,14 +87,15 @@ def _erase(values: pa.Table, purged: np.ndarray, data: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([pc.if_else(erased, pa.nulls(len(purged), f.type), values.column(f.name)) for f in data], schema=nullable)
 
 
-def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, data: pa.Schema) -> pa.Table:
+def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, data: pa.Schema, decode: bool = True) -> pa.Table:
     """The values of ``data``'s columns of the images ``pointer`` (in that order; None: every image of ``p``).
 
-    Purged images read as null.
+    Purged images read as null. ``decode=False`` may leave string columns
+    dictionary-encoded (see :func:`lineage.values.take_rows`).
     """
     source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])
     got = _read_images(state, p.files, p.captured, source, loc, data)
-    values = take_rows(got.pieces, got.rows, data)
+    values = take_rows(got.pieces, got.rows, data, decode=decode or p.purged is not None)
     if p.purged is not None:
         values = _erase(values, p.purged if pointer is None else p.purged[pointer], data)
     return values
@@ -112,13 +113,53 @@ def _distinct(x: pa.Array, y: pa.Array) -> np.ndarray:
     return pc.or_(differ, one_null).to_numpy(zero_copy_only=False)
 
 
+def _distinct_numpy(col: pa.Array, pre: np.ndarray) -> np.ndarray | None:
+    """:func:`_distinct` of rows ``pre`` and ``pre + 1`` in numpy, where that is exact and cheaper; else None.
+
+    Dictionary columns compare their indices when the dictionary's values are
+    distinct (equal values, equal indices); fixed-width columns without nulls
+    compare their values (floats: NaN equals NaN).
+    """
+    t = col.type
+    if pa.types.is_dictionary(t):
+        if pc.count_distinct(col.dictionary, mode="all").as_py() != len(col.dictionary):
+            return None
+        codes = col.indices.to_numpy(zero_copy_only=False)  # nulls come out as some index: masked below
+        differ = codes[pre] != codes[pre + 1]
+        if col.null_count:
+            null = col.is_null().to_numpy(zero_copy_only=False)
+            a, b = null[pre], null[pre + 1]
+            differ = (differ & ~a & ~b) | (a ^ b)
+        return differ
+    numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+    if col.null_count or not (numeric or pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_duration(t)):
+        return None
+    x = col.to_numpy(zero_copy_only=False)
+    u, v = x[pre], x[pre + 1]
+    differ = u != v
+    if pa.types.is_floating(t):
+        differ &= ~(np.isnan(u) & np.isnan(v))
+    return differ
+
+
 def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
-    """For each pair (pre-image row ``pre[k]``, post-image row ``pre[k] + 1``): which columns are distinct."""
+    """For each pair (pre-image row ``pre[k]``, post-image row ``pre[k] + 1``): which columns are distinct.
+
+    String columns may be dictionary-encoded (``take_rows(..., decode=False)``).
+    """
     out = np.zeros((len(pre), values.num_columns), bool)
     if len(pre):
-        a, b = pa.array(pre, pa.int64()), pa.array(pre + 1, pa.int64())
-        for j, col in enumerate(values.columns):
-            out[:, j] = _distinct(col.take(a).combine_chunks(), col.take(b).combine_chunks())
+        a, b = None, None
+        for j, chunked in enumerate(values.columns):
+            col = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+            fast = _distinct_numpy(col, pre)
+            if fast is None:
+                if a is None:
+                    a, b = pa.array(pre, pa.int64()), pa.array(pre + 1, pa.int64())
+                if pa.types.is_dictionary(col.type):
+                    col = col.cast(col.type.value_type)
+                fast = _distinct(col.take(a), col.take(b))
+            out[:, j] = fast
     return out
 
 
@@ -169,7 +210,7 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
     if net:
         sk = plan.net(p, a, b)
         p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
-        values = image_values(state, p, None, data)
+        values = image_values(state, p, None, data, decode=False)
     else:
         # The per-version feed shows every image of p (one that starts and ends in the range twice),
         # so their values are read while the feed is planned.
@@ -178,7 +219,8 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
             sk = plan.per_version(p, a, b)
             p = p.select(sk.pointer)  # frees the pointers' other columns while the values are read
             got = reading.result()
-        values = take_rows(got.pieces, got.rows[sk.pointer], data)
+        # string columns stay dictionary-encoded until the pairs are compared (by index)
+        values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=p.purged is not None)
         del got
         if p.purged is not None:
             values = _erase(values, p.purged, data)
@@ -191,6 +233,7 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
             keep[same] = keep[same + 1] = False
             sk, p, values, changed = sk.without_pairs(same), p.select(keep), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
             pre = sk.preimages
+    values = decoded(values, data)
     schema = change_schema(data, p.purged is not None)
     meta = [
         _CHANGE_NAMES.take(pa.array(sk.change, pa.int8())),

@@ -293,7 +293,7 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     return Gathered(pieces, rows)
 
 
-def _ordered(chunks: list[pa.Array], indices: pa.Array | None, rows: int, f: pa.Field) -> pa.Array:
+def _ordered(chunks: list[pa.Array], indices: pa.Array | None, rows: int, f: pa.Field, decode: bool) -> pa.Array:
     """Elements ``indices`` (None: all) of the concatenated ``chunks``, as ``f.type`` (``chunks`` is emptied).
 
     Chunks that are all dictionaries of few distinct strings are reordered as
@@ -309,16 +309,20 @@ def _ordered(chunks: list[pa.Array], indices: pa.Array | None, rows: int, f: pa.
     chunks.clear()  # the caller's list: the chunks are freed before the take
     if indices is not None:
         col = col.take(indices)
+    if not decode and pa.types.is_dictionary(col.type):
+        return col
     return col if col.type == f.type else col.cast(f.type)
 
 
-def take_rows(pieces: list[pa.Table], rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+def take_rows(pieces: list[pa.Table], rows: np.ndarray, schema: pa.Schema, decode: bool = True) -> pa.Table:
     """Rows ``rows`` of the concatenation of ``pieces`` (tables of ``schema``'s columns), built one column at a time.
 
     ``pieces`` is consumed: each column is dropped from it once its output
     column is built, so the peak stays near the pieces plus two columns,
     where taking from a chunked table would first copy every column whole.
-    A string column may come dictionary-encoded (see :class:`Gathered`).
+    A string column may come dictionary-encoded (see :class:`Gathered`);
+    with ``decode=False`` such a column is returned still encoded (see
+    :func:`decoded`).
     """
     if not pieces:
         return schema.empty_table()
@@ -329,9 +333,19 @@ def take_rows(pieces: list[pa.Table], rows: np.ndarray, schema: pa.Schema) -> pa
         chunks = [c for p in pieces for c in p.column(f.name).chunks]
         for i, p in enumerate(pieces):
             pieces[i] = p.drop_columns([f.name])
-        cols.append(_ordered(chunks, None if identity else indices, len(rows), f))
+        cols.append(_ordered(chunks, None if identity else indices, len(rows), f, decode))
         del chunks
     pieces.clear()
+    if not decode and any(pa.types.is_dictionary(c.type) for c in cols):
+        return pa.Table.from_arrays(cols, names=schema.names)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def decoded(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` (from ``take_rows(..., decode=False)``) with its dictionary columns decoded, as ``schema``."""
+    if not any(pa.types.is_dictionary(t) for t in table.schema.types):
+        return table
+    cols = [c.cast(f.type) if pa.types.is_dictionary(c.type) else c for c, f in zip(table.columns, schema, strict=True)]
     return pa.Table.from_arrays(cols, schema=schema)
 
 
