@@ -41,6 +41,7 @@ import numpy as np
 
 from cdf.dialect import Dialect
 from cdf.pointers import LIVE, Pointers
+from lineage.arrays import stable_argsort
 
 INSERT, PREIMAGE, POSTIMAGE, DELETE = 0, 1, 2, 3
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
@@ -95,9 +96,7 @@ def feed_order(primary: np.ndarray, row_id: np.ndarray, last: np.ndarray) -> np.
     """The order by (``primary`` version, row id, ``last`` 0/1), stable.
 
     Versions span little and row ids fit in far fewer than 64 bits, so the
-    three keys pack into one integer, and a stable sort of a sequence that is
-    mostly in order already (events come grouped by version, in row id order
-    within each file) costs little more than a pass.
+    three keys pack into one integer, sorted by :func:`~lineage.arrays.stable_argsort`.
     """
     if len(row_id) == 0:
         return np.zeros(0, np.int64)
@@ -105,7 +104,7 @@ def feed_order(primary: np.ndarray, row_id: np.ndarray, last: np.ndarray) -> np.
     r = row_id - row_id.min()
     pbits, rbits = int(p.max()).bit_length(), int(r.max()).bit_length()
     if pbits + rbits + 1 <= 62:
-        return np.argsort((p << (rbits + 1)) | (r << 1) | last, kind="stable")
+        return stable_argsort((p << (rbits + 1)) | (r << 1) | last)
     return np.lexsort((last, row_id, primary))
 
 
@@ -145,7 +144,7 @@ def net(p: Pointers, a: int, b: int) -> Skeleton:
     # the commit version of a row: the last version in range that touched any of its images
     version = np.zeros(len(pointer), np.int64)
     if len(pointer):
-        by_row = np.argsort(row_id, kind="stable")
+        by_row = stable_argsort(row_id)
         sorted_rows = row_id[by_row]
         group_start = np.flatnonzero(np.concatenate(([True], sorted_rows[1:] != sorted_rows[:-1])))
         group_max = np.maximum.reduceat(last[by_row], group_start)

@@ -3,7 +3,10 @@
 numpy 2.4's ``np.unique`` and ``np.isin`` hash integer arrays; on the arrays
 this project handles (positions, row ids, run boundaries) that costs tens of
 times more than a sort: about 2 s against 0.04 s for a million values, and a
-quarter of a millisecond for three. These helpers sort instead.
+quarter of a millisecond for three. These helpers sort instead. A plain sort
+of int64 values is also much faster than an argsort (numpy sorts them with
+SIMD instructions): 16 ms against 281 ms for a stable argsort of 2.9M random
+keys, which :func:`stable_argsort` turns to account.
 """
 
 from __future__ import annotations
@@ -27,3 +30,26 @@ def member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(s, values)
     idx[idx == len(s)] = len(s) - 1
     return s[idx] == values
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """The order that sorts integer ``keys``, equal keys in input order: ``np.argsort(keys, kind="stable")``.
+
+    Where the key's span and the row number fit in 63 bits together, the
+    row number is packed below the key and the packed values are sorted;
+    otherwise numpy's stable argsort runs.
+    """
+    n = len(keys)
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    lo = int(keys.min())
+    rbits = (n - 1).bit_length()
+    if (int(keys.max()) - lo).bit_length() + rbits > 63:
+        return np.argsort(keys, kind="stable")
+    packed = keys.astype(np.int64)  # a copy
+    packed -= lo
+    packed <<= rbits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << rbits) - 1
+    return packed

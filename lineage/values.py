@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lineage.arrays import stable_argsort
 from lineage.fileio import ImmutableFileCache, local_path
 
 FIELD_ID = b"PARQUET:field_id"
@@ -234,9 +235,10 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     if n == 0:
         return Gathered([], np.zeros(0, np.int64))
     # In place where possible: at millions of requests every temporary array is tens of MB.
-    key = np.left_shift(file_index, 40, dtype=np.int64)
+    pbits = max(1, int(positions.max()).bit_length())  # (file, position) packed into one key, as few bits as they need
+    key = np.left_shift(file_index, pbits, dtype=np.int64)
     key |= positions
-    order = np.argsort(key, kind="stable")
+    order = stable_argsort(key)
     skey = key[order]
     del key
     first = np.empty(n, bool)
@@ -250,9 +252,9 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     rows = np.empty(n, np.int64)
     rows[order] = distinct  # distinct pairs are read in sorted order
     del order, distinct
-    ufile = uniq >> 40
+    ufile = uniq >> pbits
     upos = uniq
-    upos &= (1 << 40) - 1
+    upos &= (1 << pbits) - 1
     del uniq
     tasks: list[_Task] = []
     files: dict[int, _File] = {}

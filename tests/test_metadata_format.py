@@ -643,3 +643,12 @@ def test_large_delete_index_is_exact(warehouse):
     np.testing.assert_array_equal(img.row_ids, expected)  # fresh table: row id = position
     assert set(img.created.tolist()) == set(img.valid_from.tolist()) == {1}
     assert img.valid_to == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(keys=st.lists(st.integers(-(2**62), 2**62 - 1), max_size=60), narrow=st.booleans())
+def test_stable_argsort_equals_numpys_stable_argsort(keys, narrow):
+    from lineage.arrays import stable_argsort
+
+    arr = np.array([k % 7 for k in keys] if narrow else keys, np.int64)  # narrow: many ties, the packed path
+    assert stable_argsort(arr).tolist() == np.argsort(arr, kind="stable").tolist()
