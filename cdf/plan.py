@@ -100,12 +100,19 @@ def feed_order(primary: np.ndarray, row_id: np.ndarray, last: np.ndarray) -> np.
     """
     if len(row_id) == 0:
         return np.zeros(0, np.int64)
-    p = primary - primary.min()
-    r = row_id - row_id.min()
-    pbits, rbits = int(p.max()).bit_length(), int(r.max()).bit_length()
-    if pbits + rbits + 1 <= 62:
-        return stable_argsort((p << (rbits + 1)) | (r << 1) | last)
-    return np.lexsort((last, row_id, primary))
+    plo, rlo = int(primary.min()), int(row_id.min())
+    pbits, rbits = (int(primary.max()) - plo).bit_length(), (int(row_id.max()) - rlo).bit_length()
+    if pbits + rbits + 1 > 62:
+        return np.lexsort((last, row_id, primary))
+    # in place: at millions of events each temporary costs its page faults
+    key = np.subtract(primary, plo, dtype=np.int64)
+    key <<= rbits + 1
+    r = np.subtract(row_id, rlo, dtype=np.int64)
+    r <<= 1
+    key |= r
+    del r
+    key |= last
+    return stable_argsort(key, overwrite=True)
 
 
 def per_version(p: Pointers, a: int, b: int) -> Skeleton:
@@ -135,9 +142,14 @@ def net(p: Pointers, a: int, b: int) -> Skeleton:
     """The net feed over ``(a, b]`` (see the module docstring)."""
     starts = (p.valid_from > a) & (p.valid_from <= b)
     ends = (p.valid_to > a) & (p.valid_to <= b)
-    pointer = np.flatnonzero(starts | ends)
-    s, e = starts[pointer], ends[pointer]
-    vf, vt, row_id = p.valid_from[pointer], p.valid_to[pointer], p.row_id[pointer]
+    either = starts | ends
+    if either.all():  # pointers built for (a, b] hold only such images: no copy
+        pointer, s, e, vf, vt, row_id = np.arange(len(p)), starts, ends, p.valid_from, p.valid_to, p.row_id
+    else:
+        pointer = np.flatnonzero(either)
+        s, e = starts[pointer], ends[pointer]
+        vf, vt, row_id = p.valid_from[pointer], p.valid_to[pointer], p.row_id[pointer]
+    del either
     at_a = vf <= a
     at_b = s & ((vt == LIVE) | (vt > b))
     last = np.maximum(np.where(s, vf, 0), np.where(e, vt, 0))

@@ -32,12 +32,13 @@ def member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
     return s[idx] == values
 
 
-def stable_argsort(keys: np.ndarray) -> np.ndarray:
+def stable_argsort(keys: np.ndarray, overwrite: bool = False) -> np.ndarray:
     """The order that sorts integer ``keys``, equal keys in input order: ``np.argsort(keys, kind="stable")``.
 
     Where the key's span and the row number fit in 63 bits together, the
     row number is packed below the key and the packed values are sorted;
-    otherwise numpy's stable argsort runs.
+    otherwise numpy's stable argsort runs. ``overwrite``: an int64 ``keys``
+    may be used as the work array (its values are lost), saving a copy.
     """
     n = len(keys)
     if n < 2:
@@ -46,7 +47,7 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     rbits = (n - 1).bit_length()
     if (int(keys.max()) - lo).bit_length() + rbits > 63:
         return np.argsort(keys, kind="stable")
-    packed = keys.astype(np.int64)  # a copy
+    packed = keys if overwrite and keys.dtype == np.int64 else keys.astype(np.int64)
     packed -= lo
     packed <<= rbits
     packed |= np.arange(n, dtype=np.int64)
