@@ -49,7 +49,7 @@ time reported for the feed is the median of all calls, since single calls on
 a shared VM vary by 2-3x from run to run. After the feeds each system's final
 table is checked against the expected row count, ``sum(id)`` and
 ``sum(amount)``. Last, the base append is repeated ``--append-calls`` - 1 more
-times (default 3 in all), each into a fresh table in a folder of its own that
+times (default 5 in all), each into a fresh table in a folder of its own that
 is removed afterwards; the append's time is the median of all its calls (the
 first stays the measured step), for the same reason. They run after
 everything else, so they cannot change what the other steps measure.
@@ -493,8 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the tables after the run")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per system before it is stopped (default 1800 + 0.003 s per row)")
     parser.add_argument("--feed-calls", type=int, default=5, help="calls of each change feed; its time is their median (default 5)")
-    parser.add_argument("--append-calls", type=int, default=3,
-                        help="appends of the base rows, the extra ones into fresh tables after the other steps; its time is their median (default 3)")
+    parser.add_argument("--append-calls", type=int, default=5,
+                        help="appends of the base rows, the extra ones into fresh tables after the other steps; its time is their median (default 5)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
