@@ -130,6 +130,12 @@ def test_a_large_row_group_is_decoded_by_both_workers_in_column_parts(tmp_path, 
     monkeypatch.setattr(values, "SPLIT_BYTES", 1 << 30)  # under the threshold: one worker reads the row group whole
     assert values.read_at([path], np.zeros(len(pos), np.int32), pos, TARGET, IDS).equals(got)
     assert parts == [tuple(sorted(TARGET.names))]
+    parts.clear()
+    monkeypatch.setattr(values, "SPLIT_BYTES", 1)
+    other = str(tmp_path / "other.parquet")
+    _write(other, 400, 4, 400, False)
+    values.read_at([path, other], np.array([0, 1], np.int32), np.array([3, 4]), TARGET, IDS)
+    assert parts == [tuple(sorted(TARGET.names))] * 2, "two equal row groups: each worker has one, none is split"
 
 
 @settings(max_examples=40, deadline=None)
