@@ -247,10 +247,9 @@ def test_changed_matrix_compares_like_the_rule_for_every_column_kind(data):
     words = data.draw(st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c"])), min_size=n, max_size=n), label="words")
     dup = data.draw(st.booleans(), label="a dictionary with a repeated value")
     dictionary = pa.array(["a", "b", "c", "a"] if dup else ["a", "b", "c"])
-    encoded = pa.DictionaryArray.from_arrays(pa.array([None if w is None else "abc".index(w) for w in words], pa.int32()), dictionary)
-    if dup:  # the repeated "a" at index 3: the same value under two indices
-        encoded = pa.DictionaryArray.from_arrays(pa.array([None if w is None else (3 if w == "a" and i % 2 else "abc".index(w))
-                                                            for i, w in enumerate(words)], pa.int32()), dictionary)
+    # with the repeated "a" (index 3) on odd rows, equal values sit under different indices
+    codes = [None if w is None else (3 if dup and w == "a" and i % 2 else "abc".index(w)) for i, w in enumerate(words)]
+    encoded = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), dictionary)
     table = pa.table({
         "i": pa.array(ints, pa.int64()),
         "i_full": pa.array([0 if x is None else x for x in ints], pa.int64()),
