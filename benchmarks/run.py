@@ -323,15 +323,16 @@ def _repeat_append(system: str, plan_dir: str, root: str, times: int, step: dict
         scratch = f"{root}.append-{k + 1}"
         shutil.rmtree(scratch, ignore_errors=True)
         os.makedirs(scratch)
-        again = IMPLS[system](scratch)
         try:
+            again = IMPLS[system](scratch)
             again.create()
-            t0 = time.perf_counter()
-            again.append(base)
-            calls.append(round(time.perf_counter() - t0, 4))
+            try:
+                t0 = time.perf_counter()
+                again.append(base)
+                calls.append(round(time.perf_counter() - t0, 4))
+            finally:
+                again.close()  # only once created: DuckLake's close detaches what create attached
         finally:
-            again.close()
-            del again
             shutil.rmtree(scratch, ignore_errors=True)
     step["calls_wall_s"] = calls
 
