@@ -104,10 +104,10 @@ def _feed_calls(res: dict[str, Any]) -> list[str]:
     appends = {x: st["calls_wall_s"] for x, r in res["systems"].items() for st in r.get("steps", [])
                if st["step"] == "append" and len(st.get("calls_wall_s") or []) > 1}
     if appends:
-        out += [""] if not out else []
-        out.append(f"The append base time is the median of {'/'.join(sorted({str(len(c)) for c in appends.values()}))} appends of the "
-                   "same rows, the first into the benchmark's table (the step whose peak RSS is reported), the others into fresh "
-                   "tables after the feeds. All calls, s: " + "; ".join(f"{x} " + " / ".join(fmt_s(c) for c in v) for x, v in appends.items()) + ".")
+        n = "/".join(sorted({str(len(c)) for c in appends.values()}))
+        listed = "; ".join(f"{x} " + " / ".join(fmt_s(c) for c in v) for x, v in appends.items())
+        out += ["", f"The append base time is the median of {n} appends of the same rows, the first into the benchmark's table "
+                f"(the step whose peak RSS is reported), the others into fresh tables after the feeds. All calls, s: {listed}."]
     return out
 
 

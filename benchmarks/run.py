@@ -305,7 +305,7 @@ def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int =
             }
             save()
         if append_calls > 1:
-            _repeat_append(system, plan_dir, root, append_calls - 1, result["steps"][1])
+            _repeat_append(system, plan_dir, root, append_calls - 1, next(st for st in result["steps"] if st["step"] == "append"))
             save()
     except Exception as exc:  # record and stop this system; the others still run
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -316,7 +316,6 @@ def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int =
 
 def _repeat_append(system: str, plan_dir: str, root: str, times: int, step: dict[str, Any]) -> None:
     """Append the base rows ``times`` more times, each into a fresh table beside ``root``; time only the append."""
-    assert step["step"] == "append"
     base = pq.read_table(os.path.join(plan_dir, "base.parquet"))
     calls = [step["wall_s"]]
     for k in range(times):
@@ -535,8 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--feed-calls and --append-calls must be at least 1")
     timeout = args.timeout or 1800 + 0.003 * args.scale
     rec = record.Recorder("run", scale=args.scale, argv=argv, script="run.py", peers=PEER_PACKAGES,
-                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls,
-                                                                                                "append_calls": args.append_calls})
+                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls, "append_calls": args.append_calls})
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-run-")
     os.makedirs(workdir, exist_ok=True)
     print(f"benchmarks/run.py: scale {args.scale:,} rows, systems {', '.join(systems)}; work dir {workdir}")

@@ -11,8 +11,9 @@ cast. Row groups are decoded one at a time per worker, largest first (a
 bulk load's big row group must not be left for last while the other worker
 runs dry), so memory stays at a few row groups plus the values returned. A
 row group too large to leave to one worker (more than its share of all) is
-decoded by column parts in parallel (pyarrow's own column threads gain less: 16 against 15 ms for the
-1M-row group of the benchmark's table, 24 ms on one thread).
+decoded by column parts in parallel (pyarrow's own column threads gain
+less: 16 against 15 ms for the 1M-row group of the benchmark's table, 24 ms
+on one thread).
 
 Each file's footer facts (:func:`layout`: row groups, field ids, dictionary
 columns) are read once per process and shared with the write path's cached
