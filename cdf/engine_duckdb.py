@@ -122,7 +122,8 @@ def _distinct_numpy(col: pa.Array, pre: np.ndarray) -> np.ndarray | None:
     """
     t = col.type
     if pa.types.is_dictionary(t):
-        if pc.count_distinct(col.dictionary, mode="all").as_py() != len(col.dictionary):
+        d = col.dictionary
+        if d.null_count or pc.count_distinct(d).as_py() != len(d):  # a null or repeated value: indices do not decide
             return None
         codes = col.indices.to_numpy(zero_copy_only=False)  # nulls come out as some index: masked below
         differ = codes[pre] != codes[pre + 1]

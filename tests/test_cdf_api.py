@@ -245,10 +245,12 @@ def test_changed_matrix_compares_like_the_rule_for_every_column_kind(data):
     ints = data.draw(st.lists(st.one_of(st.none(), st.integers(-3, 3)), min_size=n, max_size=n), label="ints")
     floats = data.draw(st.lists(st.one_of(st.none(), st.sampled_from([0.0, 1.5, float("nan")])), min_size=n, max_size=n), label="floats")
     words = data.draw(st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c"])), min_size=n, max_size=n), label="words")
-    dup = data.draw(st.booleans(), label="a dictionary with a repeated value")
-    dictionary = pa.array(["a", "b", "c", "a"] if dup else ["a", "b", "c"])
-    # with the repeated "a" (index 3) on odd rows, equal values sit under different indices
-    codes = [None if w is None else (3 if dup and w == "a" and i % 2 else "abc".index(w)) for i, w in enumerate(words)]
+    kind = data.draw(st.sampled_from(["distinct", "repeated", "null"]), label="dictionary values")
+    dictionary = pa.array({"distinct": ["a", "b", "c"], "repeated": ["a", "b", "c", "a"], "null": ["a", "b", "c", None]}[kind])
+    # on odd rows the extra entry (index 3) stands for "a" (repeated) or for a null (null): the same value under
+    # different indices, or a null under an index where other rows are null by their validity
+    codes = [3 if i % 2 and ((kind == "repeated" and w == "a") or (kind == "null" and w is None))
+             else None if w is None else "abc".index(w) for i, w in enumerate(words)]
     encoded = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), dictionary)
     table = pa.table({
         "i": pa.array(ints, pa.int64()),
