@@ -309,11 +309,13 @@ def _ordered(chunks: list[pa.Array], indices: pa.Array | None, rows: int, f: pa.
 
     Chunks that are all dictionaries of few distinct strings are reordered as
     dictionaries and decoded once in order: taking 3M random strings directly
-    costs 120 ms, their dictionary indices 34 ms with the decoding. Mixed or
-    large dictionaries are decoded first.
+    costs 120 ms, their dictionary indices 34 ms with the decoding. Mixed
+    chunks (plain and encoded, or dictionaries of different types) and large
+    dictionaries are decoded first.
     """
     encoded = [c for c in chunks if pa.types.is_dictionary(c.type)]
-    if encoded and (len(encoded) < len(chunks) or sum(len(c.dictionary) for c in encoded) > max(rows, 1) // 8):
+    mixed = len(encoded) < len(chunks) or len({c.type for c in encoded}) > 1
+    if encoded and (mixed or sum(len(c.dictionary) for c in encoded) > max(rows, 1) // 8):
         chunks[:] = [c.cast(f.type) if pa.types.is_dictionary(c.type) else c for c in chunks]
     del encoded
     col = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]  # dictionaries are unified

@@ -144,12 +144,13 @@ def test_take_rows_orders_dictionary_encoded_strings_like_plain_ones(data):
     """Pieces from Parquet keep string columns as dictionaries (each its own); captured pieces hold plain strings."""
     words = st.one_of(st.none(), st.sampled_from(["a", "bb", "", "ccc", "dd"]), st.text(max_size=3))
     pieces, plain = [], []
-    for kind in data.draw(st.lists(st.sampled_from(["dict", "plain"]), min_size=1, max_size=4), label="pieces"):
+    for kind in data.draw(st.lists(st.sampled_from(["dict", "large dict", "plain"]), min_size=1, max_size=4), label="pieces"):
         got = data.draw(st.lists(words, max_size=12), label="values")
         plain.extend(got)
-        arr = pa.array(got, pa.string())
-        pieces.append(pa.table({"s": arr.dictionary_encode() if kind == "dict" else arr, "n": pa.array(range(len(got)), pa.int64())}))
-    rows = np.array(data.draw(st.lists(st.integers(0, max(len(plain) - 1, 0)), max_size=30) if plain else st.just([])), np.int64)
+        arr = pa.array(got, pa.large_string() if kind == "large dict" else pa.string())
+        pieces.append(pa.table({"s": arr if kind == "plain" else arr.dictionary_encode(), "n": pa.array(range(len(got)), pa.int64())}))
+    # up to 200 rows: enough for the dictionaries to be small beside them (the path that reorders indices)
+    rows = np.array(data.draw(st.lists(st.integers(0, max(len(plain) - 1, 0)), max_size=200) if plain else st.just([])), np.int64)
     schema = pa.schema([("s", pa.string()), ("n", pa.int64())])
     got = values.take_rows(pieces, rows, schema)
     assert got.schema == schema
@@ -169,6 +170,14 @@ def test_take_rows_reorders_few_distinct_strings_as_dictionary_indices(monkeypat
     assert got.column("s").to_pylist() == [plain[i] for i in rows]
     assert got.schema.field("s").type == target
     assert joined and all(pa.types.is_dictionary(t) for t in joined), "the indices, not the strings, should be reordered"
+
+
+def test_take_rows_decodes_dictionaries_of_different_string_widths():
+    """A data file's dictionary of strings beside captured values encoded as large strings: decoded first, same rows."""
+    first, second = pa.array(["x", "y", "x"]).dictionary_encode(), pa.array(["y", "z"], pa.large_string()).dictionary_encode()
+    rows = np.array([0, 4, 1, 3] * 20)
+    got = values.take_rows([pa.table({"s": first}), pa.table({"s": second})], rows, pa.schema([("s", pa.large_string())]))
+    assert got.column("s").to_pylist() == [["x", "y", "x", "y", "z"][i] for i in rows]
 
 
 def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
