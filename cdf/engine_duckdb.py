@@ -102,9 +102,11 @@ def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, dat
 
 
 def _distinct(x: pa.Array, y: pa.Array) -> np.ndarray:
-    """Null-safe "is distinct from" of two equal-length arrays (NaN equals NaN)."""
+    """Null-safe "is distinct from" of two equal-length arrays (NaN equals NaN); dictionaries compare their values."""
+    if pa.types.is_dictionary(x.type):
+        x, y = x.cast(x.type.value_type), y.cast(y.type.value_type)
     t = x.type
-    if pa.types.is_nested(t) or pa.types.is_dictionary(t):
+    if pa.types.is_nested(t):
         return np.array([u != v for u, v in zip(x.to_pylist(), y.to_pylist(), strict=True)], bool)
     differ = pc.fill_null(pc.not_equal(x, y), False)
     if pa.types.is_floating(t):
@@ -157,9 +159,7 @@ def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
             if fast is None:
                 if a is None:
                     a, b = pa.array(pre, pa.int64()), pa.array(pre + 1, pa.int64())
-                if pa.types.is_dictionary(col.type):
-                    col = col.cast(col.type.value_type)
-                fast = _distinct(col.take(a), col.take(b))
+                fast = _distinct(col.take(a), col.take(b))  # a dictionary column: only the taken rows are decoded
             out[:, j] = fast
     return out
 

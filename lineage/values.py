@@ -45,7 +45,12 @@ class _Task:
     row_group: int
     start: int  # slice of the sorted positions this task returns
     end: int
-    cost: int  # uncompressed bytes of the row group's columns it decodes: the largest tasks start first
+    sizes: dict[str, int]  # uncompressed bytes of each file column it decodes (what decoding costs, roughly)
+
+    @property
+    def cost(self) -> int:
+        """Uncompressed bytes the task decodes: the largest tasks start first."""
+        return sum(self.sizes.values())
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,7 @@ def _jobs(tasks: list[_Task], files: dict[int, _File]) -> list[_Job]:
             continue
         parts: list[list[str]] = [[] for _ in range(min(WORKERS, len(f.wanted)))]
         loads = [0] * len(parts)
-        for name, size in sorted(_column_sizes(f, t.row_group).items(), key=lambda kv: -kv[1]):
+        for name, size in sorted(t.sizes.items(), key=lambda kv: -kv[1]):
             k = loads.index(min(loads))  # greedy: the largest column left goes to the lightest part
             parts[k].append(name)
             loads[k] += size
@@ -278,7 +283,7 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
         rg_bounds = np.flatnonzero(np.diff(rg)) + 1
         for rs, re_ in zip(np.concatenate(([0], rg_bounds)), np.concatenate((rg_bounds, [e - s])), strict=True):
             row_group = int(rg[rs])
-            tasks.append(_Task(k, row_group, int(s + rs), int(s + re_), sum(_column_sizes(f, row_group).values())))
+            tasks.append(_Task(k, row_group, int(s + rs), int(s + re_), _column_sizes(f, row_group)))
 
     jobs = _jobs(tasks, files)
 
