@@ -16,6 +16,7 @@ DuckDB (:mod:`cdf.views`).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -205,26 +206,52 @@ def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
     return pa.array(ms, pa.int64(), mask=ms < 0).cast(TIMESTAMP)
 
 
+@dataclass(frozen=True)
+class _Shown:
+    """The lineage of the images a feed shows, row for row: what its output needs once their values are read."""
+
+    row_id: np.ndarray
+    created: np.ndarray
+    valid_from: np.ndarray
+    purged: np.ndarray | None
+
+    @classmethod
+    def of(cls, p: Pointers, rows: np.ndarray | None = None) -> _Shown:
+        """Of the images ``rows`` of ``p`` (None: all, no copy)."""
+        if rows is None:
+            return cls(p.row_id, p.created, p.valid_from, p.purged)
+        return cls(p.row_id[rows], p.created[rows], p.valid_from[rows], None if p.purged is None else p.purged[rows])
+
+
+def _change_names(change: np.ndarray) -> pa.Array:
+    # decoding a dictionary of the four names costs a third of taking the strings by index
+    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _CHANGE_NAMES).cast(pa.string())
+
+
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
     """The change feed over ``(a, b]`` as an Arrow table."""
     p = change_pointers(state, a, b)
+    commit_ms = p.commit_ms
     if net:
         sk = plan.net(p, a, b)
         p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
         values = image_values(state, p, None, data, decode=False)
+        shown = _Shown.of(p)
+        del p
     else:
         # The per-version feed shows every image of p (one that starts and ends in the range twice),
         # so their values are read while the feed is planned.
         with ThreadPoolExecutor(max_workers=1) as pool:
             reading = pool.submit(_read_images, state, p.files, p.captured, p.source, p.loc, data)
             sk = plan.per_version(p, a, b)
-            p = p.select(sk.pointer)  # frees the pointers' other columns while the values are read
+            shown = _Shown.of(p, sk.pointer)  # the locations were handed to the reader: only the lineage is kept
+            del p  # frees the pointers' other columns while the values are read
             got = reading.result()
         # string columns stay dictionary-encoded until the pairs are compared (by index)
-        values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=p.purged is not None)
+        values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=shown.purged is not None)
         del got
-        if p.purged is not None:
-            values = _erase(values, p.purged, data)
+        if shown.purged is not None:
+            values = _erase(values, shown.purged, data)
     pre = sk.preimages
     changed = changed_matrix(values, pre)
     if net:  # a pair whose images are equal in every selected column is no change
@@ -232,21 +259,23 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         if len(same):
             keep = np.ones(len(sk), bool)
             keep[same] = keep[same + 1] = False
-            sk, p, values, changed = sk.without_pairs(same), p.select(keep), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
+            sk, values, changed = sk.without_pairs(same), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
+            shown = _Shown(shown.row_id[keep], shown.created[keep], shown.valid_from[keep],
+                           None if shown.purged is None else shown.purged[keep])
             pre = sk.preimages
     values = decoded(values, data)
-    schema = change_schema(data, p.purged is not None)
+    schema = change_schema(data, shown.purged is not None)
     meta = [
-        _CHANGE_NAMES.take(pa.array(sk.change, pa.int8())),
+        _change_names(sk.change),
         pa.array(sk.version, pa.int64()),
-        _timestamps(p.commit_ms, sk.version),
-        pa.array(p.row_id, pa.int64()),
-        pa.array(p.created, pa.int64()),
-        pa.array(p.valid_from, pa.int64()),
+        _timestamps(commit_ms, sk.version),
+        pa.array(shown.row_id, pa.int64()),
+        pa.array(shown.created, pa.int64()),
+        pa.array(shown.valid_from, pa.int64()),
         _changed_lists(len(sk), pre, changed, data.names),
     ]
-    if p.purged is not None:
-        meta.append(pa.array(p.purged, pa.bool_()))
+    if shown.purged is not None:
+        meta.append(pa.array(shown.purged, pa.bool_()))
     return pa.Table.from_arrays(list(values.columns) + meta, schema=schema)
 
 
