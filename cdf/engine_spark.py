@@ -119,7 +119,7 @@ def _value_reader(paths: list[str], data: pa.Schema, field_ids: dict[str, int]) 
         rows = pa.Table.from_batches(got) if got else None
         if rows is None or rows.num_rows == 0:
             return
-        values = read_at(paths, rows.column("__file").to_numpy(), rows.column("__pos").to_numpy(), data, field_ids)
+        values = read_at(paths, rows.column("__file").to_numpy(), rows.column("__pos").to_numpy(), data, field_ids, cache=False)
         yield from pa.Table.from_arrays([*values.columns, *rows.columns], names=[*data.names, *rows.column_names]).to_batches()
 
     return read

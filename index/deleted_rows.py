@@ -207,6 +207,11 @@ _CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(CACHE_BYTES, weigh
 _VALUE_CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(CACHE_BYTES, weigh=lambda s: s.nbytes, max_share=0.25)
 
 
+def forget_captured_values() -> None:
+    """Drop the captured values this process keeps parsed (a purge calls it: they may hold erased values)."""
+    _VALUE_CACHE.clear()
+
+
 def read_index(fileio: FileIO, path: str, with_values: bool = False) -> IndexSegment:
     """Read one index segment as flat arrays; its captured values too if ``with_values`` (and it has any)."""
     if with_values:

@@ -107,6 +107,16 @@ def local_path(location: str) -> str:
     return location
 
 
+def file_stamp(path: str) -> str:
+    """``"<size>/<mtime in ns>"`` of the local file ``path`` (raises ``OSError`` if it is missing).
+
+    Caches of what was read from a data file key it by path and stamp: Iceberg
+    never rewrites a data file, but one replaced by hand must not be served.
+    """
+    st = os.stat(path)
+    return f"{st.st_size}/{st.st_mtime_ns}"
+
+
 T = TypeVar("T")
 
 

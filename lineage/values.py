@@ -3,8 +3,9 @@
 The change feed, pre-image capture, re-homing and purge all need the values
 of row images they know only by ``(file, position)``. This module reads just
 the row groups holding those positions and just the columns asked for,
-decodes string columns as dictionaries (the strings of the rows taken are
-materialised, not those of the whole row group), and matches columns by the
+decodes string columns Parquet stored dictionary-encoded as dictionaries (the
+strings of the rows taken are materialised, not those of the whole row
+group), and matches columns by the
 Iceberg field id the file records, so renamed columns keep their values,
 columns added after the file was written read as null and promoted types are
 cast. Row groups are decoded one at a time per worker, largest first (a
@@ -16,23 +17,26 @@ less: 16 against 15 ms for the 1M-row group of the benchmark's table, 24 ms
 on one thread).
 
 Each file's footer facts (:func:`layout`: row groups, field ids, dictionary
-columns) are read once per process and shared with the write path's cached
-reader (:mod:`lineage.writes.positions`).
+columns) are read once per process and shared with the write path's reader
+(:mod:`lineage.writes.positions`); so are the decoded column chunks, kept
+within a budget by :mod:`lineage.decoded_cache` (a feed over recent commits
+decodes the bulk load's row groups once, not at every call).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lineage import decoded_cache
 from lineage.arrays import stable_argsort
-from lineage.fileio import ImmutableFileCache, local_path
+from lineage.fileio import ImmutableFileCache, file_stamp, local_path
 
 FIELD_ID = b"PARQUET:field_id"
 WORKERS = 2  # decoding threads; the machines we target have few cores
@@ -60,10 +64,6 @@ class _Job:
     task: int
     columns: tuple[str, ...]
     cost: int
-
-
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
 def _text(t: pa.DataType) -> str | None:
@@ -113,9 +113,10 @@ class _File:
     metadata: pq.FileMetaData  # the footer, read once per process (data files are immutable)
     sources: list[str | None]  # file column per requested column
     wanted: list[str]  # the file columns read (sorted, each once)
-    strings: list[str]  # file columns decoded as dictionaries
+    strings: list[str]  # string columns Parquet stored dictionary-encoded: decoded as dictionaries
     starts: np.ndarray  # first position of each row group
     sizes: np.ndarray  # rows of each row group
+    key: str  # the file's identity in the decoded-chunk cache: local path, size and modification time
 
 
 @dataclass(frozen=True)
@@ -160,17 +161,17 @@ def layout(path: str) -> FileLayout:
     Cached by path, size and modification time: Iceberg never rewrites a data
     file, but a file replaced by hand must not be served from the cache.
     """
-    st = os.stat(path)
-    stamp = f"{st.st_size}/{st.st_mtime_ns}"
+    stamp = file_stamp(path)
     return _LAYOUTS.get(f"{path}\0{stamp}", lambda: _layout(path, stamp))
 
 
 def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _File:
-    info = layout(local_path(path))
+    local = local_path(path)
+    info = layout(local)
     sources = file_columns(info.arrow, schema, field_ids)
     wanted = sorted({s for s in sources if s is not None})
-    strings = [s for s in wanted if _is_string(info.arrow.field(s).type)]
-    return _File(path, info.metadata, sources, wanted, strings, info.starts[:-1], np.diff(info.starts))
+    strings = [s for s in wanted if s in info.dictionary]  # as the write path's reader decodes them: one form per cached chunk
+    return _File(path, info.metadata, sources, wanted, strings, info.starts[:-1], np.diff(info.starts), f"{local}\0{info.stamp}")
 
 
 def _column_sizes(f: _File, row_group: int) -> dict[str, int]:
@@ -211,13 +212,32 @@ def _jobs(tasks: list[_Task], files: dict[int, _File]) -> list[_Job]:
     return jobs
 
 
-def _read_columns(f: _File, positions: np.ndarray, row_group: int, columns: tuple[str, ...]) -> pa.Table:
-    """File columns ``columns`` of ``row_group`` at ``positions`` (sorted file positions in that row group)."""
+def _read_columns(f: _File, positions: np.ndarray, row_group: int, columns: tuple[str, ...], read: int | None) -> pa.Table:
+    """File columns ``columns`` of ``row_group`` at ``positions`` (sorted file positions in that row group).
+
+    Column chunks kept by the decoded-chunk cache are not decoded again; the
+    others are decoded and offered to it (``read``: the cache's read number,
+    None when it is off).
+    """
     if not columns:
         return pa.table({})
-    strings = [c for c in f.strings if c in columns]
-    pf = pq.ParquetFile(local_path(f.path), metadata=f.metadata, read_dictionary=strings or None)
-    table = pf.read_row_group(row_group, columns=list(columns), use_threads=False)
+    got: dict[str, pa.ChunkedArray] = {}
+    if read is not None:
+        for c in columns:
+            hit = decoded_cache.CACHE.get((f.key, row_group, c), read)
+            if hit is not None:
+                got[c] = hit
+    missing = [c for c in columns if c not in got]
+    if missing:
+        strings = [c for c in f.strings if c in missing]  # a column decodes the same way whichever others come with it
+        pf = pq.ParquetFile(local_path(f.path), metadata=f.metadata, read_dictionary=strings or None)
+        table = pf.read_row_group(row_group, columns=missing, use_threads=False)
+        for name, col in zip(table.column_names, table.columns, strict=True):
+            got[name] = col
+            if read is not None:
+                decoded_cache.CACHE.put((f.key, row_group, name), col, read)
+        del table
+    table = pa.Table.from_arrays([got[c] for c in columns], names=list(columns))
     if len(positions) != int(f.sizes[row_group]):
         table = table.take(pa.array(positions - int(f.starts[row_group]), pa.int64()))
     return table
@@ -238,12 +258,14 @@ class Gathered:
 
 
 def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, schema: pa.Schema,
-           field_ids: dict[str, int] | None = None) -> Gathered:
+           field_ids: dict[str, int] | None = None, cache: bool = True) -> Gathered:
     """Read the values of ``schema``'s columns at ``(paths[file_index[i]], positions[i])`` for every i.
 
     ``field_ids`` maps column names to Iceberg field ids; files that record
     field ids are matched by them (else by name). Pairs may repeat; each
-    distinct pair is read once.
+    distinct pair is read once. ``cache``: use and fill the decoded-chunk
+    cache (:mod:`lineage.decoded_cache`); one-off bulk reads (maintenance,
+    Spark executors) pass False.
     """
     n = len(positions)
     if n == 0:
@@ -286,18 +308,19 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
             tasks.append(_Task(k, row_group, int(s + rs), int(s + re_), _column_sizes(f, row_group)))
 
     jobs = _jobs(tasks, files)
+    with decoded_cache.CACHE.read() if cache else nullcontext() as number:
 
-    def run(j: _Job) -> pa.Table:
-        t = tasks[j.task]
-        return _read_columns(files[t.file], upos[t.start:t.end], t.row_group, j.columns)
+        def run(j: _Job) -> pa.Table:
+            t = tasks[j.task]
+            return _read_columns(files[t.file], upos[t.start:t.end], t.row_group, j.columns, number)
 
-    if len(jobs) == 1:
-        parts = [run(jobs[0])]
-    else:
-        # Largest first: a bulk load's million-row group is often the last file numbered, and started
-        # last it would run alone after the other worker has read every small file.
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            parts = list(pool.map(run, jobs))
+        if len(jobs) == 1:
+            parts = [run(jobs[0])]
+        else:
+            # Largest first: a bulk load's million-row group is often the last file numbered, and started
+            # last it would run alone after the other worker has read every small file.
+            with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+                parts = list(pool.map(run, jobs))
     read: list[dict[str, pa.ChunkedArray]] = [{} for _ in tasks]
     for j, part in zip(jobs, parts, strict=True):
         read[j.task].update(zip(part.column_names, part.columns, strict=True))
@@ -368,11 +391,11 @@ def decoded(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_at(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, schema: pa.Schema,
-            field_ids: dict[str, int] | None = None) -> pa.Table:
+            field_ids: dict[str, int] | None = None, cache: bool = True) -> pa.Table:
     """The values at ``(paths[file_index[i]], positions[i])`` for every i, in that order (see :func:`gather`)."""
     if len(positions) == 0:
         return schema.empty_table()
-    got = gather(paths, file_index, positions, schema, field_ids)
+    got = gather(paths, file_index, positions, schema, field_ids, cache)
     return take_rows(got.pieces, got.rows, schema)
 
 

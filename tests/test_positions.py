@@ -14,10 +14,9 @@ from pyiceberg.types import StringType
 
 import lineage
 from conftest import SCHEMA
-from lineage import values
+from lineage import decoded_cache, values
 from lineage.errors import KeyViolationError
-from lineage.writes import positions
-from lineage.writes.positions import RowGroupCache, values_at
+from lineage.writes.positions import values_at
 
 TARGET = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("note", pa.string())])
 IDS = {"id": 1, "name": 2, "amount": 3, "note": 4}
@@ -65,15 +64,20 @@ def test_values_at_positions_equal_a_full_read(tmp_path, data):
     file_ids = np.array([p % len(files) for p in picks], dtype=np.int32)
     pos = np.array([(p // len(files)) % files[f][0] for p, f in zip(picks, file_ids, strict=True)], dtype=np.int64)
     want = [wants[f].slice(int(p), 1).to_pylist()[0] for f, p in zip(file_ids, pos, strict=True)]
-    old_cache = positions.ROW_GROUPS
-    positions.ROW_GROUPS = RowGroupCache(cache)
+    old_budget = os.environ.get(decoded_cache.ENV_BUDGET)
+    os.environ[decoded_cache.ENV_BUDGET] = str(cache / 2**20)
+    decoded_cache.clear()
     try:
         for _ in range(2):  # cold, then from the cache
             got = values_at(paths, file_ids, pos, TARGET, IDS if by_id else None)
             assert got is not None and got.schema == TARGET
             assert got.to_pylist() == want
     finally:
-        positions.ROW_GROUPS = old_cache
+        if old_budget is None:
+            del os.environ[decoded_cache.ENV_BUDGET]
+        else:
+            os.environ[decoded_cache.ENV_BUDGET] = old_budget
+        decoded_cache.clear()
     split = data.draw(st.sampled_from([0, values.SPLIT_BYTES]), label="split row groups over")
     old_split, values.SPLIT_BYTES = values.SPLIT_BYTES, split  # 0: every row group is decoded in column parts
     try:
@@ -90,7 +94,8 @@ def test_only_the_row_groups_that_hold_a_position_are_read(tmp_path, monkeypatch
     read: list[int] = []
     real = pq.ParquetFile.read_row_group
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, i, **k: read.append(i) or real(self, i, **k))
-    monkeypatch.setattr(positions, "ROW_GROUPS", RowGroupCache(1 << 20))
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "1")
+    decoded_cache.clear()
     got = values_at([path], np.zeros(3, np.int32), np.array([57, 3, 51]), TARGET, None)
     assert got.to_pylist() == [want.slice(p, 1).to_pylist()[0] for p in (57, 3, 51)]
     assert sorted(read) == [0, 5]
@@ -105,7 +110,7 @@ def test_the_feed_reader_starts_the_largest_row_group_first(tmp_path, monkeypatc
     want_small, want_large = _write(small, 20, 1, 20, False), _write(large, 400, 2, 400, False)
     started: list[int] = []
     real = values._read_columns
-    monkeypatch.setattr(values, "_read_columns", lambda f, pos, rg, cols: started.append(len(pos)) or real(f, pos, rg, cols))
+    monkeypatch.setattr(values, "_read_columns", lambda f, pos, rg, cols, read: started.append(len(pos)) or real(f, pos, rg, cols, read))
     monkeypatch.setattr(values, "WORKERS", 1)  # one worker: tasks run in the order they were submitted
     file_ids = np.array([0, 0, 1, 1, 1], np.int32)  # the small file is numbered first
     pos = np.array([3, 7, 9, 399, 200])
@@ -120,7 +125,7 @@ def test_a_large_row_group_is_decoded_by_both_workers_in_column_parts(tmp_path, 
     want = _write(path, 400, 3, 400, False)
     parts: list[tuple[str, ...]] = []
     real = values._read_columns
-    monkeypatch.setattr(values, "_read_columns", lambda f, pos, rg, cols: parts.append(cols) or real(f, pos, rg, cols))
+    monkeypatch.setattr(values, "_read_columns", lambda f, pos, rg, cols, read: parts.append(cols) or real(f, pos, rg, cols, read))
     monkeypatch.setattr(values, "SPLIT_BYTES", 1)
     pos = np.array([399, 5, 17, 5])
     got = values.read_at([path], np.zeros(len(pos), np.int32), pos, TARGET, IDS)
@@ -189,17 +194,6 @@ def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
     assert values_at([path], np.zeros(1, np.int32), np.array([1]), schema, None).to_pylist() == [{"id": 2}]
 
 
-def test_the_cache_keeps_within_its_bytes():
-    cache = RowGroupCache(100)
-    small = pa.table({"c": np.arange(5, dtype=np.int64)})  # 40 bytes
-    for i in range(4):
-        cache.put(("p", i, "c", ""), small)
-    assert cache.get(("p", 0, "c", "")) is None and cache.get(("p", 1, "c", "")) is None
-    assert cache.get(("p", 3, "c", "")) is not None
-    cache.put(("p", 9, "c", ""), pa.table({"c": np.arange(50, dtype=np.int64)}))  # larger than the cache: not kept
-    assert cache.get(("p", 9, "c", "")) is None and cache.get(("p", 3, "c", "")) is not None
-
-
 def test_strict_change_streams_check_images_across_row_groups_and_renamed_columns(warehouse, monkeypatch):
     from lineage.writes import keys
 
@@ -238,7 +232,8 @@ def test_strict_change_streams_check_images_across_row_groups_and_renamed_column
 
 
 def test_a_file_replaced_at_its_path_is_not_served_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(positions, "ROW_GROUPS", RowGroupCache(1 << 20))
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "1")
+    decoded_cache.clear()
     path = str(tmp_path / "f.parquet")
     first = _write(path, 30, 1, 10, False)
     assert values_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, None).to_pylist() == first.slice(25, 1).to_pylist()

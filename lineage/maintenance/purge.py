@@ -37,11 +37,11 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.snapshots import Operation
 from pyroaring import BitMap64
 
-from index.deleted_rows import RemovedImages, read_index
+from index.deleted_rows import RemovedImages, forget_captured_values, read_index
 from index.key_index import KeyIndexChange, index_enabled
 from index.key_merge import FULL
 from index.purged import read_purged, write_purged
-from lineage import duck
+from lineage import decoded_cache, duck
 from lineage.commit import CommitRequest
 from lineage.deletes import positions_for, read_position_deletes
 from lineage.fileio import local_path, write_parquet
@@ -226,7 +226,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
                 first = np.concatenate(([True], pos[1:] != pos[:-1]))
                 chosen.append((path, pos[first], rid[first]))
             values = read_at([p for p, _, _ in chosen], np.repeat(np.arange(len(chosen)), [len(pos) for _, pos, _ in chosen]),
-                             np.concatenate([pos for _, pos, _ in chosen]), schema, ids)
+                             np.concatenate([pos for _, pos, _ in chosen]), schema, ids, cache=False)
             mask = np.isin(np.concatenate([rid for _, _, rid in chosen]), purged_arr)
             values = _null_rows(values, mask)
             archive_path = f"{index_dir(state.iceberg.metadata.location)}/archive-{uuid.uuid4()}.parquet"
@@ -273,6 +273,10 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         expire_ids(table, older)
     # Every unreferenced file written before the purge started may hold erased values.
     cleaned = vacuum(table, older_than=_dt.timedelta(seconds=max(0.0, time.time() - started)))
+    # Values this process keeps decoded or parsed may be erased ones (other processes drop theirs as the
+    # files they came from disappear: see lineage.decoded_cache).
+    decoded_cache.clear()
+    forget_captured_values()
     version = result.version if result else None
     what = (
         f"erased {stats['rows']} row(s); rewrote {stats['files']} live file(s) and re-homed images of {stats['pinned']} pinned file(s)"

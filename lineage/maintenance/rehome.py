@@ -127,7 +127,7 @@ def rehome(table, max_live_fraction: float = 0.1, max_files: int = 64) -> Mainte
             return None
         field_ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
         values = read_at([p for p, _, _ in chosen], np.repeat(np.arange(len(chosen)), [len(pos) for _, pos, _ in chosen]),
-                         np.concatenate([pos for _, pos, _ in chosen]), schema, field_ids)
+                         np.concatenate([pos for _, pos, _ in chosen]), schema, field_ids, cache=False)
         tag = str(uuid.uuid4())
         archive = f"{index_dir(state.iceberg.metadata.location)}/archive-{tag}.parquet"
         created.append(archive)

@@ -5,7 +5,8 @@ needs the images' values (strict-mode ``-U`` checks), reading whole data files
 would cost as much as a scan of the table; instead each file's Parquet footer
 (cached per file: data files are immutable) says which row groups hold the
 positions, and only those row groups and only the asked columns are decoded.
-Decoded row groups are kept in a small LRU cache bounded in bytes, so a
+Decoded column chunks are kept in the process's decoded row-group cache
+(:mod:`lineage.decoded_cache`, shared with the change feed's reader), so a
 stream that commits every few seconds from one process does not decode the
 same row groups again at every commit.
 
@@ -22,7 +23,6 @@ an evolved schema, a file without field ids); the caller then scans.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,34 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lineage.fileio import ImmutableFileCache, local_path
+from lineage import decoded_cache
+from lineage.fileio import local_path
 from lineage.values import FileLayout, layout
-
-CACHE_BYTES_ENV = "LINEAGE_ROW_GROUP_CACHE_MB"
-DEFAULT_CACHE_MB = 256
-
-
-
-
-class RowGroupCache(ImmutableFileCache[pa.Table]):
-    """A thread-safe LRU cache of decoded row groups, bounded by their Arrow size in bytes."""
-
-    def __init__(self, capacity_bytes: int) -> None:
-        super().__init__(capacity_bytes, weigh=lambda table: table.nbytes)
-
-    def get(self, key: tuple[str, int, str, str]) -> pa.Table | None:  # type: ignore[override]
-        """The cached row group, or None."""
-        return self.peek(key)
-
-
-def _cache_bytes() -> int:
-    try:
-        return max(0, int(float(os.environ.get(CACHE_BYTES_ENV, DEFAULT_CACHE_MB)) * 2**20))
-    except ValueError:
-        return DEFAULT_CACHE_MB * 2**20
-
-
-ROW_GROUPS = RowGroupCache(_cache_bytes())
 
 
 def _is_local(path: str) -> bool:
@@ -86,13 +61,14 @@ def values_at(
     order = np.lexsort((positions, file_ids))
     parts: list[pa.Table] = []
     bounds = np.searchsorted(file_ids[order], np.arange(len(paths) + 1))
-    for i, path in enumerate(paths):
-        rows = order[bounds[i] : bounds[i + 1]]
-        if len(rows):
-            part = _file_values(local_path(path), positions[rows], schema, field_ids)
-            if part is None:
-                return None
-            parts.append(part)
+    with decoded_cache.CACHE.read() as read:
+        for i, path in enumerate(paths):
+            rows = order[bounds[i] : bounds[i + 1]]
+            if len(rows):
+                part = _file_values(local_path(path), positions[rows], schema, field_ids, read)
+                if part is None:
+                    return None
+                parts.append(part)
     if not parts:
         return schema.empty_table()
     # ``parts`` follow ``order``; put the rows back in the caller's order.
@@ -101,7 +77,7 @@ def values_at(
     return pa.concat_tables(parts).take(pa.array(inverse))
 
 
-def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None) -> pa.Table | None:
+def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None, read: int | None) -> pa.Table | None:
     """Values at sorted ``positions`` of one file."""
     info = layout(path)
     if field_ids is not None and not info.names:
@@ -113,35 +89,39 @@ def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids:
         name = field.name if field_ids is None else info.names.get(field_ids[field.name])
         if name is not None and info.arrow.get_field_index(name) >= 0:
             mapping.append((field.name, name))
+    names = list(dict.fromkeys(name for _, name in mapping))
     if len(info.starts) == 2:  # one row group: positions are row numbers in it
-        rows = _group(path, info, 0, schema, mapping).take(pa.array(positions))
+        raw = _group(path, info, 0, names, read).take(pa.array(positions))
     else:
         groups = np.searchsorted(info.starts, positions, side="right") - 1
         wanted = np.unique(groups)
         # offset of each wanted group's first row in the concatenation of the wanted groups
         firsts = np.concatenate([[0], np.cumsum(np.diff(info.starts)[wanted])])
         take = positions - info.starts[groups] + firsts[np.searchsorted(wanted, groups)]
-        rows = pa.concat_tables([_group(path, info, int(g), schema, mapping) for g in wanted]).take(pa.array(take))
-    if rows.num_columns == len(schema):
-        return rows
-    have = dict(zip(rows.column_names, rows.columns, strict=True))
+        raw = pa.concat_tables([_group(path, info, int(g), names, read) for g in wanted]).take(pa.array(take))
+    # Strings decode fastest as dictionaries and are cast here, for the rows taken only; so are promoted types.
+    have = {}
+    for column, name in mapping:
+        col, t = raw.column(name), schema.field(column).type
+        have[column] = col if col.type == t else pc.cast(col, t)
     return pa.Table.from_arrays([have.get(f.name, pa.nulls(len(positions), f.type)) for f in schema], schema=schema)
 
 
-def _group(path: str, info: FileLayout, group: int, schema: pa.Schema, mapping: list[tuple[str, str]]) -> pa.Table:
-    """One row group's columns named and typed as the table's, decoded once and then served from :data:`ROW_GROUPS`."""
-    key = (path, group, f"{info.stamp}|{mapping!r}", str(schema))
-    cached = ROW_GROUPS.get(key)
-    if cached is not None:
-        return cached
-    names = [name for _, name in mapping]
-    reader = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=[n for n in info.dictionary if n in names] or None)
-    raw = reader.read_row_group(group, columns=names, use_threads=False)
-    fields = [schema.field(column) for column, _ in mapping]
-    # Strings decode fastest as dictionaries and are cast once here; so are promoted types.
-    table = pa.Table.from_arrays(
-        [raw.column(name) if raw.column(name).type == f.type else pc.cast(raw.column(name), f.type) for f, (_, name) in zip(fields, mapping, strict=True)],
-        schema=pa.schema(fields),
-    )
-    ROW_GROUPS.put(key, table)
-    return table
+def _group(path: str, info: FileLayout, group: int, names: list[str], read: int | None) -> pa.Table:
+    """File columns ``names`` of one row group, decoded once and then served from the decoded row-group cache."""
+    key = f"{path}\0{info.stamp}"
+    got: dict[str, pa.ChunkedArray] = {}
+    if read is not None:
+        for name in names:
+            hit = decoded_cache.CACHE.get((key, group, name), read)
+            if hit is not None:
+                got[name] = hit
+    missing = [n for n in names if n not in got]
+    if missing:
+        reader = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=[n for n in info.dictionary if n in missing] or None)
+        raw = reader.read_row_group(group, columns=missing, use_threads=False)
+        for name, col in zip(raw.column_names, raw.columns, strict=True):
+            got[name] = col
+            if read is not None:
+                decoded_cache.CACHE.put((key, group, name), col, read)
+    return pa.Table.from_arrays([got[n] for n in names], names=names)

@@ -1,0 +1,183 @@
+"""The decoded row-group cache (lineage.decoded_cache) and the readers that share it."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cdf
+import lineage
+from conftest import SCHEMA
+from lineage import decoded_cache, values
+from lineage.decoded_cache import DecodedCache
+from lineage.errors import InvalidArgumentError
+
+IDS = {"id": 1, "name": 2, "amount": 3}
+TARGET = pa.schema([("id", pa.int64()), ("name", pa.large_string()), ("amount", pa.float64())])
+
+
+def _chunk(n: int) -> pa.ChunkedArray:
+    return pa.chunked_array([np.arange(n, dtype=np.int64)])  # 8n bytes
+
+
+def _write(path: str, rows: int, seed: int, row_group: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    fields = [pa.field(f.name, f.type, metadata={b"PARQUET:field_id": str(IDS[f.name]).encode()}) for f in TARGET]
+    t = pa.Table.from_arrays([
+        pa.array(np.arange(rows, dtype=np.int64) + 1000 * seed),
+        pa.array([f"s{v}" for v in rng.integers(0, 4, rows)], pa.large_string()),
+        pa.array(rng.random(rows)),
+    ], schema=pa.schema(fields))
+    pq.write_table(t, path, row_group_size=row_group)
+    return t.cast(TARGET)
+
+
+@pytest.fixture
+def budget(monkeypatch):
+    """Set the cache's budget in MB for the test (the cache starts empty and is emptied after)."""
+    decoded_cache.clear()
+
+    def set_mb(mb: float) -> None:
+        monkeypatch.setenv(decoded_cache.ENV_BUDGET, str(mb))
+
+    yield set_mb
+    decoded_cache.clear()
+
+
+def test_the_cache_keeps_within_its_budget_and_evicts_the_least_recently_used(monkeypatch):
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, str(1000 / 2**20))  # 1,000 bytes
+    cache = DecodedCache()
+    for i in range(5):
+        with cache.read() as r:
+            assert cache.put(("f", i, "c"), _chunk(25), r)  # 200 bytes each
+    with cache.read() as r:
+        assert cache.get(("f", 0, "c"), r) is not None  # the oldest, used again: now the most recent
+        assert cache.put(("f", 5, "c"), _chunk(25), r)
+        assert cache.get(("f", 1, "c"), r) is None, "the least recently used chunk is the one evicted"
+        assert not cache.put(("f", 6, "c"), _chunk(40), r), "a chunk over a quarter of the budget is not kept"
+    assert cache.held <= 1000 and len(cache) == 5
+
+
+def test_a_read_that_needs_more_than_the_budget_keeps_what_fits_for_the_next_read(monkeypatch):
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, str(1000 / 2**20))
+    cache = DecodedCache()
+    keys = [("f", i, "c") for i in range(8)]  # 1,600 bytes in all, read again and again in the same order
+    hits = []
+    for _ in range(3):
+        with cache.read() as r:
+            found = 0
+            for k in keys:
+                if cache.get(k, r) is not None:
+                    found += 1
+                else:
+                    cache.put(k, _chunk(25), r)
+            hits.append(found)
+    # plain LRU would evict each chunk just before it is needed again: no hit ever
+    assert hits == [0, 5, 5]
+
+
+def test_a_budget_of_zero_keeps_nothing_and_a_bad_budget_is_refused(monkeypatch):
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "0")
+    cache = DecodedCache()
+    with cache.read() as r:
+        assert r is None
+    for bad in ("lots", "-1", "nan"):
+        monkeypatch.setenv(decoded_cache.ENV_BUDGET, bad)
+        with pytest.raises(InvalidArgumentError, match=decoded_cache.ENV_BUDGET):
+            decoded_cache.budget_bytes()
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "0.5")
+    assert decoded_cache.budget_bytes() == 1 << 19
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_reads_through_the_cache_equal_reads_without_it(tmp_path, budget, data):
+    files = data.draw(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 20)), min_size=1, max_size=3), label="files (rows, row group)")
+    budget(data.draw(st.sampled_from([0, 600 / 2**20, 3000 / 2**20, 1]), label="budget MB"))
+    tag = len(os.listdir(tmp_path))
+    paths, wants = [], []
+    for i, (rows, group) in enumerate(files):
+        paths.append(str(tmp_path / f"f{tag}-{i}.parquet"))
+        wants.append(_write(paths[-1], rows, i, group))
+    for _ in range(3):  # cold, then warm, with a different set of positions each time
+        picks = data.draw(st.lists(st.integers(0, 10**6), min_size=1, max_size=50), label="picks")
+        file_ids = np.array([p % len(files) for p in picks], np.int32)
+        pos = np.array([(p // len(files)) % files[f][0] for p, f in zip(picks, file_ids, strict=True)], np.int64)
+        want = [wants[f].slice(int(p), 1).to_pylist()[0] for f, p in zip(file_ids, pos, strict=True)]
+        assert values.read_at(paths, file_ids, pos, TARGET, IDS).to_pylist() == want
+        assert values.read_at(paths, file_ids, pos, TARGET, IDS, cache=False).to_pylist() == want
+        assert decoded_cache.CACHE.held <= decoded_cache.budget_bytes()
+
+
+def test_the_second_read_decodes_only_what_the_first_did_not_keep(tmp_path, budget, monkeypatch):
+    budget(1)
+    path = str(tmp_path / "f.parquet")
+    want = _write(path, 100, 1, 10)
+    decoded: list[tuple[int, tuple[str, ...]]] = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, i, columns=None, **k: decoded.append((i, tuple(columns))) or real(self, i, columns=columns, **k))
+    got = values.read_at([path], np.zeros(2, np.int32), np.array([57, 3]), TARGET, IDS)
+    assert got.to_pylist() == [want.slice(p, 1).to_pylist()[0] for p in (57, 3)]
+    assert sorted(g for g, _ in decoded) == [0, 5]
+    decoded.clear()
+    got = values.read_at([path], np.zeros(3, np.int32), np.array([51, 59, 95]), pa.schema(list(TARGET)[:2]), IDS)
+    assert got.to_pylist() == [{"id": want["id"][p].as_py(), "name": want["name"][p].as_py()} for p in (51, 59, 95)]
+    assert decoded == [(9, ("id", "name"))], "row group 5's columns were kept; only row group 9 is decoded"
+    decoded.clear()
+    values.read_at([path], np.zeros(1, np.int32), np.array([52]), TARGET, IDS, cache=False)
+    assert decoded == [(5, ("amount", "id", "name"))], "cache=False decodes and keeps nothing"
+
+
+def test_a_replaced_file_is_not_served_and_the_chunks_of_removed_files_are_dropped(tmp_path, budget, monkeypatch):
+    budget(1)
+    path = str(tmp_path / "f.parquet")
+    first = _write(path, 30, 1, 10)
+    assert values.read_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, IDS).to_pylist() == first.slice(25, 1).to_pylist()
+    second = _write(path, 30, 2, 7)
+    st_ = os.stat(path)
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))  # a coarse clock must not hide the change
+    assert values.read_at([path], np.zeros(1, np.int32), np.array([25]), TARGET, IDS).to_pylist() == second.slice(25, 1).to_pylist()
+    assert len(decoded_cache.CACHE) == 6  # the stale chunks of the first file are still held...
+    assert decoded_cache.CACHE.sweep() == 3  # ...until a sweep finds their stamp gone
+    os.remove(path)
+    assert decoded_cache.CACHE.sweep() == 3 and len(decoded_cache.CACHE) == 0 and decoded_cache.CACHE.held == 0
+    monkeypatch.setattr(decoded_cache, "SWEEP_SECONDS", 0.0)  # a read sweeps first, at most this often
+    other, last = str(tmp_path / "g.parquet"), str(tmp_path / "h.parquet")
+    _write(other, 30, 3, 10)
+    _write(last, 5, 4, 5)
+    values.read_at([other], np.zeros(1, np.int32), np.array([1]), TARGET, IDS)
+    os.remove(other)
+    values.read_at([last], np.zeros(1, np.int32), np.array([0]), TARGET, IDS)
+    assert {k[0].split("\0")[0] for k in decoded_cache.CACHE._items} == {last}, "the removed file's chunks were swept"
+
+
+def test_repeated_feeds_agree_with_and_without_the_cache_and_a_purge_empties_it(warehouse, budget, monkeypatch):
+    budget(64)
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(pa.table({"id": pa.array(range(200), pa.int64()), "name": [f"n{i % 7}" for i in range(200)], "amount": [float(i) for i in range(200)]}))
+    for k in range(3):
+        ids = list(range(k, 200, 9))
+        t.upsert(pa.table({"id": pa.array(ids, pa.int64()), "name": [f"m{k}"] * len(ids), "amount": [float(-i) for i in ids]}))
+    t.delete("id % 11 = 0")
+    expected = {net: cdf.changes(t, 1, net=net) for net in (False, True)}
+    assert len(decoded_cache.CACHE) > 0
+    for net in (False, True):
+        assert cdf.changes(t, 1, net=net).equals(expected[net])  # from the cache
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "0")
+    for net in (False, True):
+        assert cdf.changes(t, 1, net=net).equals(expected[net])
+    assert len(decoded_cache.CACHE) == 0, "a budget of 0 drops what was kept"
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "64")
+    cdf.changes(t, 1)
+    assert len(decoded_cache.CACHE) > 0
+    rid = expected[False].filter(pa.compute.equal(expected[False]["id"], 9))["_row_id"][0]
+    t.purge("id = 9")
+    assert len(decoded_cache.CACHE) == 0, "a purge drops every decoded chunk: they may hold erased values"
+    erased = cdf.changes(t, 0).filter(pa.compute.equal(cdf.changes(t, 0)["_row_id"], rid))
+    assert erased.num_rows and all(erased["_purged"].to_pylist()) and not any(erased["name"].to_pylist())
