@@ -49,7 +49,7 @@ def render_peers(doc: dict[str, Any]) -> str:
                      *(_ratio(t[label][p], t[label]["lineage"]) for p in peers)])
     rows.append(["load during its slot", *(f"{v[0]:.0f}-{v[1]:.0f}" if v else "—" for v in (s["load1_per_system"][x] for x in systems)), *([""] * len(peers))])
     out.append(md_table(["step", *(f"{x} s" for x in systems), *(f"{p}/ours" for p in peers)], rows))
-    out += _feed_calls(res)
+    out += _feed_calls(res, doc.get("settings") or {})
     out += ["", "**Bytes written (MB) and peak RSS of the process during the step (MB, max over the group)**", ""]
     b, m = s["bytes_written"], s["peak_rss_mb"]
     rows = [[label, *(fmt_mb(b[label][x]) for x in systems), *("—" if m[label][x] is None else f"{m[label][x]:.0f}" for x in systems)] for label in GROUP_LABELS]
@@ -88,7 +88,7 @@ def render_peers(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _feed_calls(res: dict[str, Any]) -> list[str]:
+def _feed_calls(res: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     """How the feed and append times were taken: the median of several calls (listed), or one call."""
     firsts, calls = [], set()
     for x, r in res["systems"].items():
@@ -101,6 +101,10 @@ def _feed_calls(res: dict[str, Any]) -> list[str]:
         n = "/".join(str(c) for c in sorted(calls))
         out += ["", f"Feed times are the median of {n} calls in a row in the system's process (the first call is the step whose peak "
                 f"RSS is reported). First calls, s, per feed in the order above: {'; '.join(firsts)}."]
+        if settings.get("row_group_cache_mb") is not None:
+            out[-1] += (f" Our reader keeps decoded row groups between calls (`LINEAGE_ROW_GROUP_CACHE_MB={settings['row_group_cache_mb']}`, "
+                        "the default is 256): a first call decodes what earlier feeds and writes of the process did not keep, the "
+                        "next ones find it kept.")
     appends = {x: st["calls_wall_s"] for x, r in res["systems"].items() for st in r.get("steps", [])
                if st["step"] == "append" and len(st.get("calls_wall_s") or []) > 1}
     if appends:

@@ -46,7 +46,10 @@ and ``sum(id)`` per change type, compared with ours and with the counts the
 workload implies. Each feed is called ``--feed-calls`` times in a row (default
 5): the first call is the measured step (peak RSS, first-call time), and the
 time reported for the feed is the median of all calls, since single calls on
-a shared VM vary by 2-3x from run to run. After the feeds each system's final
+a shared VM vary by 2-3x from run to run (our reader keeps decoded row groups
+between calls within ``LINEAGE_ROW_GROUP_CACHE_MB``, recorded in the settings:
+the later calls find kept what the first decoded; the first calls are
+reported too). After the feeds each system's final
 table is checked against the expected row count, ``sum(id)`` and
 ``sum(amount)``. Last, the base append is repeated ``--append-calls`` - 1 more
 times (default 5 in all), each into a fresh table in a folder of its own that
@@ -534,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--feed-calls and --append-calls must be at least 1")
     timeout = args.timeout or 1800 + 0.003 * args.scale
     rec = record.Recorder("run", scale=args.scale, argv=argv, script="run.py", peers=PEER_PACKAGES,
-                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls, "append_calls": args.append_calls})
+                          settings={"systems": systems, "timeout": timeout, "feed_calls": args.feed_calls, "append_calls": args.append_calls,
+                                    "row_group_cache_mb": os.environ.get("LINEAGE_ROW_GROUP_CACHE_MB", "256")})
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-run-")
     os.makedirs(workdir, exist_ok=True)
     print(f"benchmarks/run.py: scale {args.scale:,} rows, systems {', '.join(systems)}; work dir {workdir}")
