@@ -94,7 +94,7 @@ class DecodedCache:
             self.sweep()
         with self._lock:
             self._budget = budget
-            self._shrink(self._held - budget)
+            self._shrink(self._held - budget, partial=True)
             if budget == 0:
                 number = None
             else:
@@ -154,9 +154,12 @@ class DecodedCache:
             self._items.clear()
             self._held = 0
 
-    def _shrink(self, excess: int) -> bool:
-        """Evict least recently used chunks no active read uses until ``excess`` bytes are freed; False (and evict
-        nothing) if they cannot be."""
+    def _shrink(self, excess: int, partial: bool = False) -> bool:
+        """Evict least recently used chunks no active read uses until ``excess`` bytes are freed.
+
+        Returns whether they were; if not, nothing is evicted, unless
+        ``partial`` (a lowered budget: evict what can be).
+        """
         if excess <= 0:
             return True
         victims = []
@@ -166,11 +169,11 @@ class DecodedCache:
                 excess -= entry.weight
                 if excess <= 0:
                     break
-        if excess > 0:
+        if excess > 0 and not partial:
             return False
         for key in victims:
             self._held -= self._items.pop(key).weight
-        return True
+        return excess <= 0
 
 
 def _unchanged(file: str) -> bool:

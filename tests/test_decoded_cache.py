@@ -82,6 +82,22 @@ def test_a_read_that_needs_more_than_the_budget_keeps_what_fits_for_the_next_rea
     assert hits == [0, 5, 5]
 
 
+def test_a_lowered_budget_evicts_what_no_running_read_uses(monkeypatch):
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, str(1000 / 2**20))
+    cache = DecodedCache()
+    with cache.read() as r:
+        cache.put(("f", 0, "c"), _chunk(25), r)
+    with cache.read() as running:
+        cache.put(("f", 1, "c"), _chunk(25), running)
+        monkeypatch.setenv(decoded_cache.ENV_BUDGET, "0")
+        with cache.read() as off:
+            assert off is None
+        assert len(cache) == 1 and cache.held == 200, "the idle chunk goes, the running read's stays"
+    with cache.read():
+        pass
+    assert len(cache) == 0 and cache.held == 0
+
+
 def test_a_budget_of_zero_keeps_nothing_and_a_bad_budget_is_refused(monkeypatch):
     monkeypatch.setenv(decoded_cache.ENV_BUDGET, "0")
     cache = DecodedCache()
