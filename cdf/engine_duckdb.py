@@ -216,11 +216,13 @@ class _Shown:
     purged: np.ndarray | None
 
     @classmethod
-    def of(cls, p: Pointers, rows: np.ndarray | None = None) -> _Shown:
-        """Of the images ``rows`` of ``p`` (None: all, no copy)."""
-        if rows is None:
-            return cls(p.row_id, p.created, p.valid_from, p.purged)
-        return cls(p.row_id[rows], p.created[rows], p.valid_from[rows], None if p.purged is None else p.purged[rows])
+    def of(cls, p: Pointers) -> _Shown:
+        """Of every image of ``p``, in its order (no copy)."""
+        return cls(p.row_id, p.created, p.valid_from, p.purged)
+
+    def select(self, rows: np.ndarray) -> _Shown:
+        """Rows ``rows`` (indices or a mask), in that order."""
+        return _Shown(self.row_id[rows], self.created[rows], self.valid_from[rows], None if self.purged is None else self.purged[rows])
 
 
 def _change_names(change: np.ndarray) -> pa.Array:
@@ -244,7 +246,7 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         with ThreadPoolExecutor(max_workers=1) as pool:
             reading = pool.submit(_read_images, state, p.files, p.captured, p.source, p.loc, data)
             sk = plan.per_version(p, a, b)
-            shown = _Shown.of(p, sk.pointer)  # the locations were handed to the reader: only the lineage is kept
+            shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
             del p  # frees the pointers' other columns while the values are read
             got = reading.result()
         # string columns stay dictionary-encoded until the pairs are compared (by index)
@@ -260,8 +262,7 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
             keep = np.ones(len(sk), bool)
             keep[same] = keep[same + 1] = False
             sk, values, changed = sk.without_pairs(same), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
-            shown = _Shown(shown.row_id[keep], shown.created[keep], shown.valid_from[keep],
-                           None if shown.purged is None else shown.purged[keep])
+            shown = shown.select(keep)
             pre = sk.preimages
     values = decoded(values, data)
     schema = change_schema(data, shown.purged is not None)

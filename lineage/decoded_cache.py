@@ -11,11 +11,10 @@ does the write path's reader (:mod:`lineage.writes.positions`: a change
 stream's strict checks, key lookups that need values), and one budget
 covers both.
 A chunk is only served for a file that still exists unchanged (the reader
-checks the file before it looks here), and every 10 seconds at most, a read
-first drops the chunks of files that are gone: after another process's
-purge or vacuum deleted them, no erased value stays in this process's
-memory for longer than that plus the next read (a purge in this process
-clears the cache at once).
+checks the file before it looks here). A purge clears the cache of its own
+process; in another process, the first read 10 seconds or more after the
+last sweep drops the chunks of files that are gone (so a process that stops
+reading keeps them until it reads again, ends, or calls :func:`clear`).
 
 The budget is ``LINEAGE_ROW_GROUP_CACHE_MB`` (environment variable, MB,
 default 256; 0 turns the cache off), read at the start of each read. A chunk larger

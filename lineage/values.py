@@ -108,18 +108,6 @@ def _conform(columns: dict[str, pa.ChunkedArray], sources: list[str | None], sch
 
 
 @dataclass(frozen=True)
-class _File:
-    path: str
-    metadata: pq.FileMetaData  # the footer, read once per process (data files are immutable)
-    sources: list[str | None]  # file column per requested column
-    wanted: list[str]  # the file columns read (sorted, each once)
-    strings: list[str]  # string columns Parquet stored dictionary-encoded: decoded as dictionaries
-    starts: np.ndarray  # first position of each row group
-    sizes: np.ndarray  # rows of each row group
-    key: str  # the file's identity in the decoded-chunk cache: local path, size and modification time
-
-
-@dataclass(frozen=True)
 class FileLayout:
     """What a data file's footer says about where rows and columns are."""
 
@@ -129,6 +117,17 @@ class FileLayout:
     arrow: pa.Schema  # the file's Arrow schema (top-level fields)
     dictionary: tuple[str, ...]  # string columns whose chunks are dictionary-encoded: decoded as dictionaries
     stamp: str  # size and modification time of the file when the footer was read
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    local: str  # the local filesystem path
+    layout: FileLayout  # the footer facts, read once per process (data files are immutable)
+    sources: list[str | None]  # file column per requested column
+    wanted: list[str]  # the file columns read (sorted, each once)
+    starts: np.ndarray  # first position of each row group
+    sizes: np.ndarray  # rows of each row group
 
 
 # Data files are immutable and uniquely named; the stamp guards against a file replaced by hand.
@@ -170,14 +169,13 @@ def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _Fi
     info = layout(local)
     sources = file_columns(info.arrow, schema, field_ids)
     wanted = sorted({s for s in sources if s is not None})
-    strings = [s for s in wanted if s in info.dictionary]  # as the write path's reader decodes them: one form per cached chunk
-    return _File(path, info.metadata, sources, wanted, strings, info.starts[:-1], np.diff(info.starts), f"{local}\0{info.stamp}")
+    return _File(path, local, info, sources, wanted, info.starts[:-1], np.diff(info.starts))
 
 
 def _column_sizes(f: _File, row_group: int) -> dict[str, int]:
     """Uncompressed bytes of each wanted file column in ``row_group`` (what decoding it costs, roughly)."""
     sizes = dict.fromkeys(f.wanted, 0)
-    chunks = f.metadata.row_group(row_group)
+    chunks = f.layout.metadata.row_group(row_group)
     for c in map(chunks.column, range(chunks.num_columns)):
         top = c.path_in_schema.split(".")[0]
         if top in sizes:
@@ -212,32 +210,39 @@ def _jobs(tasks: list[_Task], files: dict[int, _File]) -> list[_Job]:
     return jobs
 
 
-def _read_columns(f: _File, positions: np.ndarray, row_group: int, columns: tuple[str, ...], read: int | None) -> pa.Table:
-    """File columns ``columns`` of ``row_group`` at ``positions`` (sorted file positions in that row group).
+def row_group_columns(path: str, info: FileLayout, row_group: int, columns: Sequence[str], read: int | None) -> pa.Table:
+    """File columns ``columns`` of one row group of the local file ``path`` (whose footer facts are ``info``), whole.
 
-    Column chunks kept by the decoded-chunk cache are not decoded again; the
+    Column chunks the decoded row-group cache keeps are not decoded again; the
     others are decoded and offered to it (``read``: the cache's read number,
-    None when it is off).
+    None when it is off). String columns Parquet stored dictionary-encoded come
+    as dictionaries, whoever reads them, so a kept chunk has one form.
     """
-    if not columns:
-        return pa.table({})
+    key = f"{path}\0{info.stamp}"
     got: dict[str, pa.ChunkedArray] = {}
     if read is not None:
         for c in columns:
-            hit = decoded_cache.CACHE.get((f.key, row_group, c), read)
+            hit = decoded_cache.CACHE.get((key, row_group, c), read)
             if hit is not None:
                 got[c] = hit
     missing = [c for c in columns if c not in got]
     if missing:
-        strings = [c for c in f.strings if c in missing]  # a column decodes the same way whichever others come with it
-        pf = pq.ParquetFile(local_path(f.path), metadata=f.metadata, read_dictionary=strings or None)
+        strings = [c for c in info.dictionary if c in missing]
+        pf = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=strings or None)
         table = pf.read_row_group(row_group, columns=missing, use_threads=False)
         for name, col in zip(table.column_names, table.columns, strict=True):
             got[name] = col
             if read is not None:
-                decoded_cache.CACHE.put((f.key, row_group, name), col, read)
+                decoded_cache.CACHE.put((key, row_group, name), col, read)
         del table
-    table = pa.Table.from_arrays([got[c] for c in columns], names=list(columns))
+    return pa.Table.from_arrays([got[c] for c in columns], names=list(columns))
+
+
+def _read_columns(f: _File, positions: np.ndarray, row_group: int, columns: tuple[str, ...], read: int | None) -> pa.Table:
+    """File columns ``columns`` of ``row_group`` at ``positions`` (sorted file positions in that row group)."""
+    if not columns:
+        return pa.table({})
+    table = row_group_columns(f.local, f.layout, row_group, columns, read)
     if len(positions) != int(f.sizes[row_group]):
         table = table.take(pa.array(positions - int(f.starts[row_group]), pa.int64()))
     return table

@@ -28,11 +28,10 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from lineage import decoded_cache
 from lineage.fileio import local_path
-from lineage.values import FileLayout, layout
+from lineage.values import layout, row_group_columns
 
 
 def _is_local(path: str) -> bool:
@@ -91,37 +90,17 @@ def _file_values(path: str, positions: np.ndarray, schema: pa.Schema, field_ids:
             mapping.append((field.name, name))
     names = list(dict.fromkeys(name for _, name in mapping))
     if len(info.starts) == 2:  # one row group: positions are row numbers in it
-        raw = _group(path, info, 0, names, read).take(pa.array(positions))
+        raw = row_group_columns(path, info, 0, names, read).take(pa.array(positions))
     else:
         groups = np.searchsorted(info.starts, positions, side="right") - 1
         wanted = np.unique(groups)
         # offset of each wanted group's first row in the concatenation of the wanted groups
         firsts = np.concatenate([[0], np.cumsum(np.diff(info.starts)[wanted])])
         take = positions - info.starts[groups] + firsts[np.searchsorted(wanted, groups)]
-        raw = pa.concat_tables([_group(path, info, int(g), names, read) for g in wanted]).take(pa.array(take))
+        raw = pa.concat_tables([row_group_columns(path, info, int(g), names, read) for g in wanted]).take(pa.array(take))
     # Strings decode fastest as dictionaries and are cast here, for the rows taken only; so are promoted types.
     have = {}
     for column, name in mapping:
         col, t = raw.column(name), schema.field(column).type
         have[column] = col if col.type == t else pc.cast(col, t)
     return pa.Table.from_arrays([have.get(f.name, pa.nulls(len(positions), f.type)) for f in schema], schema=schema)
-
-
-def _group(path: str, info: FileLayout, group: int, names: list[str], read: int | None) -> pa.Table:
-    """File columns ``names`` of one row group, decoded once and then served from the decoded row-group cache."""
-    key = f"{path}\0{info.stamp}"
-    got: dict[str, pa.ChunkedArray] = {}
-    if read is not None:
-        for name in names:
-            hit = decoded_cache.CACHE.get((key, group, name), read)
-            if hit is not None:
-                got[name] = hit
-    missing = [n for n in names if n not in got]
-    if missing:
-        reader = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=[n for n in info.dictionary if n in missing] or None)
-        raw = reader.read_row_group(group, columns=missing, use_threads=False)
-        for name, col in zip(raw.column_names, raw.columns, strict=True):
-            got[name] = col
-            if read is not None:
-                decoded_cache.CACHE.put((key, group, name), col, read)
-    return pa.Table.from_arrays([got[n] for n in names], names=names)
