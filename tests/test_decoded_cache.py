@@ -197,3 +197,27 @@ def test_repeated_feeds_agree_with_and_without_the_cache_and_a_purge_empties_it(
     assert len(decoded_cache.CACHE) == 0, "a purge drops every decoded chunk: they may hold erased values"
     erased = cdf.changes(t, 0).filter(pa.compute.equal(cdf.changes(t, 0)["_row_id"], rid))
     assert erased.num_rows and all(erased["_purged"].to_pylist()) and not any(erased["name"].to_pylist())
+
+
+def test_reads_in_several_threads_share_the_cache_and_agree(tmp_path, budget):
+    from concurrent.futures import ThreadPoolExecutor
+
+    budget(2500 / 2**20)  # a few chunks: the threads' reads evict each other's chunks all the time
+    paths, wants = [], []
+    for i in range(3):
+        paths.append(str(tmp_path / f"f{i}.parquet"))
+        wants.append(_write(paths[-1], 200, i, 20))
+    rng = np.random.default_rng(7)
+    jobs = []
+    for _ in range(40):
+        file_ids = rng.integers(0, 3, 30).astype(np.int32)
+        pos = rng.integers(0, 200, 30)
+        jobs.append((file_ids, pos, [wants[f].slice(int(p), 1).to_pylist()[0] for f, p in zip(file_ids, pos, strict=True)]))
+
+    def run(job) -> bool:  # type: ignore[no-untyped-def]
+        file_ids, pos, want = job
+        return values.read_at(paths, file_ids, pos, TARGET, IDS).to_pylist() == want
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(run, jobs))
+    assert 0 < decoded_cache.CACHE.held <= 2500 and not decoded_cache.CACHE._active
