@@ -123,7 +123,7 @@ class FileLayout:
 class _File:
     path: str
     local: str  # the local filesystem path
-    layout: FileLayout  # the footer facts, read once per process (data files are immutable)
+    info: FileLayout  # the footer facts, read once per process (data files are immutable)
     sources: list[str | None]  # file column per requested column
     wanted: list[str]  # the file columns read (sorted, each once)
     starts: np.ndarray  # first position of each row group
@@ -175,7 +175,7 @@ def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None) -> _Fi
 def _column_sizes(f: _File, row_group: int) -> dict[str, int]:
     """Uncompressed bytes of each wanted file column in ``row_group`` (what decoding it costs, roughly)."""
     sizes = dict.fromkeys(f.wanted, 0)
-    chunks = f.layout.metadata.row_group(row_group)
+    chunks = f.info.metadata.row_group(row_group)
     for c in map(chunks.column, range(chunks.num_columns)):
         top = c.path_in_schema.split(".")[0]
         if top in sizes:
@@ -242,7 +242,7 @@ def _read_columns(f: _File, positions: np.ndarray, row_group: int, columns: tupl
     """File columns ``columns`` of ``row_group`` at ``positions`` (sorted file positions in that row group)."""
     if not columns:
         return pa.table({})
-    table = row_group_columns(f.local, f.layout, row_group, columns, read)
+    table = row_group_columns(f.local, f.info, row_group, columns, read)
     if len(positions) != int(f.sizes[row_group]):
         table = table.take(pa.array(positions - int(f.starts[row_group]), pa.int64()))
     return table
