@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -44,6 +44,13 @@ ENV_BUDGET = "LINEAGE_ROW_GROUP_CACHE_MB"
 DEFAULT_BUDGET_MB = 256
 MAX_SHARE = 0.25  # a chunk over this share of the budget is returned but not kept
 SWEEP_SECONDS = 10.0  # how often a read drops the chunks of files that no longer exist
+
+Key = tuple[str, int, str]  # (file_key(path, stamp), row group, file column)
+
+
+def file_key(path: str, stamp: str) -> str:
+    """The file part of a chunk's key: the local path and the file's stamp (:func:`lineage.fileio.file_stamp`)."""
+    return f"{path}\0{stamp}"
 
 
 def budget_bytes() -> int:
@@ -69,7 +76,7 @@ class DecodedCache:
     """A thread-safe LRU of decoded column chunks that never evicts for a read the chunks that read uses."""
 
     def __init__(self) -> None:
-        self._items: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._items: OrderedDict[Key, _Entry] = OrderedDict()
         self._held = 0
         self._budget = 0
         self._reads = 0
@@ -107,7 +114,7 @@ class DecodedCache:
                 with self._lock:
                     self._active.discard(number)
 
-    def get(self, key: Hashable, read: int) -> pa.ChunkedArray | None:
+    def get(self, key: Key, read: int) -> pa.ChunkedArray | None:
         """The chunk kept for ``key``, or None; a hit belongs to ``read`` from now on."""
         with self._lock:
             entry = self._items.get(key)
@@ -117,7 +124,7 @@ class DecodedCache:
             entry.read = read
             return entry.value
 
-    def put(self, key: Hashable, value: pa.ChunkedArray, read: int) -> bool:
+    def put(self, key: Key, value: pa.ChunkedArray, read: int) -> bool:
         """Keep ``value`` if it fits the budget after evicting chunks no read under way uses; return whether kept."""
         weight = value.nbytes
         with self._lock:
@@ -132,17 +139,16 @@ class DecodedCache:
     def sweep(self) -> int:
         """Drop the chunks of files that no longer exist as they were when read; return how many were dropped.
 
-        Keys are ``(file, ...)`` tuples whose file is ``"<local path>\\0<stamp>"``
-        (:func:`lineage.fileio.file_stamp`).
+        A key's file part is :func:`file_key` of the file's path and stamp.
         """
         self._swept = time.monotonic()
         with self._lock:
-            files = {k[0] for k in self._items if isinstance(k, tuple) and k and isinstance(k[0], str)}
+            files = {k[0] for k in self._items}
         gone = {f for f in files if not _unchanged(f)}
         if not gone:
             return 0
         with self._lock:
-            dropped = [k for k in self._items if isinstance(k, tuple) and k and k[0] in gone]
+            dropped = [k for k in self._items if k[0] in gone]
             for k in dropped:
                 self._held -= self._items.pop(k).weight
         return len(dropped)
@@ -176,6 +182,7 @@ class DecodedCache:
 
 
 def _unchanged(file: str) -> bool:
+    """Whether the file a :func:`file_key` names still exists with the same stamp."""
     path, _, stamp = file.partition("\0")
     try:
         return file_stamp(path) == stamp

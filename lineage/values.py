@@ -218,7 +218,7 @@ def row_group_columns(path: str, info: FileLayout, row_group: int, columns: Sequ
     None when it is off). String columns Parquet stored dictionary-encoded come
     as dictionaries, whoever reads them, so a kept chunk has one form.
     """
-    key = f"{path}\0{info.stamp}"
+    key = decoded_cache.file_key(path, info.stamp)
     got: dict[str, pa.ChunkedArray] = {}
     if read is not None:
         for c in columns:
