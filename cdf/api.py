@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from cdf import engine_duckdb
+from cdf.output import change_schema
 from cdf.retention import resolve_range, window
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
 from lineage.memory import release_if_grown
+from lineage.state import TableState
 from lineage.table import Table
+
+DEFAULT_BATCH_ROWS = 1_000_000
 
 ENGINES = ("duckdb", "spark")
 
@@ -65,11 +69,7 @@ def changes(
     """
     table = _check_table(table)
     _check_engine(engine, spark)
-    if not isinstance(net, bool):
-        raise InvalidArgumentError(f"net must be True or False, got {net!r}")
-    data = _data_schema(table, columns)
-    state = table.state()
-    a, b = resolve_range(state, from_version, to_version, from_timestamp=from_timestamp, to_timestamp=to_timestamp)
+    state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
     if engine == "spark":
         from cdf import engine_spark
 
@@ -78,6 +78,60 @@ def changes(
         return engine_duckdb.changes(state, a, b, data, net)
     finally:
         release_if_grown()
+
+
+def change_batches(
+    table: Table,
+    from_version: int | None = None,
+    to_version: int | None = None,
+    *,
+    net: bool = False,
+    columns: Sequence[str] | None = None,
+    from_timestamp: object = None,
+    to_timestamp: object = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> pa.RecordBatchReader:
+    """The rows of :func:`changes` (embedded engine), in the same order, as a stream of record batches.
+
+    For feeds too large to hold at once: memory holds the feed's plan (about
+    50 bytes per row) and one part of at most ``batch_rows`` rows (one more
+    where that keeps an update pair together), instead of the whole result.
+    The range is resolved and the feed planned by this call, so a bad range or
+    a lost file raises here; each part's values are read when the reader gets
+    to it. A part is a feed of its own (its pairs are compared, and in net
+    mode dropped when equal, within it), so the rows are exactly those of
+    :func:`changes`. Read the batches before a purge or vacuum of the table
+    removes the files they point into.
+    """
+    table = _check_table(table)
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise InvalidArgumentError(f"batch_rows must be a whole number of rows >= 1, got {batch_rows!r}")
+    state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
+    schema = change_schema(data, bool(state.lineage.purged))
+    try:
+        parts = engine_duckdb.change_parts(state, a, b, data, net, batch_rows)
+    finally:
+        release_if_grown()
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            for part in parts:
+                yield from part.to_batches()
+        finally:
+            release_if_grown()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _feed_args(table: Table, from_version: int | None, to_version: int | None, net: object, columns: Sequence[str] | None,
+               from_timestamp: object, to_timestamp: object) -> tuple[TableState, int, int, pa.Schema]:
+    """The checked arguments of a feed: the table's state, the resolved range ``(a, b]`` and the data schema."""
+    if not isinstance(net, bool):
+        raise InvalidArgumentError(f"net must be True or False, got {net!r}")
+    data = _data_schema(table, columns)
+    state = table.state()
+    a, b = resolve_range(state, from_version, to_version, from_timestamp=from_timestamp, to_timestamp=to_timestamp)
+    return state, a, b, data
 
 
 def deleted_rows(
@@ -113,4 +167,4 @@ def deleted_rows(
         release_if_grown()
 
 
-__all__ = ["changes", "deleted_rows", "RetentionError", "VersionRangeError"]
+__all__ = ["changes", "change_batches", "deleted_rows", "RetentionError", "VersionRangeError"]

@@ -15,6 +15,7 @@ DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment
 from lineage.arrays import unique
+from lineage.errors import LostFileError
 from lineage.state import TableState
 from lineage.values import Gathered, decoded, gather, take_rows
 
@@ -220,8 +222,8 @@ class _Shown:
         """Of every image of ``p``, in its order (no copy)."""
         return cls(p.row_id, p.created, p.valid_from, p.purged)
 
-    def select(self, rows: np.ndarray) -> _Shown:
-        """Rows ``rows`` (indices or a mask), in that order."""
+    def select(self, rows: np.ndarray | slice) -> _Shown:
+        """Rows ``rows`` (indices, a mask or a slice), in that order."""
         return _Shown(self.row_id[rows], self.created[rows], self.valid_from[rows], None if self.purged is None else self.purged[rows])
 
 
@@ -254,6 +256,62 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         del got
         if shown.purged is not None:
             values = _erase(values, shown.purged, data)
+    return _assemble(values, sk, shown, commit_ms, data, net)
+
+
+def change_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> Iterator[pa.Table]:
+    """The rows of :func:`changes`, in the same order, as consecutive tables of at most ``part_rows`` rows.
+
+    The feed is planned here, from metadata (errors such as a lost file are
+    raised by this call); the values of a part are read when the part is
+    asked for. An update pair is never split (a part may hold one row more
+    than ``part_rows`` to keep it whole), so every part is a feed of its own:
+    net parts drop their equal pairs, and ``_changed_columns`` compares images
+    of the same part. Memory holds the plan (tens of bytes per row) and one
+    part, instead of the whole result; the price is that row groups holding
+    images of several parts are decoded once per part unless the decoded
+    row-group cache keeps them.
+    """
+    p = change_pointers(state, a, b)
+    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
+    files, captured, commit_ms = p.files, p.captured, p.commit_ms
+    source, loc = p.source[sk.pointer], p.loc[sk.pointer]
+    shown = _Shown.of(p).select(sk.pointer)
+    del p
+    return _parts(state, a, b, files, captured, source, loc, sk.change, sk.version, shown, commit_ms, data, net, part_rows)
+
+
+def _parts(state: TableState, a: int, b: int, files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray, loc: np.ndarray,
+           change: np.ndarray, version: np.ndarray, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool,
+           part_rows: int) -> Iterator[pa.Table]:
+    """The parts of :func:`change_parts`: row k of the feed shows image ``(source[k], loc[k])``."""
+    n, i = len(change), 0
+    while i < n:
+        j = min(i + part_rows, n)
+        if change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
+            j += 1
+        part_shown = shown.select(slice(i, j))
+        try:
+            got = _read_images(state, files, captured, source[i:j], loc[i:j], data)
+        except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
+            raise LostFileError(
+                f"the change feed from version {a} to {b} was planned on a data file that is gone ({exc.filename or exc}); "
+                "a vacuum, purge or another engine's maintenance removed it while the batches were being read: "
+                "ask for the feed again (the range may then need to start later)"
+            ) from exc
+        values = take_rows(got.pieces, got.rows, data, decode=part_shown.purged is not None)
+        del got
+        if part_shown.purged is not None:
+            values = _erase(values, part_shown.purged, data)
+        part = _assemble(values, plan.Skeleton(np.arange(j - i), change[i:j], version[i:j]), part_shown, commit_ms, data, net)
+        del values
+        i = j
+        if part.num_rows:
+            yield part
+
+
+def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool) -> pa.Table:
+    """The feed's rows from the values of the images ``sk`` shows (row for row) and their lineage ``shown``."""
     pre = sk.preimages
     changed = changed_matrix(values, pre)
     if net:  # a pair whose images are equal in every selected column is no change

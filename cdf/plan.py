@@ -134,7 +134,8 @@ def per_version(p: Pointers, a: int, b: int) -> Skeleton:
     pair = (row_id[1:] == row_id[:-1]) & (version[1:] == version[:-1]) & (start[:-1] == 0) & (start[1:] == 1)
     pre = np.concatenate((pair, [False]))
     post = np.concatenate(([False], pair))
-    change = np.where(start == 1, np.where(post, POSTIMAGE, INSERT), np.where(pre, PREIMAGE, DELETE)).astype(np.int8)
+    # int8 throughout: at millions of rows an int64 temporary per np.where is tens of MB
+    change = np.where(start == 1, np.where(post, np.int8(POSTIMAGE), np.int8(INSERT)), np.where(pre, np.int8(PREIMAGE), np.int8(DELETE)))
     return Skeleton(pointer, change, version)
 
 
@@ -168,7 +169,7 @@ def net(p: Pointers, a: int, b: int) -> Skeleton:
     pair = row_id[1:] == row_id[:-1]  # a row keeps at most its image at a and its image at b, in that order
     pre = np.concatenate((pair, [False]))
     post = np.concatenate(([False], pair))
-    change = np.where(at_b == 1, np.where(post, POSTIMAGE, INSERT), np.where(pre, PREIMAGE, DELETE)).astype(np.int8)
+    change = np.where(at_b == 1, np.where(post, np.int8(POSTIMAGE), np.int8(INSERT)), np.where(pre, np.int8(PREIMAGE), np.int8(DELETE)))
     return Skeleton(pointer, change, version)
 
 

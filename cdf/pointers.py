@@ -74,7 +74,7 @@ class _Builder:
     def __init__(self) -> None:
         self.file_ids: dict[str, int] = {}
         self.captured: list[IndexSegment] = []
-        self.parts: list[list[np.ndarray]] = []
+        self.parts: list[list[np.ndarray | None]] = []
 
     def file_id(self, path: str) -> int:
         return self.file_ids.setdefault(path, len(self.file_ids))
@@ -85,13 +85,8 @@ class _Builder:
             self.parts.append([source, loc, row_id, created, valid_from, valid_to])
 
     def build(self, state: TableState, commit_ms: dict[int, int]) -> Pointers:
-        if self.parts:
-            cols = []
-            for i in range(6):  # one column at a time, releasing the parts' column: the peak is the parts plus one column
-                cols.append(np.concatenate([p[i] for p in self.parts]))
-                for part in self.parts:
-                    part[i] = None
-            self.parts.clear()
+        if self.parts:  # one column at a time, releasing the parts' column: the peak is the parts plus one column
+            cols = _columns(self.parts)
         else:
             cols = [np.zeros(0, np.int32)] + [np.zeros(0, np.int64)] * 5
         purged = None
@@ -154,7 +149,7 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     ``a``, so the index segments after ``a`` name it: they give the removed
     positions without reading the position delete files.
     """
-    runs = []  # (file id, pos start, length, row id start, created, updated)
+    runs: list[list[np.ndarray | None]] = []  # per file: file id, pos start, length, row id start, created, updated
     for fl in files:
         if fl.max_updated <= a or fl.min_updated > b:
             continue
@@ -164,30 +159,57 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
             continue
         ends = np.append(pos_start[1:], fl.record_count)
         fid = builder.file_id(fl.file_path)
-        runs.append((np.full(int(keep.sum()), fid, np.int64), pos_start[keep], (ends - pos_start)[keep], rid_start[keep], created[keep], updated[keep]))
+        runs.append([np.full(int(keep.sum()), fid, np.int32), pos_start[keep], (ends - pos_start)[keep], rid_start[keep], created[keep], updated[keep]])
     if not runs:
         return
-    fid, start, length, rid, cre, upd = (np.concatenate([r[i] for r in runs]) for i in range(6))
-    total = int(length.sum())
-    offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
-    pos = np.repeat(start, length) + offsets
-    src = np.repeat(fid.astype(np.int32), length)
+    # Files rewritten row by row (updates keep each row's own created version) have runs of one row, so the
+    # runs are as many as the images: every array below is freed as soon as it is used.
+    fid, start, length, rid, cre, upd = _columns(runs)
+    offsets = np.arange(int(length.sum()), dtype=np.int64)
+    offsets -= np.repeat(np.cumsum(length) - length, length)
+    pos = np.repeat(start, length)
+    pos += offsets
+    del start
+    src = np.repeat(fid, length)
     removed = _removed_keys(segments, builder, set(unique(fid).tolist()))
-    alive = ~member((src.astype(np.int64) << 40) | pos, removed) if len(removed) else None
+    del fid
+    alive = None
+    if len(removed):
+        key = src.astype(np.int64)
+        key <<= 40
+        key |= pos
+        alive = ~member(key, removed)
+        del key
     del removed
 
-    def expand(run_values: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
-        out = np.repeat(run_values, length)
-        if plus is not None:
-            out += plus
-        return out if alive is None else out[alive]
-
-    row_id = expand(rid, offsets)
-    del offsets
-    created, valid_from = expand(cre), expand(upd)
+    row_id = _expand(rid, length, alive, offsets)
+    del offsets, rid
+    created_at = _expand(cre, length, alive)
+    del cre
+    valid_from = _expand(upd, length, alive)
+    del upd, length
     if alive is not None:
         src, pos = src[alive], pos[alive]
-    builder.add(src, pos, row_id, created, valid_from, np.full(len(pos), LIVE, np.int64))
+    builder.add(src, pos, row_id, created_at, valid_from, np.full(len(pos), LIVE, np.int64))
+
+
+def _expand(run_values: np.ndarray, length: np.ndarray, alive: np.ndarray | None, plus: np.ndarray | None = None) -> np.ndarray:
+    """Each run's value repeated over its length (plus ``plus``), at the ``alive`` images."""
+    out = np.repeat(run_values, length)
+    if plus is not None:
+        out += plus
+    return out if alive is None else out[alive]
+
+
+def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
+    """Concatenate per-part column lists column by column, dropping each part's column once it is copied."""
+    out = []
+    for i in range(len(rows[0])):
+        out.append(np.concatenate([r[i] for r in rows]))  # type: ignore[misc]
+        for r in rows:
+            r[i] = None
+    rows.clear()
+    return out
 
 
 def _removed_keys(segments: list[IndexSegment], builder: _Builder, file_ids: set[int]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import duckdb
 import numpy as np
@@ -174,6 +175,45 @@ def test_bad_arguments_are_refused(history):
         cdf.changes("orders", 0)
     with pytest.raises(lineage.InvalidArgumentError, match="from_timestamp"):
         cdf.changes(t, from_timestamp="not a time")
+
+
+@pytest.mark.parametrize("net", [False, True])
+@pytest.mark.parametrize("batch_rows", [1, 2, 3, 100])
+def test_change_batches_stream_the_rows_of_changes(history, net, batch_rows):
+    t, _ = history
+    want = cdf.changes(t, 0, 6, net=net, columns=["id", "amount"])
+    reader = cdf.change_batches(t, 0, 6, net=net, columns=["id", "amount"], batch_rows=batch_rows)
+    assert isinstance(reader, pa.RecordBatchReader)
+    assert reader.schema == want.schema
+    batches = list(reader)
+    assert pa.Table.from_batches(batches, want.schema).equals(want)  # same rows, same order
+    # an update pair is never split across batches: a part may hold one row more than asked for that
+    assert all(b.num_rows <= batch_rows + 1 for b in batches)
+    for b in batches:
+        kinds = b.column("_change_type").to_pylist()
+        assert kinds[0] != "update_postimage" and kinds[-1] != "update_preimage", kinds
+
+
+def test_change_batches_refuse_bad_input_before_reading(history):
+    t, _ = history
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(lineage.InvalidArgumentError, match="batch_rows"):
+            cdf.change_batches(t, 0, batch_rows=bad)
+    with pytest.raises(lineage.VersionRangeError, match="reversed"):
+        cdf.change_batches(t, 5, 2)  # the range is checked by the call, not when the batches are read
+    assert cdf.change_batches(t, 6, 6).read_all().num_rows == 0
+
+
+def test_change_batches_name_a_file_removed_while_they_are_read(table):
+    table.append(pa.table({"id": [1, 2], "name": ["a", "b"], "amount": [1.0, 2.0]}))  # v1
+    first = table.state().all_data_file_paths()
+    table.append(pa.table({"id": [3, 4], "name": ["c", "d"], "amount": [3.0, 4.0]}))  # v2, a file of its own
+    (second,) = table.state().all_data_file_paths() - first
+    reader = cdf.change_batches(table, 0, 2, batch_rows=1)
+    assert reader.read_next_batch().column("id").to_pylist() == [1]
+    os.remove(second.removeprefix("file://"))  # as a vacuum run by another process would, between two batches
+    with pytest.raises(lineage.LostFileError, match="ask for the feed again"):
+        reader.read_all()
 
 
 def test_retention_by_versions(warehouse):

@@ -397,6 +397,11 @@ def check_range(table: lineage.Table, model: Model, a: int, b: int) -> None:
     _assert_multiset(got_net, expected_net(model, a, b), f"changes({a}, {b}, net=True)")
     for r in got_net:
         assert a < r[len(DATA_COLS) + 1] <= b, f"net _commit_version outside ({a}, {b}]: {r}"
+    # the streamed feed is the same table, row for row (parts of a few rows: pairs at the part bounds)
+    for net in (False, True):
+        whole = cdf.changes(table, a, b, net=net)
+        streamed = cdf.change_batches(table, a, b, net=net, batch_rows=1 + (a + b) % 3).read_all()
+        assert streamed.equals(whole), f"change_batches({a}, {b}, net={net}) differs from changes()"
     got_del = _canon(cdf.deleted_rows(table, since=a, until=b), DATA_COLS + DELETED_COLS)
     _assert_multiset(got_del, expected_deleted(model, a, b), f"deleted_rows(since={a}, until={b})")
     if a == b:
