@@ -323,6 +323,21 @@ def test_scan(wh, tmp_path):
     fails(bad_as_of, 2, "version 42")
 
 
+def test_changes_are_written_batch_by_batch_and_equal_the_api(wh, tmp_path):
+    import cdf
+    from lineage.cli.format import json_default
+
+    out = tmp_path / "feed.parquet"
+    whole, net = run_many(
+        ("--warehouse", wh, "-f", "parquet", "-o", str(out), "changes", "shop.orders", "0"),
+        ("--warehouse", wh, "-f", "json", "changes", "shop.orders", "0", "--net"),
+    )
+    ok(whole)
+    t = lineage.open_table("shop.orders", warehouse=wh)
+    assert pq.read_table(out).to_pylist() == cdf.changes(t, 0).to_pylist()
+    assert json.loads(ok(net).stdout) == json.loads(json.dumps(cdf.changes(t, 0, net=True).to_pylist(), default=json_default))
+
+
 def test_changes_and_deleted_rows(wh):
     (feed, net, cols, by_time, reversed_, unknown, retention, kept_ok, deleted, deleted_range, no_from, bad_ts) = run_many(
         ("--warehouse", wh, "-f", "json", "changes", "shop.orders", "1", "4"),

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import pyarrow as pa
@@ -249,29 +249,43 @@ class Output:
             else contextlib.nullcontext(Task())
         )
         with bar as task:
-            if self.fmt == "parquet":
-                import pyarrow.parquet as pq
+            self._write(data.schema, data.to_batches(max_chunksize=BATCH_ROWS), task, empty_note)
 
-                sink: Any = sys.stdout.buffer if self.binary_stdout else self.path
-                pq.write_table(data, sink, compression="zstd")
-                task.advance(total)
-                return
-            with self._text() as out:
-                if self.fmt == "table":
-                    self._write_aligned(out, data, task)
-                    if total == 0 and empty_note and out is sys.stdout:
-                        print(f"({empty_note})", file=out)
-                elif self.fmt == "json":
-                    self._write_json(out, data, task)
-                else:
-                    self._write_csv(out, data, task)
+    def stream(self, reader: pa.RecordBatchReader, *, empty_note: str | None = None) -> None:
+        """Write a tabular result batch by batch as ``reader`` yields it (memory holds one batch)."""
+        batches = (b.slice(k, BATCH_ROWS) for b in reader for k in range(0, b.num_rows, BATCH_ROWS))
+        with self.progress.task("writing rows") as task:
+            self._write(reader.schema, batches, task, empty_note)
 
-    def _write_aligned(self, out: IO[str], data: pa.Table, task: Task) -> None:
-        names = data.column_names
-        right = [_is_numeric(f.type) for f in data.schema]
-        sample = data.slice(0, BATCH_ROWS).to_pylist()
+    def _write(self, schema: pa.Schema, batches: Iterable[pa.RecordBatch], task: Task,
+               empty_note: str | None) -> None:
+        if self.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            sink: Any = sys.stdout.buffer if self.binary_stdout else self.path
+            with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+                    task.advance(batch.num_rows)
+            return
+        with self._text() as out:
+            if self.fmt == "table":
+                written = self._write_aligned(out, schema, iter(batches), task)
+                if written == 0 and empty_note and out is sys.stdout:
+                    print(f"({empty_note})", file=out)
+            elif self.fmt == "json":
+                self._write_json(out, batches, task)
+            else:
+                self._write_csv(out, schema, batches, task)
+
+    def _write_aligned(self, out: IO[str], schema: pa.Schema, batches: Iterator[pa.RecordBatch], task: Task) -> int:
+        """Columns aligned to the widths of the first batch's values; returns the rows written."""
+        names = schema.names
+        right = [_is_numeric(f.type) for f in schema]
+        first = next(batches, None)
+        rows = [] if first is None else first.to_pylist()
         widths = [len(n) for n in names]
-        for row in sample:
+        for row in rows:
             for i, n in enumerate(names):
                 widths[i] = max(widths[i], len(cell(row[n])))
 
@@ -280,15 +294,19 @@ class Output:
 
         out.write(line(names) + "\n")
         out.write(line(["-" * w for w in widths]) + "\n")
-        for batch in data.to_batches(max_chunksize=BATCH_ROWS):
-            rows = batch.to_pylist()
+        written = 0
+        while rows:
             out.write("".join(line([cell(r[n]) for n in names]) + "\n" for r in rows))
             task.advance(len(rows))
+            written += len(rows)
+            batch = next(batches, None)
+            rows = [] if batch is None else batch.to_pylist()
+        return written
 
-    def _write_json(self, out: IO[str], data: pa.Table, task: Task) -> None:
+    def _write_json(self, out: IO[str], batches: Iterable[pa.RecordBatch], task: Task) -> None:
         out.write("[")
         first = True
-        for batch in data.to_batches(max_chunksize=BATCH_ROWS):
+        for batch in batches:
             rows = batch.to_pylist()
             for r in rows:
                 out.write(("\n" if first else ",\n") + json.dumps(r, default=json_default))
@@ -296,18 +314,17 @@ class Output:
             task.advance(len(rows))
         out.write("\n]\n" if not first else "]\n")
 
-    def _write_csv(self, out: IO[str], data: pa.Table, task: Task) -> None:
+    def _write_csv(self, out: IO[str], schema: pa.Schema, batches: Iterable[pa.RecordBatch], task: Task) -> None:
         import io
 
         import pyarrow.csv as pacsv
 
-        data = _stringify_nested(data)
         buf = io.BytesIO()
-        pacsv.write_csv(data.slice(0, 0), buf)
+        pacsv.write_csv(_stringify_nested(schema.empty_table()), buf)
         out.write(buf.getvalue().decode())
-        for batch in data.to_batches(max_chunksize=BATCH_ROWS):
+        for batch in batches:
             buf = io.BytesIO()
-            pacsv.write_csv(pa.Table.from_batches([batch]), buf, pacsv.WriteOptions(include_header=False))
+            pacsv.write_csv(_stringify_nested(pa.Table.from_batches([batch])), buf, pacsv.WriteOptions(include_header=False))
             out.write(buf.getvalue().decode())
             task.advance(batch.num_rows)
 

@@ -54,16 +54,14 @@ def cmd_changes(ctx: Context) -> int:
     from_ts = parse_timestamp(a.from_timestamp, "--from-timestamp") if a.from_timestamp else None
     to_ts = parse_timestamp(a.to_timestamp, "--to-timestamp") if a.to_timestamp else None
     what = "net changes" if a.net else "changes"
+    args = dict(net=a.net, columns=parse_columns(a.columns), from_timestamp=from_ts, to_timestamp=to_ts)
+    if a.limit is None:  # the whole feed: written batch by batch, so memory holds one batch, whatever the range
+        with ctx.progress.task(f"planning the {what} of {t.name}"):
+            reader = cdf.change_batches(t, a.from_version, a.to_version, **args)
+        ctx.out.stream(reader, empty_note="no changes in this range")
+        return EXIT_OK
     with ctx.progress.task(f"computing the {what} of {t.name}"):
-        feed = cdf.changes(
-            t,
-            a.from_version,
-            a.to_version,
-            net=a.net,
-            columns=parse_columns(a.columns),
-            from_timestamp=from_ts,
-            to_timestamp=to_ts,
-        )
+        feed = cdf.changes(t, a.from_version, a.to_version, **args)
     ctx.out.table(_limit(feed, a.limit), empty_note="no changes in this range")
     return EXIT_OK
 
