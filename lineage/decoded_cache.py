@@ -124,6 +124,11 @@ class DecodedCache:
             entry.read = read
             return entry.value
 
+    def kept(self, key: Key) -> bool:
+        """Whether a chunk is kept for ``key`` (a look only: no hit is counted, the order is unchanged)."""
+        with self._lock:
+            return key in self._items
+
     def put(self, key: Key, value: pa.ChunkedArray, read: int) -> bool:
         """Keep ``value`` if it fits the budget after evicting chunks no read under way uses; return whether kept."""
         weight = value.nbytes

@@ -150,6 +150,28 @@ def test_the_second_read_decodes_only_what_the_first_did_not_keep(tmp_path, budg
     assert decoded == [(5, ("amount", "id", "name"))], "cache=False decodes and keeps nothing"
 
 
+def test_jobs_whose_chunks_are_kept_run_in_the_calling_thread(tmp_path, budget, monkeypatch):
+    import threading
+
+    budget(1)
+    paths = [str(tmp_path / f"f{i}.parquet") for i in range(4)]
+    tables = [_write(p, 40, i, 10) for i, p in enumerate(paths)]
+    file_index, positions = np.repeat(np.arange(4, dtype=np.int32), 2), np.tile(np.array([5, 35]), 4)
+    want = [tables[f].slice(p, 1).to_pylist()[0] for f, p in zip(file_index.tolist(), positions.tolist(), strict=True)]
+    threads: list[str] = []
+    real = values._read_columns
+    monkeypatch.setattr(values, "_read_columns", lambda *a: threads.append(threading.current_thread().name) or real(*a))
+    assert values.read_at(paths, file_index, positions, TARGET, IDS).to_pylist() == want
+    assert len(threads) == 8 and any(t != threading.current_thread().name for t in threads), "eight row groups to decode: workers share them"
+    threads.clear()
+    assert values.read_at(paths, file_index, positions, TARGET, IDS).to_pylist() == want
+    assert threads == [threading.current_thread().name] * 8, "every chunk kept: nothing is handed to a worker"
+    threads.clear()
+    decoded_cache.CACHE.clear()  # chunks gone: the workers decode again
+    assert values.read_at(paths, file_index, positions, TARGET, IDS).to_pylist() == want
+    assert any(t != threading.current_thread().name for t in threads)
+
+
 def test_a_replaced_file_is_not_served_and_the_chunks_of_removed_files_are_dropped(tmp_path, budget, monkeypatch):
     budget(1)
     path = str(tmp_path / "f.parquet")
