@@ -222,8 +222,8 @@ class _Shown:
         """Of every image of ``p``, in its order (no copy)."""
         return cls(p.row_id, p.created, p.valid_from, p.purged)
 
-    def select(self, rows: np.ndarray | slice) -> _Shown:
-        """Rows ``rows`` (indices, a mask or a slice), in that order."""
+    def select(self, rows: np.ndarray) -> _Shown:
+        """Rows ``rows`` (indices or a mask), in that order."""
         return _Shown(self.row_id[rows], self.created[rows], self.valid_from[rows], None if self.purged is None else self.purged[rows])
 
 
@@ -274,37 +274,28 @@ def change_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, 
     """
     p = change_pointers(state, a, b)
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    files, captured, commit_ms = p.files, p.captured, p.commit_ms
-    source, loc = p.source[sk.pointer], p.loc[sk.pointer]
-    shown = _Shown.of(p).select(sk.pointer)
-    del p
-    return _parts(state, a, b, files, captured, source, loc, sk.change, sk.version, shown, commit_ms, data, net, part_rows)
+    return _parts(state, a, b, p.select(sk.pointer), sk.change, sk.version, data, net, part_rows)
 
 
-def _parts(state: TableState, a: int, b: int, files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray, loc: np.ndarray,
-           change: np.ndarray, version: np.ndarray, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool,
+def _parts(state: TableState, a: int, b: int, p: Pointers, change: np.ndarray, version: np.ndarray, data: pa.Schema, net: bool,
            part_rows: int) -> Iterator[pa.Table]:
-    """The parts of :func:`change_parts`: row k of the feed shows image ``(source[k], loc[k])``."""
+    """The parts of :func:`change_parts`: row k of the feed shows image k of ``p``."""
     n, i = len(change), 0
     while i < n:
         j = min(i + part_rows, n)
         if change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
             j += 1
-        part_shown = shown.select(slice(i, j))
+        shown = p.select(slice(i, j))
         try:
-            got = _read_images(state, files, captured, source[i:j], loc[i:j], data)
+            values = image_values(state, shown, None, data, decode=False)
         except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
             raise LostFileError(
                 f"the change feed from version {a} to {b} was planned on a data file that is gone ({exc.filename or exc}); "
                 "a vacuum, purge or another engine's maintenance removed it while the batches were being read: "
                 "ask for the feed again (the range may then need to start later)"
             ) from exc
-        values = take_rows(got.pieces, got.rows, data, decode=part_shown.purged is not None)
-        del got
-        if part_shown.purged is not None:
-            values = _erase(values, part_shown.purged, data)
-        part = _assemble(values, plan.Skeleton(np.arange(j - i), change[i:j], version[i:j]), part_shown, commit_ms, data, net)
-        del values
+        part = _assemble(values, plan.Skeleton(np.arange(j - i), change[i:j], version[i:j]), _Shown.of(shown), p.commit_ms, data, net)
+        del values, shown
         i = j
         if part.num_rows:
             yield part

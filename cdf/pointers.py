@@ -61,8 +61,8 @@ class Pointers:
     def __len__(self) -> int:
         return len(self.row_id)
 
-    def select(self, rows: np.ndarray) -> Pointers:
-        """The pointers ``rows`` (indices or a mask), in that order: a feed keeps only the images it shows."""
+    def select(self, rows: np.ndarray | slice) -> Pointers:
+        """The pointers ``rows`` (indices, a mask or a slice), in that order: a feed keeps only the images it shows."""
         purged = None if self.purged is None else self.purged[rows]
         return Pointers(self.files, self.captured, self.source[rows], self.loc[rows], self.row_id[rows], self.created[rows],
                         self.valid_from[rows], self.valid_to[rows], purged, self.commit_ms)

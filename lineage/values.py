@@ -123,8 +123,9 @@ class FileLayout:
     dictionary: tuple[str, ...]  # string columns whose chunks are dictionary-encoded: decoded as dictionaries
     stamp: str  # size and modification time of the file when the footer was read
     column_bytes: dict[str, list[int]]  # uncompressed bytes of each top-level column, per row group
-    # file_columns() per (schema, field ids) asked for: a feed opens every file it reads at each call
-    sources: dict[tuple[object, ...], list[str | None]] = field(default_factory=dict, compare=False, repr=False)
+    # per (schema, field ids) asked for, file_columns() and the file columns read: a feed opens every file it
+    # reads at each call
+    columns_for: dict[tuple[object, ...], tuple[list[str | None], list[str]]] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,11 @@ def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None, ids_ke
     local = local_path(path)
     info = layout(local)
     key = (schema, ids_key)
-    sources = info.sources.get(key)
-    if sources is None:
-        sources = info.sources[key] = file_columns(info.arrow, schema, field_ids)
-    wanted = sorted({s for s in sources if s is not None})
-    return _File(path, local, info, sources, wanted, info.starts[:-1], np.diff(info.starts))
+    known = info.columns_for.get(key)
+    if known is None:
+        sources = file_columns(info.arrow, schema, field_ids)
+        known = info.columns_for[key] = (sources, sorted({s for s in sources if s is not None}))
+    return _File(path, local, info, *known, info.starts[:-1], np.diff(info.starts))
 
 
 def _kept(f: _File, row_group: int, columns: Sequence[str]) -> bool:
