@@ -707,6 +707,8 @@ def test_purge_erases_every_value_from_every_file(warehouse, before_purge) -> No
         if 1 <= a < p:  # row 3 existed at a: one delete at the purge, with its (erased) image at a
             want_net[(None,) * len(PURGE_COLS) + ("delete", p, ts_p, rid3, 1, max(u for u in writes_of_3 if u <= a), None, True)] += 1
         assert got_net == want_net, f"changes({a}, net=True) after the purge:\n  missing {sorted((want_net - got_net).elements(), key=repr)}\n  extra {sorted((got_net - want_net).elements(), key=repr)}"
+        for net in (False, True):  # streamed in parts of two rows: the same erased rows, the same schema
+            assert cdf.change_batches(t, a, net=net, batch_rows=2).read_all().equals(cdf.changes(t, a, net=net)), (a, net)
     for v in range(1, p + 1):  # single versions: never a value of row 3 either
         canon(cdf.changes(t, v - 1, v))
     deleted_after = P._canon(cdf.deleted_rows(t), PURGE_COLS + P.DELETED_COLS + ["_purged"])
