@@ -14,7 +14,9 @@ prints each poll's time, the median, and the ratio against the cache off.
 
 The first call of each process (over an older commit, outside the polled
 ones) loads the table and warms the code; with the cache on it also decodes
-row groups the polls then find kept, as a long-running consumer would have.
+row groups once, so that the first poll keeps them (a chunk is kept the second
+time it is decoded) and the next ones find them kept, as a long-running
+consumer would have.
 """
 
 from __future__ import annotations

@@ -103,7 +103,8 @@ def _feed_calls(res: dict[str, Any], settings: dict[str, Any]) -> list[str]:
                 f"RSS is reported). First calls, s, per feed in the order above: {'; '.join(firsts)}."]
         if settings.get("row_group_cache_mb") is not None:
             out[-1] += (f" Our reader keeps decoded row groups between calls (`LINEAGE_ROW_GROUP_CACHE_MB={settings['row_group_cache_mb']}`): "
-                        "a first call decodes what earlier feeds and writes of the process did not keep, the next ones find it kept.")
+                        "a call finds kept, within that budget, what the process's earlier reads decoded (in records from the "
+                        "sixth session of 2026-11-26 on: what they decoded twice, so the second call decodes again).")
     appends = {x: st["calls_wall_s"] for x, r in res["systems"].items() for st in r.get("steps", [])
                if st["step"] == "append" and len(st.get("calls_wall_s") or []) > 1}
     if appends:

@@ -48,8 +48,9 @@ workload implies. Each feed is called ``--feed-calls`` times in a row (default
 time reported for the feed is the median of all calls, since single calls on
 a shared VM vary by 2-3x from run to run (our reader keeps decoded row groups
 between calls within ``LINEAGE_ROW_GROUP_CACHE_MB``, recorded in the settings:
-the later calls find kept what the first decoded; the first calls are
-reported too). After the feeds each system's final
+a chunk is kept the second time it is decoded, so from the third call on a
+feed finds kept what the earlier ones decoded; the first calls are reported
+too). After the feeds each system's final
 table is checked against the expected row count, ``sum(id)`` and
 ``sum(amount)``. Last, the base append is repeated ``--append-calls`` - 1 more
 times (default 5 in all), each into a fresh table in a folder of its own that

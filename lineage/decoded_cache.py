@@ -17,8 +17,16 @@ last sweep drops the chunks of files that are gone (so a process that stops
 reading keeps them until it reads again, ends, or calls :func:`clear`).
 
 The budget is ``LINEAGE_ROW_GROUP_CACHE_MB`` (environment variable, MB,
-default 256; 0 turns the cache off), read at the start of each read. A chunk larger
-than a quarter of the budget is not kept. Eviction is least recently used,
+default 256; 0 turns the cache off), read at the start of each read. A chunk
+is kept the second time a read decodes it, not the first: a process that
+reads a feed once (a batch job) keeps nothing, and does not pay for keeping
+it (the decoded chunks stay allocated instead of being reused by the next row
+group, so the read touches that much more fresh memory: the 10M-row feed of
+25 commits took 2.2 s in a fresh process keeping them, 0.9 s without), while
+one that reads again keeps what it decodes from its second read on. The
+first sight of a chunk is remembered as its key only (a bounded list of
+recent keys). A chunk larger than a quarter of the budget is not kept.
+Eviction is least recently used,
 except that a chunk used by a read still under way is never evicted for
 another chunk: when one read needs more than the budget (ten 1M-row groups
 of a 10M-row table), it keeps what fits and decodes the rest again next
@@ -44,6 +52,7 @@ ENV_BUDGET = "LINEAGE_ROW_GROUP_CACHE_MB"
 DEFAULT_BUDGET_MB = 256
 MAX_SHARE = 0.25  # a chunk over this share of the budget is returned but not kept
 SWEEP_SECONDS = 10.0  # how often a read drops the chunks of files that no longer exist
+SEEN_KEYS = 8192  # keys of chunks decoded once and not kept, remembered so that the next decoding keeps them
 
 Key = tuple[str, int, str]  # (file_key(path, stamp), row group, file column)
 
@@ -77,6 +86,7 @@ class DecodedCache:
 
     def __init__(self) -> None:
         self._items: OrderedDict[Key, _Entry] = OrderedDict()
+        self._seen: OrderedDict[Key, int] = OrderedDict()  # key -> the read that decoded it and did not keep it
         self._held = 0
         self._budget = 0
         self._reads = 0
@@ -130,13 +140,21 @@ class DecodedCache:
             return key in self._items
 
     def put(self, key: Key, value: pa.ChunkedArray, read: int) -> bool:
-        """Keep ``value`` if it fits the budget after evicting chunks no read under way uses; return whether kept."""
+        """Keep ``value`` if an earlier read decoded it too and it fits the budget after evicting chunks no read
+        under way uses; return whether kept."""
         weight = value.nbytes
         with self._lock:
             if key in self._items or weight > self._budget * MAX_SHARE:
                 return False
+            if self._seen.get(key, read) == read:  # its first decoding (or a repeat within one read): the key only
+                self._seen[key] = read
+                self._seen.move_to_end(key)
+                while len(self._seen) > SEEN_KEYS:
+                    self._seen.popitem(last=False)
+                return False
             if not self._shrink(self._held + weight - self._budget):
                 return False
+            del self._seen[key]
             self._items[key] = _Entry(value, weight, read)
             self._held += weight
             return True
@@ -156,12 +174,15 @@ class DecodedCache:
             dropped = [k for k in self._items if k[0] in gone]
             for k in dropped:
                 self._held -= self._items.pop(k).weight
+            for k in [k for k in self._seen if k[0] in gone]:
+                del self._seen[k]
         return len(dropped)
 
     def clear(self) -> None:
-        """Drop every chunk."""
+        """Drop every chunk (and forget the keys seen once)."""
         with self._lock:
             self._items.clear()
+            self._seen.clear()
             self._held = 0
 
     def _shrink(self, excess: int, partial: bool = False) -> bool:
