@@ -25,7 +25,8 @@ group, so the read touches that much more fresh memory: the 10M-row feed of
 25 commits took 2.2 s in a fresh process keeping them, 0.9 s without), while
 one that reads again keeps what it decodes from its second read on. The
 first sight of a chunk is remembered as its key only (a bounded list of
-recent keys). A chunk larger than a quarter of the budget is not kept.
+recent keys, which hold no values and simply age out). A chunk larger than a
+quarter of the budget is not kept.
 Eviction is least recently used,
 except that a chunk used by a read still under way is never evicted for
 another chunk: when one read needs more than the budget (ten 1M-row groups
@@ -174,8 +175,6 @@ class DecodedCache:
             dropped = [k for k in self._items if k[0] in gone]
             for k in dropped:
                 self._held -= self._items.pop(k).weight
-            for k in [k for k in self._seen if k[0] in gone]:
-                del self._seen[k]
         return len(dropped)
 
     def clear(self) -> None:
