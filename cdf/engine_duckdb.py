@@ -235,27 +235,24 @@ def _change_names(change: np.ndarray) -> pa.Array:
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
     """The change feed over ``(a, b]`` as an Arrow table."""
     p = change_pointers(state, a, b)
-    commit_ms = p.commit_ms
     if net:
         sk = plan.net(p, a, b)
         p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
-        values = image_values(state, p, None, data, decode=False)
-        shown = _Shown.of(p)
-        del p
-    else:
-        # The per-version feed shows every image of p (one that starts and ends in the range twice),
-        # so their values are read while the feed is planned.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            reading = pool.submit(_read_images, state, p.files, p.captured, p.source, p.loc, data)
-            sk = plan.per_version(p, a, b)
-            shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
-            del p  # frees the pointers' other columns while the values are read
-            got = reading.result()
-        # string columns stay dictionary-encoded until the pairs are compared (by index)
-        values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=shown.purged is not None)
-        del got
-        if shown.purged is not None:
-            values = _erase(values, shown.purged, data)
+        return _part(state, a, b, p, sk.change, sk.version, data, net)
+    # The per-version feed shows every image of p (one that starts and ends in the range twice),
+    # so their values are read while the feed is planned.
+    commit_ms = p.commit_ms
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reading = pool.submit(_read_images, state, p.files, p.captured, p.source, p.loc, data)
+        sk = plan.per_version(p, a, b)
+        shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
+        del p  # frees the pointers' other columns while the values are read
+        got = reading.result()
+    # string columns stay dictionary-encoded until the pairs are compared (by index)
+    values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=shown.purged is not None)
+    del got
+    if shown.purged is not None:
+        values = _erase(values, shown.purged, data)
     return _assemble(values, sk, shown, commit_ms, data, net)
 
 
@@ -285,20 +282,24 @@ def _parts(state: TableState, a: int, b: int, p: Pointers, change: np.ndarray, v
         j = min(i + part_rows, n)
         if change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
             j += 1
-        shown = p.select(slice(i, j))
-        try:
-            values = image_values(state, shown, None, data, decode=False)
-        except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
-            raise LostFileError(
-                f"the change feed from version {a} to {b} was planned on a data file that is gone ({exc.filename or exc}); "
-                "a vacuum, purge or another engine's maintenance removed it while the batches were being read: "
-                "ask for the feed again (the range may then need to start later)"
-            ) from exc
-        part = _assemble(values, plan.Skeleton(np.arange(j - i), change[i:j], version[i:j]), _Shown.of(shown), p.commit_ms, data, net)
-        del values, shown
+        part = _part(state, a, b, p.select(slice(i, j)), change[i:j], version[i:j], data, net)
         i = j
         if part.num_rows:
             yield part
+
+
+def _part(state: TableState, a: int, b: int, shown: Pointers, change: np.ndarray, version: np.ndarray, data: pa.Schema,
+          net: bool) -> pa.Table:
+    """The feed's rows ``change`` / ``version`` (update pairs whole), row k showing image k of ``shown``."""
+    try:
+        values = image_values(state, shown, None, data, decode=False)
+    except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
+        raise LostFileError(
+            f"the change feed from version {a} to {b} was planned on a data file that is gone ({exc.filename or exc}); "
+            "a vacuum, purge or another engine's maintenance removed it while the feed was being read: "
+            "ask for the feed again (the range may then need to start later)"
+        ) from exc
+    return _assemble(values, plan.Skeleton(np.arange(len(change)), change, version), _Shown.of(shown), shown.commit_ms, data, net)
 
 
 def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool) -> pa.Table:
