@@ -51,6 +51,7 @@ class Checked:
 
     sql: str  # DuckDB SQL rendered from the checked parse tree, in parentheses (a bare column: its quoted name): the only text that runs
     columns: tuple[str, ...]  # the columns it reads, in order of first use
+    tree: str  # JSON of DuckDB's parse tree of ``sql`` (without source positions): what derived checks read
 
 
 def check(text: object, columns: Sequence[str], what: str = "where") -> Checked:
@@ -86,8 +87,9 @@ def _check(text: str, columns: tuple[str, ...], what: str) -> Checked:
         rendered = "(" + _render(tree, item, label) + ")"
     # The text that runs, parsed and checked as it will be pasted: nothing may need binding or rewriting any more.
     final = _Walker(columns, label, rewrite=False)
-    final.visit(_select_item(_parse(f"SELECT {rendered}", label), label), None)
-    return Checked(rendered, tuple(walker.used))
+    checked = _select_item(_parse(f"SELECT {rendered}", label), label)
+    final.visit(checked, None)
+    return Checked(rendered, tuple(walker.used), json.dumps(_strip(checked)))
 
 
 @lru_cache(maxsize=256)

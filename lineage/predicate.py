@@ -2,9 +2,10 @@
 
 A predicate is evaluated row by row in DuckDB as SQL: the rendering of its
 checked parse tree (:mod:`lineage.expressions`), never the caller's text.
-When it can also be read as a pyiceberg expression it is used, in addition,
-to prune data files by partition values and column statistics before any
-file is opened.
+From the same checked tree, :mod:`lineage.pruning` derives a pyiceberg
+expression that prunes data files by partition values and column statistics
+before any file is opened; it never skips a file holding a row DuckDB would
+select.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import itertools
+import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import duckdb
@@ -39,10 +42,10 @@ from pyiceberg.expressions import (
     Or,
     StartsWith,
 )
-from pyiceberg.expressions import parser as iceberg_parser
 
 from lineage import duck, expressions
 from lineage.errors import BadPredicateError
+from lineage.pruning import prune_expression
 
 
 @dataclass(frozen=True)
@@ -130,37 +133,40 @@ def expression_to_sql(expr: BooleanExpression) -> str:
     raise BadPredicateError(f"unsupported predicate {expr!r}")
 
 
-def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema) -> Predicate:
+def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema, prunable: Iterable[str] = ()) -> Predicate:
     """Validate ``where`` against ``schema`` (data plus lineage columns).
 
     SQL text goes through :func:`lineage.expressions.check` (one scalar
     expression from the allow-list, re-rendered from DuckDB's parse tree);
     the returned ``sql`` is that rendering, never the caller's text. A
     pyiceberg expression is translated to SQL by :func:`expression_to_sql`
-    and checked the same way. Raises UnknownColumnError for columns the table
-    lacks and BadPredicateError for anything that is not a single boolean
-    expression of the allowed kind.
+    and checked the same way. The file filter ``prune`` is derived from the
+    same checked tree (:mod:`lineage.pruning`), over the columns named in
+    ``prunable`` (the table's own data columns; none: no file is skipped).
+    Raises UnknownColumnError for columns the table lacks and
+    BadPredicateError for anything that is not a single boolean expression
+    of the allowed kind.
     """
     if where is None:
         return Predicate("TRUE", AlwaysTrue())
     if isinstance(where, BooleanExpression):
         text = expression_to_sql(where)
-        prune: BooleanExpression = where
     elif isinstance(where, str):
         if not where.strip():
             raise BadPredicateError("where is an empty string; pass None to match every row")
         text = where
-        prune = AlwaysTrue()
     else:
         raise BadPredicateError(f"where must be a SQL string or a pyiceberg expression, got {type(where).__name__}")
     checked = expressions.check(text, schema.names, "where")
     _check_boolean(checked.sql, text, schema)
-    if isinstance(where, str):
-        try:
-            prune = iceberg_parser.parse(where)  # only after the check: pyiceberg reads the text for file pruning alone
-        except Exception:
-            prune = AlwaysTrue()  # fine: DuckDB still evaluates it; we only lose file pruning
-    return Predicate(checked.sql, prune)
+    return Predicate(checked.sql, prune_expression(json.loads(checked.tree), schema, set(prunable)))
+
+
+def prunable_columns(data_schema: pa.Schema) -> tuple[str, ...]:
+    """The columns of a table's own schema that may prune files: top-level primitives whose name pyiceberg reads as one field."""
+    return tuple(
+        f.name for f in data_schema if "." not in f.name and not pa.types.is_nested(f.type) and not pa.types.is_dictionary(f.type)
+    )
 
 
 def expression_type(sql: str, schema: pa.Schema) -> str:

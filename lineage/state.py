@@ -226,14 +226,15 @@ def _plan(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
 def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression) -> list[LiveFile]:
     """The files pyiceberg's planning would keep for ``prune`` (partition values and column statistics).
 
-    Uses the evaluators of pyiceberg's planner on files already known; if the
-    expression does not bind (it names lineage columns) every file is kept,
-    as planning without a filter does.
+    Uses the evaluators of pyiceberg's planner on files already known. The
+    expression comes from :mod:`lineage.pruning` (exact column names, so the
+    binding is case sensitive); if it does not bind, every file is kept, as
+    planning without a filter does.
     """
     try:
         from pyiceberg.table import ManifestGroupPlanner
 
-        planner = ManifestGroupPlanner(table.metadata, table.io, prune, case_sensitive=False)
+        planner = ManifestGroupPlanner(table.metadata, table.io, prune, case_sensitive=True)
         metrics = planner._build_metrics_evaluator()
         partitions: dict[int, Any] = {}
         out = []

@@ -42,7 +42,7 @@ from lineage.errors import (
     UnknownColumnError,
 )
 from lineage.outcome import has_commit, is_transient, reload
-from lineage.predicate import parse_predicate, quote_ident
+from lineage.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.reconcile import reconcile_table
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import (
@@ -283,7 +283,7 @@ class Table:
         state = self.state(as_of)
         schema = self.arrow_schema
         probe = pa.schema(list(schema) + LINEAGE_SCHEMA)
-        pred = parse_predicate(where, probe)
+        pred = parse_predicate(where, probe, prunable_columns(schema))
         if columns is None:
             wanted = list(schema.names) + (list(LINEAGE_COLUMNS) if with_lineage else [])
         else:
@@ -308,9 +308,9 @@ class Table:
         target = pa.schema([probe.field(c) for c in wanted])
         return result.cast(target) if result.schema != target else result
 
-    def count(self, as_of: int | None = None) -> int:
-        """Number of live rows at ``as_of``."""
-        return self.scan(columns=["_row_id"], as_of=as_of).num_rows
+    def count(self, where: str | BooleanExpression | None = None, as_of: int | None = None) -> int:
+        """Number of live rows at ``as_of`` (current by default) that match ``where`` (every row by default)."""
+        return self.scan(where, columns=["_row_id"], as_of=as_of).num_rows
 
     # ------------------------------------------------------------------ writes
     def append(self, data: object) -> CommitInfo:
@@ -354,7 +354,7 @@ class Table:
         """Delete the live rows matching ``where`` (merge-on-read unless ``mode``/properties say otherwise)."""
         if where is None:
             raise InvalidArgumentError("where is required; use where='TRUE' to delete every row")
-        pred = parse_predicate(where, self._probe_schema())
+        pred = parse_predicate(where, self._probe_schema(), prunable_columns(self.arrow_schema))
         mode = self._mode(mode, PROP_DELETE_MODE)
 
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:

@@ -21,7 +21,7 @@ from index.key_index import KeyIndex, KeyIndexChange, index_enabled
 from lineage import duck
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, UnknownColumnError
-from lineage.predicate import parse_predicate, quote_ident
+from lineage.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import projection_field_ids
 from lineage.state import TableState
@@ -48,7 +48,7 @@ def update_planner(
     if unknown:
         raise UnknownColumnError(f"set names column(s) {unknown} that the table does not have (columns: {schema.names})")
     probe = pa.schema(list(schema) + LINEAGE_SCHEMA)
-    pred = parse_predicate(where, probe)
+    pred = parse_predicate(where, probe, prunable_columns(schema))
     checked: dict[str, str] = {}
     for col, expr in set_.items():
         if not isinstance(expr, str) or not expr.strip():
