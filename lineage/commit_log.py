@@ -14,7 +14,8 @@ on, a list holds:
   following the change-feed retention): entries at or below the floor version
   are no longer reachable; the floor keeps its own version and timestamp and,
   for each commit property key (checkpoints of materialized views, user
-  properties), the newest dropped entry that carried it.
+  properties), the newest dropped entry that carried it; for the id of a
+  change stream, the newest dropped entry of *each* stream.
 
 A commit therefore writes the list's tail plus, every :data:`CHUNK_ENTRIES`
 commits, one chunk: O(1) bytes amortized. Readers walk from the newest entry
@@ -36,6 +37,18 @@ from lineage.fileio import ImmutableFileCache, read_json, write_json
 LOG_FORMAT = "lineage-log"
 LOG_FORMAT_VERSION = 1
 CHUNK_ENTRIES = 32  # tail length at which a commit seals the tail into a chunk
+# Commit properties whose value names one of many sequences (a change stream's id): expiry keeps the newest entry of
+# each value, where for any other key it keeps the newest entry that carries the key.
+PROP_STREAM_ID = "lineage.user.stream-id"
+SERIES_KEYS = frozenset({PROP_STREAM_ID})
+# Prefixes of the commit properties a caller may add (a stream position, a consumer's checkpoint): kept in the
+# snapshot summary and in the commit log, also for snapshots another engine (or the equality strategy) committed.
+USER_PROPERTY_PREFIXES = ("lineage.user.", "mv.")
+
+
+def user_properties(properties: dict[str, str]) -> dict[str, str]:
+    """The caller's properties among a snapshot summary's (:data:`USER_PROPERTY_PREFIXES`)."""
+    return {k: v for k, v in properties.items() if k.startswith(USER_PROPERTY_PREFIXES)}
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,17 @@ class LogFloor:
         if obj is None:
             return None
         return LogFloor(int(obj["version"]), int(obj["timestamp-ms"]), tuple(CommitEntry.from_json(c) for c in obj.get("kept", ())))
+
+
+def _kept_under(entry: CommitEntry) -> Iterator[str]:
+    """The names under which expiry keeps ``entry``: each property key, and for a series key its value too.
+
+    A series key (:data:`SERIES_KEYS`) names one of many independent
+    sequences, e.g. the id of a change stream: every stream's newest
+    position must survive, not only the newest stream's.
+    """
+    for key, value in entry.properties.items():
+        yield f"{key}={value}" if key in SERIES_KEYS else key
 
 
 @dataclass(frozen=True)
@@ -306,7 +330,7 @@ class CommitLog:
         newest = dropped[-1]
         kept: dict[str, CommitEntry] = {}
         for c in list(self.floor.kept if self.floor else ()) + dropped:
-            for key in c.properties:
+            for key in _kept_under(c):
                 kept[key] = c
         kept_entries = tuple(sorted({c.version: c for c in kept.values()}.values(), key=lambda c: c.version))
         tail = tuple(c for c in self.tail if c.version > newest.version)

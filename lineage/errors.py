@@ -129,6 +129,15 @@ class HistoryGapError(RetentionError):
     """
 
 
+class StreamPositionLostError(LineageError):
+    """A change stream's last committed batch cannot be established any more, so a batch cannot be told new or replayed.
+
+    Raised instead of applying the batch (which could apply it twice). The
+    message names the stream, the reason (snapshots expired before this
+    library recorded their positions) and what to do.
+    """
+
+
 class LostFileError(LineageMetadataError):
     """A data file that holds removed row images of a change-feed range was deleted (e.g. by another engine's
     ``expire_snapshots`` or ``remove_orphan_files``). The message names the file and the affected versions."""

@@ -33,6 +33,7 @@ from pyiceberg.table import Table as IcebergTable
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
 from lineage import duck
 from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
+from lineage.commit_log import USER_PROPERTY_PREFIXES
 from lineage.errors import (
     BadPredicateError,
     InvalidArgumentError,
@@ -74,7 +75,6 @@ from lineage.writes.properties import (  # re-exported: the table properties kee
     PROP_MERGE_MODE,
     PROP_RETRIES,
     PROP_UPDATE_MODE,
-    USER_PROPERTY_PREFIXES,
     capture_preimages,
     check_mode,
 )
@@ -439,6 +439,19 @@ class Table:
         mode = self._mode(mode, PROP_MERGE_MODE)
         plan = merge_planner(self, batch, dkeys, skip_unchanged=skip_unchanged, operation=_operation, properties=extra)
         return run_write(self, plan, mode=mode, expected_version=expected_version)
+
+    def reset_stream_position(self, stream_id: str, batch_id: int | None) -> None:
+        """Record that change stream ``stream_id`` has applied every batch up to ``batch_id`` (an operator's word).
+
+        For a stream whose position was lost (StreamPositionLostError: another
+        engine expired snapshots before this library recorded them). Batches
+        up to ``batch_id`` are then skipped, later ones apply; ``None`` says
+        the stream applied nothing yet.
+        """
+        from lineage.writes.stream_position import reset_stream_position
+
+        reset_stream_position(self._iceberg, stream_id, batch_id)
+        self.refresh()
 
     def apply_changelog(
         self,

@@ -87,7 +87,10 @@ def last_known(
         except Exception:  # deleted or unreadable metadata file: look further back
             continue
         for s in older.snapshots:
-            by_id.setdefault(s.snapshot_id, s)
+            # Newest file first, but pyiceberg's expiry clears the parent id of the oldest survivor: an older file's
+            # copy of a snapshot that still names its parent wins.
+            if s.snapshot_id not in by_id or (by_id[s.snapshot_id].parent_snapshot_id is None and s.parent_snapshot_id is not None):
+                by_id[s.snapshot_id] = s
         parent = survivor.parent_snapshot_id
         if parent is None and survivor.snapshot_id in by_id:
             parent = by_id[survivor.snapshot_id].parent_snapshot_id

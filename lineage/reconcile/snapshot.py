@@ -25,6 +25,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 from index.deleted_rows import RemovedImages
 from index.key_index import KeyIndexChange, index_enabled, table_key
 from lineage.commit import CommitRequest, build_lineage
+from lineage.commit_log import user_properties
 from lineage.equality import write_resolved_deletes
 from lineage.errors import KeyViolationError
 from lineage.fileio import overwriting
@@ -127,6 +128,7 @@ def foreign_request(snapshot: Snapshot, **fields: Any) -> CommitRequest:
         operation=props.get(SUMMARY_OPERATION) or (summary.operation.value if summary else "unknown"),
         iceberg_operation=summary.operation if summary else Operation.OVERWRITE,
         foreign=engine_of(snapshot),
+        properties=user_properties(props),  # stream positions and checkpoints outlive the snapshot in the commit log
         **fields,
     )
 

@@ -59,7 +59,7 @@ from lineage.writer import ROW_ID, write_data_files, write_equality_deletes, wri
 from lineage.writes.changelog_sql import POSITIVE, Relations
 from lineage.writes.loop import CommitInfo, log, ms_to_datetime
 from lineage.writes.properties import DEFAULT_RETRIES, PROP_RETRIES
-from lineage.writes.stream_position import StreamPosition, last_stream_batch
+from lineage.writes.stream_position import StreamPosition, stream_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     from lineage.table import Table
@@ -190,10 +190,13 @@ def apply_equality_changelog(
         version = current.sequence_number if current else 0
         if expected_version is not None and version != expected_version:
             raise VersionMovedError(table.name, expected_version, version)
+        digest = stream_digest(ice)
         if position is not None:
-            last = last_stream_batch(table.iceberg, position.stream_id)
+            last = digest.last_batch(ice, position.stream_id)
             if last is not None and position.batch_id <= last:
                 return _no_op(table)
+        # Carried forward by every commit, so that the head snapshot keeps answering for every stream.
+        positions = digest.after(position, ice.metadata.next_sequence_number())
         if images.num_rows == 0 and keys.num_rows == 0:
             return _no_op(table)
         # Files are written per attempt: a lost race deletes them (the loop's rule), a retry writes them again.
@@ -224,7 +227,7 @@ def apply_equality_changelog(
         )
         a.result = result
         commit_files(
-            ice, operation=Operation.OVERWRITE, added=added, removed=[], properties=summary, timestamp_ms=timestamp_ms,
+            ice, operation=Operation.OVERWRITE, added=added, removed=[], properties={**summary, **positions}, timestamp_ms=timestamp_ms,
             snapshot_id=snapshot_id, attempt=a,
         )
         return result

@@ -11,7 +11,7 @@ from lineage import expressions
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, SchemaMismatchError
 from lineage.predicate import expression_type
-from lineage.writes.properties import USER_PROPERTY_PREFIXES
+from lineage.commit_log import USER_PROPERTY_PREFIXES
 
 
 def check_user_properties(properties: Mapping[str, str] | None) -> dict[str, str]:

@@ -25,8 +25,6 @@ PROP_FILE_SCOPED_LIMIT = "lineage.write.delete.file-scoped-limit"
 DEFAULT_FILE_SCOPED_LIMIT = 16
 DEFAULT_RETRIES = 20
 
-# Prefixes of the commit properties a caller may add to a merge (e.g. a consumer's checkpoint).
-USER_PROPERTY_PREFIXES = ("lineage.user.", "mv.")
 
 
 def check_mode(mode: str, what: str) -> str:
