@@ -278,3 +278,30 @@ def test_a_long_lived_table_plans_from_memory_and_notices_other_writers(merging)
     ids = t.scan(columns=["id"]).column("id").to_pylist()
     assert 1001 in ids and 1000 not in ids and 0 not in ids
     assert_interop(t)
+
+
+def test_maintain_merges_the_key_index_over_1000_small_commits(warehouse):
+    """maintain() every 100 commits keeps the key index in a few segments; writers alone would not merge them."""
+    from index.key_index import KeyIndex
+    from lineage.maintenance.key_index import check_key_index
+
+    # Writers merge nothing (limit 0) until max-segments, and compaction (which rebuilds the index of the files it moves)
+    # is off: the merging is the merge-key-index step's to do.
+    props = {"lineage.key-index.writer-merge-limit": "0", "lineage.key-index.max-segments": "64"}
+    props.update({f"lineage.maintain.{step}.enabled": "false" for step in ("rewrite-data-files", "rewrite-position-deletes", "vacuum")})
+    t = lineage.create_table("s.k", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+    t.append(pa.table({"id": list(range(100)), "name": ["a"] * 100, "amount": [0.0] * 100}, schema=SCHEMA))
+    t.reindex()
+    most, after_maintain, merged = 0, [], 0
+    for i in range(1, 1001):
+        t.upsert(pa.table({"id": [i % 150], "name": ["b"], "amount": [float(i)]}, schema=SCHEMA))
+        most = max(most, len(KeyIndex.open(t.state(), build=False).segments))
+        if i % 100 == 0:
+            step = next(s for s in t.maintain().steps if s.name == "merge-key-index")
+            merged += step.status == "done"
+            after_maintain.append(len(KeyIndex.open(t.state(), build=False).segments))
+    assert merged >= 9, merged
+    assert max(after_maintain) <= 9, after_maintain  # a base plus at most merge-fanout (8) deltas
+    assert most <= 64 + 1, most  # between two maintain() runs writers let them grow to max-segments
+    assert not check_key_index(t.state())[0]
+    assert t.count() == 150

@@ -56,22 +56,36 @@ def reindex(table) -> MaintenanceResult:  # type: ignore[no-untyped-def]
                              detail=f"rebuilt the {_summary(table.state().lineage.key_index, table)}")
 
 
-def merge_key_index(table, full: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def merge_key_index(table, full: bool = False, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
     """Merge key index segments as the policy asks (all of them into one base with ``full``).
 
     Builds the index first when the table has none. Commits nothing when
-    there is nothing to merge.
+    there is nothing to merge; ``dry_run`` only says what would be merged.
     """
     _require_index(table)
     mode = FULL if full else MAINTENANCE
 
-    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
-        index = KeyIndex.open(state)
+    def due(state: TableState) -> tuple[KeyIndex | None, bool]:
+        """The index (None: not built yet, in a dry run) and whether a merge is due."""
+        index = KeyIndex.open(state, build=not dry_run)
         if index is None:
+            if dry_run:
+                return None, True
             raise KeyViolationError(f"the live rows of {table.name} hold duplicate keys; the key index cannot be built")
         policy = MergePolicy.of(state.iceberg.metadata.properties)
         infos = [SegmentInfo(s.level, s.base, s.entries) for s in index.segments]
-        if not index.pending and next_merge(infos, policy, mode) is None:
+        return index, index.pending or next_merge(infos, policy, mode) is not None
+
+    if dry_run:
+        index, merge = due(table.refresh().state())
+        summary = _summary(table.state().lineage.key_index, table)
+        if index is None:
+            return MaintenanceResult("merge-key-index", None, detail="would build the key index")
+        return MaintenanceResult("merge-key-index", None, detail=f"{'would merge' if merge else 'nothing to merge;'} the {summary}")
+
+    def plan(state: TableState, created: list[str]) -> CommitRequest | None:
+        index, merge = due(state)
+        if not merge:
             return None
         return CommitRequest("merge-key-index", Operation.REPLACE, key_index=KeyIndexChange(index=index, merge=mode))
 
@@ -80,6 +94,11 @@ def merge_key_index(table, full: bool = False) -> MaintenanceResult:  # type: ig
         return MaintenanceResult("merge-key-index", None, detail=f"nothing to merge; {_summary(table.state().lineage.key_index, table)}")
     return MaintenanceResult("merge-key-index", result.version, bytes_added=result.bytes_written,
                              detail=f"merged the {_summary(table.state().lineage.key_index, table)}")
+
+
+def has_key_index(table) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``table`` keeps a key index (it has a key and the index is switched on)."""
+    return bool(table.key) and index_enabled(table.iceberg)
 
 
 def check_key_index(state: TableState, limit: int = 5) -> tuple[list[str], dict[str, int]]:

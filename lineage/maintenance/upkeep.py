@@ -20,8 +20,9 @@ due:
 4. ``rewrite-manifests``: when a snapshot holds more manifests of one kind
    than ``commit.manifest.min-count-to-merge`` (tables written before merge
    on commit, or with it disabled);
-5. ``merge-key-index``: the key index's background merge (a hook: a no-op
-   until the key index exists);
+5. ``merge-key-index``: the key index's background merge under its merge
+   policy (:func:`lineage.maintenance.key_index.merge_key_index`; tables
+   without a key index have nothing to do);
 6. ``expire-log``: commit log entries older than the change-feed retention
    window (``lineage.cdf.retention.*``), once a whole chunk's worth is due;
 7. ``vacuum``: files nothing references, older than
@@ -50,6 +51,7 @@ from lineage.commit_log import CHUNK_ENTRIES
 from lineage.errors import CommitConflictError, InvalidArgumentError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.maintenance.compaction import compact, compaction_groups, compaction_rule, rewrite_deletes
+from lineage.maintenance.key_index import has_key_index, merge_key_index
 from lineage.maintenance.vacuum import expire_snapshots, vacuum
 from lineage.merging import MergeSettings, plan_rewrite, positive_int
 from lineage.state import TableState, state_at
@@ -229,16 +231,11 @@ def expire_log(table, dry_run: bool = False, min_entries: int = CHUNK_ENTRIES) -
 
 
 # ---------------------------------------------------------------------- the key index
-def merge_key_index(table, dry_run: bool = False) -> MaintenanceResult | None:  # type: ignore[no-untyped-def]
-    """Hook for the key index's background merge (issue 12): None while this release has no key index."""
-    try:
-        from index import key_index  # noqa: F401
-    except ImportError:
+def merge_key_index_step(table, dry_run: bool = False) -> MaintenanceResult | None:  # type: ignore[no-untyped-def]
+    """The key index's background merge under its policy (None: the table keeps no key index)."""
+    if not has_key_index(table):
         return None
-    merge = getattr(key_index, "maintain", None)
-    if merge is None:
-        return None
-    return merge(table, dry_run=dry_run)
+    return merge_key_index(table, dry_run=dry_run)
 
 
 # ---------------------------------------------------------------------- all of it
@@ -305,7 +302,7 @@ def maintain(table, dry_run: bool = False) -> MaintenanceReport:  # type: ignore
         return rewrite_manifests(table, dry_run=dry_run)
 
     run("rewrite-manifests", manifests)
-    run("merge-key-index", lambda: merge_key_index(table, dry_run=dry_run))
+    run("merge-key-index", lambda: merge_key_index_step(table, dry_run=dry_run))
     run("expire-log", lambda: expire_log(table, dry_run=dry_run))
     vacuum_age = _dt.timedelta(milliseconds=positive_int(props, PROP_VACUUM_MIN_AGE_MS, 3_600_000))
 
