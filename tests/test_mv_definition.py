@@ -1,0 +1,247 @@
+"""A materialized view's stored definition is checked whole before any of it can run.
+
+The definition is a table property of the view table (``mv.definition``,
+``mv.source``), which anyone who can commit to that table can edit. Each field
+is tampered with here, one at a time: opening or refreshing the view must
+raise a :class:`cdf.mv.ViewQueryError` naming the view, the field, the stored
+value and what is allowed, before any refresh SQL runs, in DuckDB or in Spark,
+and leave the view as it was. The untouched definition keeps working.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import cdf.mv
+import cdf.mv.engines
+import cdf.mv.view
+import lineage
+from cdf.mv.stored import PROP_DEFINITION, PROP_SOURCE
+
+SCHEMA = pa.schema([("k", pa.int64()), ("a", pa.string()), ("x", pa.float64()), ("n", pa.int64())])
+AGGREGATE = "SELECT a, COUNT(*) AS c, SUM(x) AS total, AVG(n) AS mean, MIN(x) AS lo FROM src WHERE k > 1 GROUP BY a"
+PROJECTION = "SELECT k, lpad(a, 4, '_') AS pa, x * 2 AS x2 FROM src WHERE n < 5"
+MARK = "pwned_marker"  # in every tampered value that could be pasted into SQL
+
+
+@dataclass
+class Views:
+    warehouse: str
+    source: lineage.Table
+    stored: dict[str, dict[str, Any]]  # view name -> its untouched definition
+    sources: dict[str, str]  # view name -> its untouched mv.source
+
+
+@pytest.fixture(scope="module")
+def views(tmp_path_factory) -> Views:
+    wh = str(tmp_path_factory.mktemp("mvdef") / "wh")
+    src = lineage.create_table("shop.src", SCHEMA, key=["k"], warehouse=wh)
+    src.append(pa.table({"k": [1, 2, 3, 4, 5], "a": ["p", "q", "p", "q", "p"], "x": [1.0, 2.0, 3.0, 4.0, 5.0], "n": [1, 2, 3, 4, 5]},
+                        schema=SCHEMA))
+    stored, sources = {}, {}
+    for name, query in (("shop.agg", AGGREGATE), ("shop.proj", PROJECTION)):
+        view = cdf.mv.create(name, src, query)
+        view.refresh()
+        stored[name] = json.loads(view.table.properties[PROP_DEFINITION])
+        sources[name] = view.table.properties[PROP_SOURCE]
+    return Views(wh, src, stored, sources)
+
+
+def _set(views: Views, name: str, definition: str, source: str) -> None:
+    table = lineage.open_table(name, warehouse=views.warehouse)
+    with table.iceberg.transaction() as tx:
+        tx.set_properties({PROP_DEFINITION: definition, PROP_SOURCE: source})
+
+
+class SparkSpy:
+    """A stand-in Spark session that records every SQL text and data frame it is handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.catalog = self
+
+    def sql(self, text: str) -> Any:
+        self.calls.append(text)
+        raise AssertionError(f"Spark was asked to run {text!r}")
+
+    def createDataFrame(self, data: Any) -> Any:  # noqa: N802 - Spark's name
+        self.calls.append("createDataFrame")
+        raise AssertionError("Spark was handed data")
+
+    def dropTempView(self, name: str) -> None:  # noqa: N802 - Spark's name
+        self.calls.append(f"dropTempView {name}")
+
+
+@pytest.fixture
+def no_refresh_sql(monkeypatch):
+    """Fails the test if a refresh opens its DuckDB connection (every refresh SQL runs on it)."""
+    opened: list[str] = []
+
+    def refuse() -> Any:
+        opened.append("duckdb")
+        raise AssertionError("a refresh connection was opened")
+
+    monkeypatch.setattr(cdf.mv.engines, "duckdb_connection", refuse)
+    monkeypatch.setattr(cdf.mv.view, "duckdb_connection", refuse)
+    return opened
+
+
+@dataclass(frozen=True)
+class Tamper:
+    id: str
+    view: str
+    change: Callable[[dict[str, Any]], None]
+    needles: tuple[str, ...]  # the field, the stored value, what is allowed
+    at: str = "open"  # "open": refused when the view is opened; "refresh": when a refresh opens the source
+    source: str | None = None  # a tampered mv.source
+
+
+def _column(i: int, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d["columns"][i].__setitem__(key, value)
+
+
+def _top(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d.__setitem__(key, value)
+
+
+def _where(value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d["where"].__setitem__("duckdb", value)
+
+
+def _type(column: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d["types"].__setitem__(column, value)
+
+
+TAMPERED = [
+    Tamper("kind-sql", "shop.agg", _column(4, "kind", f"min(1) FROM src; SELECT getenv('{MARK}') --"),
+           ("columns[4].kind", MARK, "allowed: expr, sum, count, count_star, avg, min, max")),
+    Tamper("kind-other-aggregate", "shop.agg", _column(2, "kind", "median"), ("columns[2].kind", "'median'", "allowed: expr, sum")),
+    Tamper("kind-not-text", "shop.agg", _column(2, "kind", ["sum"]), ("columns[2].kind", "['sum']", "allowed:")),
+    Tamper("kind-aggregate-in-projection", "shop.proj", _column(2, "kind", "sum"),
+           ("columns[2].kind", "'sum'", "allowed: expr (in a projection view)")),
+    Tamper("kind-other-helpers", "shop.agg", _column(2, "kind", "avg"), ("describes the columns", "_mv_sum_total", "the view table has")),
+    Tamper("shape-sql", "shop.agg", _top("shape", f"aggregate') OR getenv('{MARK}"), ("shape is", MARK, "allowed: projection, aggregate")),
+    Tamper("shape-other", "shop.agg", _top("shape", "projection"), ("columns[1].kind", "'count_star'", "allowed: expr (in a projection view)")),
+    Tamper("shape-missing", "shop.proj", lambda d: d.pop("shape"), ("shape is None", "allowed: projection, aggregate")),
+    Tamper("source-columns-text", "shop.agg", _top("source-columns", f"k, {MARK}"), ("source-columns is", MARK, "a list of distinct")),
+    Tamper("source-columns-twice", "shop.agg", _top("source-columns", ["k", "a", "a", "x", "n"]), ("source-columns is", "a list of distinct")),
+    Tamper("source-columns-unbound", "shop.agg", _top("source-columns", ["a", "x", "n"]), ("the stored WHERE", "'k'")),
+    Tamper("source-columns-not-in-source", "shop.agg", _top("source-columns", ["k", "a", "x", "n", MARK]),
+           ("source-columns names", MARK, "which the source table shop.src does not have"), at="refresh"),
+    Tamper("name-sql", "shop.agg", _column(2, "name", f'total" FROM src; SELECT \'{MARK}\' AS "x'),
+           ("describes the columns", MARK, "but the view table has")),
+    Tamper("name-reserved", "shop.agg", _column(0, "name", "_mv_key"), ("reserved for the view's bookkeeping", "_mv_key")),
+    Tamper("name-nul", "shop.proj", _column(0, "name", "k\x00"), ("columns[0].name", "'k\\x00'", "allowed: a column name")),
+    Tamper("count-star-argument", "shop.agg", _column(1, "duckdb", f"getenv('{MARK}')"),
+           ("columns[1].duckdb", MARK, "allowed: null for COUNT(*)")),
+    Tamper("expression-missing", "shop.proj", _column(1, "duckdb", None), ("columns[1].duckdb is None", "allowed: an SQL expression")),
+    Tamper("expression-subquery", "shop.proj", _column(1, "duckdb", f"(SELECT '{MARK}')"), ("select item 'pa'", "subquery")),
+    Tamper("where-not-an-object", "shop.agg", _top("where", f"k > 1 OR '{MARK}' = ''"), ("where is", MARK, '{"duckdb": SQL or null')),
+    Tamper("where-file-read", "shop.agg", _where(f"k IN (SELECT * FROM read_csv('/{MARK}'))"), ("the stored WHERE", "subquery")),
+    Tamper("type-injection", "shop.agg", _type("total", f"DOUBLE) AS total, (SELECT '{MARK}'"), ("stored type of view column 'total'",)),
+    Tamper("type-changed", "shop.agg", _type("total", "DECIMAL(4,1)"),
+           ("types['total'] is 'DECIMAL(4,1)'", "a type the view table stores as double")),
+    Tamper("type-key-changed", "shop.agg", _type("a", "INTEGER"), ("types['a'] is 'INTEGER'", "stores as large_string")),
+    Tamper("type-unknown-column", "shop.agg", _type(MARK, "INTEGER"), ("types names columns the view does not have", MARK)),
+    Tamper("spark-ok-text", "shop.agg", _top("spark-ok", f"yes {MARK}"), ("spark-ok is", MARK, "allowed: true or false")),
+    Tamper("spark-problem-number", "shop.agg", _top("spark-problem", 7), ("spark-problem is 7", "a text or null")),
+    Tamper("query-not-text", "shop.agg", _top("query", {"sql": MARK}), ("query is", MARK, "the view's SQL text")),
+    Tamper("format-other", "shop.agg", _top("format", MARK), ("not a materialized-view definition", MARK)),
+    Tamper("format-version-text", "shop.agg", _top("format-version", f"1; {MARK}"), ("format-version is", MARK, "a whole number")),
+    Tamper("unknown-field", "shop.agg", _top("on-refresh", f"SELECT '{MARK}'"), ("fields this release does not know", "on-refresh")),
+    Tamper("column-unknown-field", "shop.agg", _column(0, "hook", MARK), ("columns[0] has the fields", "hook", "allowed: exactly ['duckdb', 'kind', 'name', 'spark']")),
+    Tamper("not-json", "shop.agg", lambda d: d.clear(), ("not valid JSON",)),
+    Tamper("source-empty", "shop.agg", lambda d: None, (f"the table property {PROP_SOURCE} is ''", "namespace.table"), source=""),
+]
+
+
+# Each stored field, and the case that tampers with it.
+COVERED = {
+    "format": "format-other", "format-version": "format-version-text", "query": "query-not-text", "shape": "shape-sql",
+    "columns": "column-unknown-field", "where": "where-not-an-object", "source-columns": "source-columns-text",
+    "spark-ok": "spark-ok-text", "spark-problem": "spark-problem-number", "types": "type-changed", "columns[].kind": "kind-sql",
+    "columns[].name": "name-sql", "columns[].duckdb": "count-star-argument", "where.duckdb": "where-file-read",
+    PROP_SOURCE: "source-empty",
+}
+
+
+def test_every_stored_field_is_tampered_with():
+    import cdf.mv.stored as stored
+
+    assert {f for f in COVERED if "[" not in f and not f.startswith("where.")} == set(stored._FIELDS) | {PROP_SOURCE}
+    assert set(COVERED.values()) <= {t.id for t in TAMPERED}
+    assert len({t.id for t in TAMPERED}) == len(TAMPERED)
+
+
+@pytest.mark.parametrize("case", TAMPERED, ids=[t.id for t in TAMPERED])
+def test_a_tampered_field_refuses_the_view_before_any_sql(views: Views, case: Tamper, no_refresh_sql: list[str]):
+    definition = json.loads(json.dumps(views.stored[case.view]))
+    case.change(definition)
+    text = "{not json" if case.id == "not-json" else json.dumps(definition)
+    before = lineage.open_table(case.view, warehouse=views.warehouse).version
+    _set(views, case.view, text, views.sources[case.view] if case.source is None else case.source)
+    try:
+        spy = SparkSpy()
+        attempts: list[Callable[[], object]] = [
+            lambda: cdf.mv.refresh(case.view, warehouse=views.warehouse),
+            lambda: cdf.mv.refresh(case.view, warehouse=views.warehouse, engine="spark", spark=spy),
+        ]
+        if case.at == "open":
+            attempts.append(lambda: cdf.mv.open_view(case.view, warehouse=views.warehouse))
+        else:
+            cdf.mv.open_view(case.view, warehouse=views.warehouse)  # well-formed: refused when the source is opened
+        for attempt in attempts:
+            with pytest.raises(cdf.mv.ViewQueryError) as info:
+                attempt()
+            message = str(info.value)
+            assert message.startswith(f"view {case.view}: the stored definition"), message
+            for needle in case.needles:
+                assert needle in message, f"{needle!r} not in: {message}"
+        assert spy.calls == [] and no_refresh_sql == []
+        assert lineage.open_table(case.view, warehouse=views.warehouse).version == before
+    finally:
+        _set(views, case.view, json.dumps(views.stored[case.view]), views.sources[case.view])
+
+
+def test_the_untouched_definitions_still_refresh(views: Views):
+    for name in views.stored:
+        result = cdf.mv.open_view(name, warehouse=views.warehouse).refresh(full=True)
+        assert result.status in ("rebuilt", "unchanged"), result
+    assert cdf.mv.open_view("shop.agg", warehouse=views.warehouse).scan().sort_by("a").to_pylist() == [
+        {"a": "p", "c": 2, "total": 8.0, "mean": 4.0, "lo": 3.0},
+        {"a": "q", "c": 2, "total": 6.0, "mean": 3.0, "lo": 2.0},
+    ]
+
+
+def test_spark_sql_missing_for_a_duckdb_fragment_disables_spark(views: Views):
+    """A Spark fragment removed (or added without its DuckDB twin) would make the engines disagree: Spark is refused."""
+    for change, what in ((lambda d: d["where"].__setitem__("spark", None), "no Spark SQL for WHERE"),
+                         (lambda d: d["columns"][2].__setitem__("spark", None), "no Spark SQL for select item 'total'")):
+        definition = json.loads(json.dumps(views.stored["shop.agg"]))
+        change(definition)
+        _set(views, "shop.agg", json.dumps(definition), views.sources["shop.agg"])
+        try:
+            view = cdf.mv.open_view("shop.agg", warehouse=views.warehouse)
+            assert not view.definition.spark_ok and what in (view.definition.spark_problem or "")
+            spy = SparkSpy()
+            with pytest.raises(cdf.mv.ViewQueryError, match="cannot be refreshed with Spark"):
+                view.refresh(engine="spark", spark=spy)
+            assert spy.calls == []
+        finally:
+            _set(views, "shop.agg", json.dumps(views.stored["shop.agg"]), views.sources["shop.agg"])
+
+
+def test_refresh_sql_names_aggregates_through_a_closed_map():
+    """The kind is never pasted: a ViewColumn whose kind is not an aggregate has no SQL function."""
+    from cdf.mv.query import SQL_FUNCTIONS, ViewColumn
+
+    assert ViewColumn("m", "max", '"x"', "`x`").function == "MAX"
+    assert set(SQL_FUNCTIONS) == {"sum", "count", "count_star", "avg", "min", "max"}
+    with pytest.raises(cdf.mv.ViewQueryError, match="not an aggregate"):
+        _ = ViewColumn("m", "max(x)) --", '"x"', None).function
