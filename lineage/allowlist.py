@@ -40,7 +40,8 @@ Rules, and the reason for each:
   whole-number literal of at most :data:`MAX_WIDTH`, and the format string of
   ``format``/``printf`` a string literal whose widths and precisions are
   literals of at most :data:`MAX_WIDTH` (not ``*`` or ``{}``, which take them
-  from an argument).
+  from an argument), read both ``{}``-style and ``%``-style (a view's
+  expressions also run in Spark, whose ``format_string`` is ``%``-style).
 * **No parameters, ``*``/``COLUMNS(...)``, positional references or aliases**:
   an expression is complete on its own and computes exactly one value.
 """
@@ -192,7 +193,8 @@ def bounded_refusal(name: str, value: object) -> str | None:
     if not isinstance(value, str):
         return (f"the function {name}() with a format string that is not a string literal (its cost is set by the format's "
                 "widths, which must be literals)")
-    problem = (_fmt_problem if name == "format" else _printf_problem)(value)
+    # Read both ways: a materialized view's expressions also run in Spark, whose format_string reads a format printf-style.
+    problem = _fmt_problem(value) or _printf_problem(value)
     if problem is None:
         return None
     return f"the function {name}() with the format {_short(value)}: {problem} (its cost is set by the format's widths)"
@@ -233,7 +235,7 @@ def _fmt_problem(text: str) -> str | None:
     return None
 
 
-_PRINTF_FLAGS = frozenset("0123456789-+ #'.$*hlLjzqtI")
+_PRINTF_FLAGS = frozenset("0123456789-+ #'.$*hlLjzqtI,(<")  # C's flags and length modifiers, and Java's , ( <
 
 
 def _printf_problem(text: str) -> str | None:

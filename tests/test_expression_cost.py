@@ -43,6 +43,9 @@ HOSTILE = [
     ("printf-zero-padded", f"printf('%0{HUGE}d', k) = ''", f"width or precision 0{HUGE}"),
     ("printf-precision", f"printf('%.{HUGE}f', x) = ''", f"width or precision {HUGE}"),
     ("printf-star", f"printf('%*d', {HUGE}, k) = ''", "takes its width or precision from an argument (*)"),
+    # a view's expressions also run in Spark, whose format_string reads the format %-style (Java's flags too)
+    ("format-percent-width", f"format('%{HUGE}d', k) = ''", f"width or precision {HUGE}"),
+    ("printf-java-flag", f"printf('%,{HUGE}d', k) = ''", f"width or precision {HUGE}"),
     ("damerau-levenshtein", "damerau_levenshtein(a, a || a) > 0", "damerau_levenshtein() (its cost is set by an argument)"),
 ]
 

@@ -237,6 +237,22 @@ def test_spark_sql_missing_for_a_duckdb_fragment_disables_spark(views: Views):
             _set(views, "shop.agg", json.dumps(views.stored["shop.agg"]), views.sources["shop.agg"])
 
 
+def test_spark_fragments_are_checked_for_cost_and_format_is_not_translated(views: Views):
+    """A stored Spark format_string with a huge width disables Spark; DuckDB's format() has no Spark translation."""
+    definition = json.loads(json.dumps(views.stored["shop.proj"]))
+    definition["columns"][1]["spark"] = "FORMAT_STRING('%2000000000d', `k`)"
+    _set(views, "shop.proj", json.dumps(definition), views.sources["shop.proj"])
+    try:
+        opened = cdf.mv.open_view("shop.proj", warehouse=views.warehouse).definition
+        assert not opened.spark_ok and "width or precision 2000000000" in (opened.spark_problem or "")
+    finally:
+        _set(views, "shop.proj", json.dumps(views.stored["shop.proj"]), views.sources["shop.proj"])
+    view = cdf.mv.create("shop.formatted", views.source, "SELECT k, format('{:>6}', a) AS f, printf('%06d', k) AS p FROM src")
+    assert not view.definition.spark_ok and "format() has no Spark translation" in (view.definition.spark_problem or "")
+    assert view.refresh().status == "rebuilt"
+    assert view.scan().sort_by("k").to_pylist()[0] == {"k": 1, "f": "     p", "p": "000001"}
+
+
 def test_refresh_sql_names_aggregates_through_a_closed_map():
     """The kind is never pasted: a ViewColumn whose kind is not an aggregate has no SQL function."""
     from cdf.mv.query import SQL_FUNCTIONS, ViewColumn

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ErrorLevel, ParseError, SqlglotError
+from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, UnsupportedError
 
 from lineage import expressions
 from lineage.errors import InvalidArgumentError
@@ -265,6 +265,9 @@ def _bind_columns(node: exp.Expression, columns: dict[str, str], qualifiers: set
 
 
 def _render(node: exp.Expression, dialect: str) -> str:
+    if dialect == "spark" and node.find(exp.Format) is not None:
+        # sqlglot renders DuckDB's format() as Spark's format_string(), which reads its format printf-style, not {}-style
+        raise UnsupportedError("format() has no Spark translation (Spark's format_string reads '%5d', not '{:>5}')")
     return node.sql(dialect=dialect, unsupported_level=ErrorLevel.RAISE, comments=False)  # the stored query keeps them
 
 
