@@ -5,12 +5,17 @@ The definition is a table property of the view table (``mv.definition``,
 is tampered with here, one at a time: opening or refreshing the view must
 raise a :class:`cdf.mv.ViewQueryError` naming the view, the field, the stored
 value and what is allowed, before any refresh SQL runs, in DuckDB or in Spark,
-and leave the view as it was. The untouched definition keeps working.
+within a second and without growing the process's memory, and leave the view
+as it was. The untouched definition keeps working.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -207,6 +212,61 @@ def test_a_tampered_field_refuses_the_view_before_any_sql(views: Views, case: Ta
         assert lineage.open_table(case.view, warehouse=views.warehouse).version == before
     finally:
         _set(views, case.view, json.dumps(views.stored[case.view]), views.sources[case.view])
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, resource, sys, time
+    import duckdb
+    sys.path.insert(0, sys.argv[2])
+    import cdf.mv, lineage
+    import test_mv_definition as T
+
+    def peak_mb():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+    wh = sys.argv[1]
+    stored, sources = {}, {}
+    for name in ("shop.agg", "shop.proj"):
+        props = lineage.open_table(name, warehouse=wh).properties
+        stored[name], sources[name] = json.loads(props[T.PROP_DEFINITION]), props[T.PROP_SOURCE]
+        cdf.mv.refresh(name, warehouse=wh)  # warm up every path with the untouched definitions
+    views = T.Views(wh, None, stored, sources)
+    base = peak_mb()
+    out = []
+    for case in T.TAMPERED:
+        definition = json.loads(json.dumps(stored[case.view]))
+        case.change(definition)
+        text = "{not json" if case.id == "not-json" else json.dumps(definition)
+        T._set(views, case.view, text, sources[case.view] if case.source is None else case.source)
+        started = time.perf_counter()
+        try:
+            cdf.mv.refresh(case.view, warehouse=wh)
+            error = None
+        except Exception as exc:
+            error = type(exc).__name__
+        out.append({"case": case.id, "seconds": time.perf_counter() - started, "error": error, "growth_mb": peak_mb() - base})
+        T._set(views, case.view, json.dumps(stored[case.view]), sources[case.view])
+    before = peak_mb()
+    duckdb.connect().execute("SELECT length(lpad('a', 300000000, 'x'))").fetchone()
+    print(json.dumps({"calls": out, "unguarded_growth_mb": peak_mb() - before}))
+    """
+)
+
+
+def test_tampered_definitions_are_refused_fast_with_bounded_memory(views: Views):
+    """Each tampered definition, refreshed in a fresh process: refused within a second, peak memory flat."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, "-c", _CHILD, views.warehouse, tests], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [c["case"] for c in report["calls"]] == [t.id for t in TAMPERED]
+    for call in report["calls"]:
+        assert call["error"] == "ViewQueryError", call
+        assert call["seconds"] < 1.0, call
+        assert call["growth_mb"] < 50, call
+    assert report["unguarded_growth_mb"] > 250, report  # the measurement sees an allocation of that size
 
 
 def test_the_untouched_definitions_still_refresh(views: Views):
