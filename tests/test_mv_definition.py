@@ -107,6 +107,15 @@ class Tamper:
     source: str | None = None  # a tampered mv.source
 
 
+def _text(case: Tamper, definition: dict[str, Any]) -> str:
+    """The property text of a tampered definition (two cases are not JSON a dict can hold)."""
+    if case.id == "not-json":
+        return "{not json"
+    if case.id == "nested-too-deep":
+        return json.dumps(definition).replace('[[[[[["x"]]]]]]', "[" * 100_000 + "]" * 100_000)
+    return json.dumps(definition)
+
+
 def _column(i: int, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return lambda d: d["columns"][i].__setitem__(key, value)
 
@@ -162,6 +171,7 @@ TAMPERED = [
     Tamper("unknown-field", "shop.agg", _top("on-refresh", f"SELECT '{MARK}'"), ("fields this release does not know", "on-refresh")),
     Tamper("column-unknown-field", "shop.agg", _column(0, "hook", MARK), ("columns[0] has the fields", "hook", "allowed: exactly ['duckdb', 'kind', 'name', 'spark']")),
     Tamper("not-json", "shop.agg", lambda d: d.clear(), ("not valid JSON",)),
+    Tamper("nested-too-deep", "shop.agg", _top("query", [[[[[["x"]]]]]]), ("not valid JSON", "RecursionError")),
     Tamper("source-empty", "shop.agg", lambda d: None, (f"the table property {PROP_SOURCE} is ''", "namespace.table"), source=""),
 ]
 
@@ -188,7 +198,7 @@ def test_every_stored_field_is_tampered_with():
 def test_a_tampered_field_refuses_the_view_before_any_sql(views: Views, case: Tamper, no_refresh_sql: list[str]):
     definition = json.loads(json.dumps(views.stored[case.view]))
     case.change(definition)
-    text = "{not json" if case.id == "not-json" else json.dumps(definition)
+    text = _text(case, definition)
     before = lineage.open_table(case.view, warehouse=views.warehouse).version
     _set(views, case.view, text, views.sources[case.view] if case.source is None else case.source)
     try:
@@ -237,7 +247,7 @@ _CHILD = textwrap.dedent(
     for case in T.TAMPERED:
         definition = json.loads(json.dumps(stored[case.view]))
         case.change(definition)
-        text = "{not json" if case.id == "not-json" else json.dumps(definition)
+        text = T._text(case, definition)
         T._set(views, case.view, text, sources[case.view] if case.source is None else case.source)
         started = time.perf_counter()
         try:

@@ -70,8 +70,8 @@ def load(view: str, properties: dict[str, str], schema: pa.Schema) -> ViewQuery:
         raise ViewQueryError(f"view {view}: the table has no {PROP_DEFINITION} property")
     try:
         obj = json.loads(raw)
-    except ValueError as exc:
-        raise _refused(view, f"it is not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise _refused(view, f"it is not valid JSON ({type(exc).__name__}: {_shown(str(exc))})") from None
     if not isinstance(obj, dict) or obj.get("format") != DEFINITION_FORMAT:
         raise _refused(view, f"it is not a materialized-view definition (format {_shown(obj.get('format') if isinstance(obj, dict) else obj)})")
     version = obj.get("format-version")
