@@ -31,12 +31,24 @@ Rules, and the reason for each:
   names that are not columns, which the column check cannot bind; list
   predicates are available without them (``list_contains``, ``list_has_any``).
 * **No functions whose cost is set by an argument** (``repeat``, ``range``,
-  ``generate_series``, ``list_resize``): one row could allocate gigabytes.
+  ``generate_series``, ``list_resize``, ``damerau_levenshtein``): one row could
+  allocate gigabytes (``damerau_levenshtein`` keeps a matrix of one cell per
+  pair of characters: two 20,000-character values take 3 GB), and DuckDB's
+  memory limit does not see these allocations. Where the cost-setting argument
+  can be bounded by writing it as a literal, the function is allowed with that
+  argument only (:data:`BOUNDED`): the width of ``lpad``/``rpad`` must be a
+  whole-number literal of at most :data:`MAX_WIDTH`, and the format string of
+  ``format``/``printf`` a string literal whose widths and precisions are
+  literals of at most :data:`MAX_WIDTH` (not ``*`` or ``{}``, which take them
+  from an argument), read both ``{}``-style and ``%``-style (a view's
+  expressions also run in Spark, whose ``format_string`` is ``%``-style).
 * **No parameters, ``*``/``COLUMNS(...)``, positional references or aliases**:
   an expression is complete on its own and computes exactly one value.
 """
 
 from __future__ import annotations
+
+import re
 
 # Node classes of DuckDB's parse tree (``json_serialize_sql``) an expression may contain.
 NODE_CLASSES = frozenset({"CONSTANT", "COLUMN_REF", "COMPARISON", "CONJUNCTION", "OPERATOR", "BETWEEN", "CASE", "CAST", "FUNCTION", "COLLATE"})
@@ -85,7 +97,7 @@ STRING = {
     "prefix", "suffix", "contains", "strpos", "instr", "position", "lpad", "rpad", "reverse", "split_part", "string_split",
     "str_split", "split", "regexp_matches", "regexp_full_match", "regexp_replace", "regexp_extract", "regexp_extract_all",
     "regexp_escape", "like_escape", "not_like_escape", "ilike_escape", "not_ilike_escape", "ascii", "chr", "unicode", "ord", "md5",
-    "sha1", "sha256", "hash", "translate", "strip_accents", "nfc_normalize", "levenshtein", "damerau_levenshtein", "hamming",
+    "sha1", "sha256", "hash", "translate", "strip_accents", "nfc_normalize", "levenshtein", "hamming",
     "jaccard", "jaro_similarity", "jaro_winkler_similarity", "format", "printf", "hex", "to_hex", "unhex", "from_hex", "base64",
     "to_base64", "from_base64", "encode", "decode",
 }
@@ -127,7 +139,14 @@ NONDETERMINISTIC = frozenset(
         "current_localtimestamp", "localtime", "localtimestamp", "age", "ago", "sleep_ms", "pg_sleep", "write_log", "error",
     }
 )
-RESOURCE = frozenset({"repeat", "range", "generate_series", "generate_subscripts", "list_resize", "array_resize", "bar"})
+RESOURCE = frozenset(
+    {"repeat", "range", "generate_series", "generate_subscripts", "list_resize", "array_resize", "bar", "damerau_levenshtein"}
+)
+# Allowed functions whose cost one argument sets, by the position of that argument: it must be a literal that bounds
+# the cost (see bounded_refusal).
+BOUNDED = {"lpad": 1, "rpad": 1, "format": 0, "printf": 0}
+MAX_WIDTH = 4096  # characters: the widest lpad/rpad result, and the largest format/printf width or precision
+NOT_A_LITERAL = object()  # what the checker passes to bounded_refusal for an argument that is not a literal
 # Table functions that read files, other tables or the catalog; DuckDB's catalog classifies the rest.
 TABLE_FUNCTIONS = frozenset(
     {
@@ -154,3 +173,89 @@ def refusal(name: str, kind: str | None) -> str:
     if kind is None:
         return f"the function {name}(), which DuckDB does not know"
     return f"the function {name}(), which is not on the allow-list of scalar functions"
+
+
+def bounded_refusal(name: str, value: object) -> str | None:
+    """Why the call of the :data:`BOUNDED` function ``name`` is refused, or None if its cost-setting argument bounds it.
+
+    ``value`` is that argument's literal value (a Python int or str), or
+    :data:`NOT_A_LITERAL` when it is an expression, a column or missing.
+    """
+    if name in ("lpad", "rpad"):
+        if isinstance(value, int) and not isinstance(value, bool) and value <= MAX_WIDTH:
+            return None
+        if value is NOT_A_LITERAL:
+            shown = "a width that is not a whole-number literal"
+        else:
+            shown = f"the width {value if isinstance(value, int) else _short(str(value))}"
+        return (f"the function {name}() with {shown} (its cost is set by the width: write it as a whole-number literal of at "
+                f"most {MAX_WIDTH:,} characters)")
+    if not isinstance(value, str):
+        return (f"the function {name}() with a format string that is not a string literal (its cost is set by the format's "
+                "widths, which must be literals)")
+    # Read both ways: a materialized view's expressions also run in Spark, whose format_string reads a format printf-style.
+    problem = _fmt_problem(value) or _printf_problem(value)
+    if problem is None:
+        return None
+    return f"the function {name}() with the format {_short(value)}: {problem} (its cost is set by the format's widths)"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _numbers_problem(spec: str) -> str | None:
+    """Whether a field spec has a number (width, precision, index) above MAX_WIDTH."""
+    for digits in re.findall(r"\d+", spec):
+        significant = digits.lstrip("0")
+        if len(significant) > len(str(MAX_WIDTH)) or int(significant or "0") > MAX_WIDTH:
+            return f"the field {_short(spec)} has the width or precision {digits}, above the limit of {MAX_WIDTH:,}"
+    return None
+
+
+def _fmt_problem(text: str) -> str | None:
+    """``format``'s fields are ``{[index][:spec]}`` (``{{`` is a brace); a ``{`` inside a field takes a width from an argument."""
+    i = 0
+    while i < len(text):
+        if text.startswith("{{", i) or text.startswith("}}", i):
+            i += 2
+        elif text[i] == "{":
+            end = text.find("}", i + 1)
+            if end < 0:
+                return "a field is not closed"
+            field = text[i + 1:end]
+            if "{" in field:
+                return "a field takes its width or precision from an argument (a {} inside the field)"
+            problem = _numbers_problem(field)
+            if problem:
+                return problem
+            i = end + 1
+        else:
+            i += 1
+    return None
+
+
+_PRINTF_FLAGS = frozenset("0123456789-+ #'.$*hlLjzqtI,(<")  # C's flags and length modifiers, and Java's , ( <
+
+
+def _printf_problem(text: str) -> str | None:
+    """``printf``'s fields are ``%[flags][width][.precision][length]type`` (``%%`` is a percent sign); ``*`` takes a number from an argument."""
+    i = 0
+    while i < len(text):
+        if text[i] != "%":
+            i += 1
+            continue
+        if text.startswith("%%", i):
+            i += 2
+            continue
+        end = i + 1
+        while end < len(text) and text[end] in _PRINTF_FLAGS:
+            end += 1
+        spec = text[i:end + 1]
+        if "*" in spec:
+            return f"the field {_short(spec)} takes its width or precision from an argument (*)"
+        problem = _numbers_problem(spec)
+        if problem:
+            return problem
+        i = end + 1
+    return None

@@ -10,6 +10,7 @@ import glob
 import importlib.util
 import itertools
 import os
+import re
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 
 import duckdb
 
-from lineage.errors import LineageError
+from lineage.errors import InvalidArgumentError, LineageError
 
 
 def extension_path(name: str) -> str:
@@ -80,25 +81,91 @@ def _database(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
 
 
 def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = ()) -> None:
-    """From now on ``con`` reads no file but ``paths``, and its configuration is locked.
+    """From now on ``con`` reads no file but ``paths``, its memory is limited and its configuration is locked.
 
     Call it once the connection has loaded its extensions and before it
     evaluates a user's expression: DuckDB then refuses every other file
     (``read_csv('/etc/...')``, ``glob``, ``COPY``, ``ATTACH``), network access
     and extension loading, and no ``SET`` can lift that. Expressions are
     validated before they reach DuckDB (:mod:`lineage.expressions`); this is
-    the second line, for a gap in the first. DuckDB's temp directory stays
-    usable, so large queries still spill to disk. ``con`` must be a database
-    of its own (``connect(isolated=True)``): settings apply to a whole
-    database, and sealing the shared one would lock every other connection out
-    of the table's files.
+    the second line, for a gap in the first. The database's memory limit is
+    :func:`memory_limit`; DuckDB's temp directory stays usable, so large
+    queries (sorts, joins, aggregates, the temporary result tables of
+    :func:`fetch_arrow`) spill to disk rather than fail. ``con`` must be a
+    database of its own (``connect(isolated=True)``): settings apply to a
+    whole database, and sealing the shared one would lock every other
+    connection out of the table's files.
     """
     if con not in _ISOLATED:
         raise LineageError("internal: duck.seal() needs a connection from duck.connect(isolated=True)")
     listed = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(set(paths)))
+    con.execute(f"SET memory_limit = '{memory_limit()}'")
     con.execute(f"SET allowed_paths = [{listed}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+ENV_MEMORY_LIMIT = "LINEAGE_DUCKDB_MEMORY_LIMIT"
+DEFAULT_MEMORY_PERCENT = 50
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+MIN_MEMORY_LIMIT = 2**20  # the limit is set in whole MiB
+
+
+def memory_limit() -> str:
+    """The memory limit of a sealed connection, in DuckDB's syntax (``'8192MiB'``).
+
+    ``LINEAGE_DUCKDB_MEMORY_LIMIT`` (environment variable) sets it: a size
+    (``4GB``, ``512MiB``) or a share of the memory this process may use
+    (``25%``); the default is 50%. DuckDB's own default is 80% per database,
+    and a process can have several sealed databases open at once. The
+    limit covers DuckDB's buffer pool (hash tables, sorts, temporary tables),
+    which spills to disk when it is full; it does not cover the values a
+    single function call builds, which is why functions whose cost an
+    argument sets are refused or bounded (:mod:`lineage.allowlist`).
+    """
+    raw = os.environ.get(ENV_MEMORY_LIMIT, "").strip() or f"{DEFAULT_MEMORY_PERCENT}%"
+    match = _SIZE.match(raw)
+    if match is None:
+        raise InvalidArgumentError(f"{ENV_MEMORY_LIMIT} must be a size (4GB, 512MiB) or a share of memory (25%), got {raw!r}")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise InvalidArgumentError(f"{ENV_MEMORY_LIMIT} must be a share of memory above 0% and at most 100%, got {raw!r}")
+        limit = int(available_memory() * number / 100)
+    else:
+        limit = int(number * _UNITS[unit])
+    if limit < MIN_MEMORY_LIMIT:
+        raise InvalidArgumentError(f"{ENV_MEMORY_LIMIT} must be at least 1MiB, got {raw!r}")
+    return f"{limit >> 20}MiB"
+
+
+def out_of_memory(exc: BaseException) -> LineageError | None:
+    """The error to raise when ``exc`` is a sealed connection reaching its memory limit (None for any other error)."""
+    if not isinstance(exc, duckdb.OutOfMemoryException):
+        return None
+    first = next((line for line in str(exc).splitlines() if line.strip()), str(exc))
+    return LineageError(
+        f"DuckDB reached the memory limit of this operation ({memory_limit()}, set by {ENV_MEMORY_LIMIT}; "
+        f"raise it, or leave DuckDB's temp directory room to spill): {first}"
+    )
+
+
+def available_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit if lower (Linux)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # a platform without these names: assume a small machine
+        total = 4 << 30
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 _SCRATCH: duckdb.DuckDBPyConnection | None = None

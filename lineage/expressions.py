@@ -273,6 +273,10 @@ class _Walker:
             raise self.refuse(f"an aggregate clause on {name}() (FILTER, ORDER BY, DISTINCT)")
         if name not in allowlist.FUNCTIONS and name not in allowlist.OPERATORS:
             raise self.refuse(allowlist.refusal(name, _function_kind(name)))
+        if name in allowlist.BOUNDED:
+            problem = allowlist.bounded_refusal(name, _literal(node.get("children") or [], allowlist.BOUNDED[name]))
+            if problem:
+                raise self.refuse(problem)
         return name
 
     def _column(self, node: dict[str, Any]) -> dict[str, Any]:
@@ -305,6 +309,24 @@ class _Walker:
             return {"class": "CAST", "type": "OPERATOR_CAST", "alias": "", "child": _string_constant(repr(float(value["value"]))),
                     "cast_type": {"id": "DOUBLE", "type_info": None}, "try_cast": False}
         return node
+
+
+_LITERAL_TYPES = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "VARCHAR"})
+
+
+def _literal(children: list[Any], position: int) -> object:
+    """The value of the whole-number or string literal at ``position``; allowlist.NOT_A_LITERAL for anything else.
+
+    Anything else: an expression, a missing argument, NULL, or a literal of another type (a DECIMAL's value
+    in the tree is its unscaled integer, and a HUGEINT's a pair of words).
+    """
+    node = children[position] if position < len(children) else None
+    if not isinstance(node, dict) or node.get("class") != "CONSTANT":
+        return allowlist.NOT_A_LITERAL
+    value = node.get("value") or {}
+    if value.get("is_null") or (value.get("type") or {}).get("id") not in _LITERAL_TYPES:
+        return allowlist.NOT_A_LITERAL
+    return value.get("value")
 
 
 def _string_constant(text: str) -> dict[str, Any]:

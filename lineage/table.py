@@ -302,7 +302,8 @@ class Table:
             except duckdb.IOException as exc:
                 raise LineageMetadataError(f"a data or delete file of {self.name} could not be read (run verify): {exc}") from None
             except duckdb.Error as exc:
-                raise BadPredicateError(f"evaluating where {pred.sql!r} failed on the table's data: {exc}") from None
+                failed = BadPredicateError(f"evaluating where {pred.sql!r} failed on the table's data: {exc}")
+                raise duck.out_of_memory(exc) or failed from None
         finally:
             con.close()
         target = pa.schema([probe.field(c) for c in wanted])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 from sqlalchemy.exc import OperationalError
 
@@ -143,3 +144,26 @@ for _name in Catalog.__abstractmethods__:
     if _name not in FaultyCatalog.__dict__:
         setattr(FaultyCatalog, _name, _delegate(_name))
 FaultyCatalog.__abstractmethods__ = frozenset()
+
+
+class ListingFaultCatalog(SqlCatalog):
+    """pyiceberg's SqlCatalog whose listings fail for chosen namespaces (``--catalog py-catalog-impl=catalog_faults.ListingFaultCatalog``).
+
+    Catalog properties ``fail-list-tables`` and ``fail-list-namespaces`` name a namespace (``a.b``) whose
+    ``list_tables`` / ``list_namespaces`` raise the error a lost database connection gives.
+    """
+
+    def _fails(self, key: str, namespace: Any) -> bool:
+        wanted = self.properties.get(key)
+        name = namespace if isinstance(namespace, str) else ".".join(namespace)
+        return bool(wanted) and name == wanted
+
+    def list_tables(self, namespace: Any) -> Any:  # noqa: D102
+        if self._fails("fail-list-tables", namespace):
+            raise catalog_error(f"list_tables({namespace})")
+        return super().list_tables(namespace)
+
+    def list_namespaces(self, namespace: Any = ()) -> Any:  # noqa: D102
+        if namespace and self._fails("fail-list-namespaces", namespace):
+            raise catalog_error(f"list_namespaces({namespace})")
+        return super().list_namespaces(namespace)

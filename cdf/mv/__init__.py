@@ -39,6 +39,7 @@ A refresh whose delta is empty writes no snapshot; it records
 table's properties, so the next refresh starts from the newer source version.
 
 Layout: :mod:`~cdf.mv.query` (parsing and validating the view query),
+:mod:`~cdf.mv.stored` (checking a stored definition whole when a view is opened),
 :mod:`~cdf.mv.sql` (SQL builders), :mod:`~cdf.mv.engines` (DuckDB and Spark
 evaluation), :mod:`~cdf.mv.view` (:class:`MaterializedView`, checkpoints,
 refresh), :mod:`~cdf.mv.api` (``create``/``open_view``/``refresh``) and

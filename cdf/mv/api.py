@@ -13,7 +13,7 @@ from pyiceberg.catalog import Catalog
 
 from cdf.mv.engines import duckdb_connection
 from cdf.mv.query import GROUP_KEY, GROUP_ROWS, SRC_ROW_ID, ViewQuery, ViewQueryError, parse
-from cdf.mv.sql import esc
+from cdf.mv.stored import load, storage_schema
 from cdf.mv.view import (
     PROP_DEFINITION,
     PROP_QUERY,
@@ -62,7 +62,7 @@ def _view_schema(query: ViewQuery, source: Table) -> tuple[pa.Schema, dict[str, 
                     typeof(f"COUNT({c.duck})", f"the select item {c.name!r}")
                 t = "BIGINT"
             else:
-                t = typeof(f"{c.kind.upper()}({c.duck})", f"the select item {c.name!r}")
+                t = typeof(f"{c.function}({c.duck})", f"the select item {c.name!r}")
                 if c.kind == "sum" and t in ("HUGEINT", "UHUGEINT"):
                     t = "BIGINT"  # sums of integer columns are stored as 64-bit integers
                 if c.kind == "avg":
@@ -77,22 +77,13 @@ def _view_schema(query: ViewQuery, source: Table) -> tuple[pa.Schema, dict[str, 
                 types[c.hidden()[1]] = "BIGINT"
         if query.shape == "projection":
             types[SRC_ROW_ID] = "BIGINT"
-            order = query.names + [SRC_ROW_ID]
         else:
             types[GROUP_KEY] = "VARCHAR"
             types[GROUP_ROWS] = "BIGINT"
-            order = query.names + [GROUP_KEY, GROUP_ROWS] + [h for c in query.aggregates for h in c.hidden()]
-        select = ", ".join(f'CAST(NULL AS {types[n]}) AS "{esc(n)}"' for n in order)
-        schema = con.execute(f"SELECT {select} LIMIT 0").to_arrow_table().schema
+        order = query.storage_columns()
+        return storage_schema(con, types, order), {n: types[n] for n in order}
     finally:
         con.close()
-    fields = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
-            t = pa.string()
-        fields.append(pa.field(f.name, t, nullable=True))
-    return pa.schema(fields), {n: types[n] for n in order}
 
 
 def create(
@@ -155,10 +146,9 @@ def open_view(name: str, *, warehouse: str | os.PathLike[str] | None = None, cat
         table = open_table(name, warehouse=warehouse, catalog=catalog)
     except TableNotFoundError:
         raise ViewNotFoundError(f"materialized view {name} does not exist in this catalog") from None
-    raw = table.properties.get(PROP_DEFINITION)
-    if raw is None:
+    if PROP_DEFINITION not in table.properties:
         raise ViewNotFoundError(f"table {table.name} is not a materialized view (it has no {PROP_DEFINITION} property)")
-    return MaterializedView(table, ViewQuery.from_json(raw))
+    return MaterializedView(table, load(table.name, table.properties, table.arrow_schema))
 
 
 def refresh(

@@ -26,7 +26,14 @@ class Engine:
     purged = False  # whether the feed has a _purged column (the source was ever purged)
 
     def __init__(self) -> None:
-        self.con = duckdb_connection()
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The engine's DuckDB connection, opened on first use (a refresh with nothing to do opens none)."""
+        if self._con is None:
+            self._con = duckdb_connection()
+        return self._con
 
     def name(self, logical: str) -> str:
         return logical
@@ -51,16 +58,17 @@ class Engine:
         return duck.fetch_arrow(self.con, sql)  # queries may read the `src` live view
 
     def close(self) -> None:
-        self.con.close()
+        if self._con is not None:
+            self._con.close()
 
 
 class SparkEngine(Engine):
     """Spark computes the feed, the delta and recomputations; the (small) results are collected."""
 
     dialect = "spark"
+    con = None  # type: ignore[assignment]  # the refresh applies the collected delta on a DuckDB connection of its own
 
     def __init__(self, spark: Any) -> None:
-        self.con = None  # type: ignore[assignment]
         self.spark = spark
         self.tag = uuid.uuid4().hex[:10]
         self.views: list[str] = []

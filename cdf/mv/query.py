@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ErrorLevel, ParseError, SqlglotError
+from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, UnsupportedError
 
 from lineage import expressions
 from lineage.errors import InvalidArgumentError
@@ -35,6 +35,8 @@ from lineage.errors import InvalidArgumentError
 SHAPES = ("projection", "aggregate")
 AGGREGATES = {exp.Sum: "sum", exp.Count: "count", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 KINDS = ("expr", "sum", "count", "count_star", "avg", "min", "max")
+# The SQL function of each aggregate kind: refresh SQL names an aggregate through this map, never through stored text.
+SQL_FUNCTIONS = {"sum": "SUM", "count": "COUNT", "count_star": "COUNT", "avg": "AVG", "min": "MIN", "max": "MAX"}
 
 # Columns the view table adds to the query's own columns.
 SRC_ROW_ID = "_src_row_id"  # projection views: the source row id (the view's key)
@@ -89,6 +91,14 @@ class ViewColumn:
         """Whether the column is an aggregate (not a projected expression or group key)."""
         return self.kind != "expr"
 
+    @property
+    def function(self) -> str:
+        """The aggregate's SQL function name (``SUM``, ``MIN``, ...), from the closed :data:`SQL_FUNCTIONS`."""
+        try:
+            return SQL_FUNCTIONS[self.kind]
+        except KeyError:
+            raise ViewQueryError(f"view column {self.name!r} has the kind {self.kind!r}, which is not an aggregate") from None
+
     def hidden(self) -> list[str]:
         """Helper columns stored for this aggregate: non-null count, and the sum for AVG."""
         if self.kind in ("sum", "avg"):
@@ -126,6 +136,12 @@ class ViewQuery:
         """Aggregate columns (aggregate views)."""
         return [c for c in self.columns if c.is_aggregate]
 
+    def storage_columns(self) -> list[str]:
+        """The view table's columns, in order: the query's, then the key and helper columns of its shape."""
+        if self.shape == "projection":
+            return self.names + [SRC_ROW_ID]
+        return self.names + [GROUP_KEY, GROUP_ROWS] + [h for c in self.aggregates for h in c.hidden()]
+
     @property
     def needs_recompute(self) -> bool:
         """Whether a delete can make a group undecidable (MIN/MAX)."""
@@ -148,76 +164,6 @@ class ViewQuery:
             },
             sort_keys=True,
         )
-
-    @staticmethod
-    def from_json(text: str) -> ViewQuery:
-        """Read a stored definition (refusing unknown formats)."""
-        try:
-            obj = json.loads(text)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"the view definition is not valid JSON: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != DEFINITION_FORMAT:
-            raise InvalidArgumentError("the table's mv.definition property is not a materialized-view definition")
-        version = obj.get("format-version")
-        if not isinstance(version, int) or version > DEFINITION_VERSION:
-            from lineage.errors import UnsupportedFormatError
-
-            raise UnsupportedFormatError(
-                f"the view definition has format version {version!r}; this release reads up to {DEFINITION_VERSION} (upgrade the library)"
-            )
-        return _rechecked(obj)
-
-
-def _rechecked(obj: dict) -> ViewQuery:  # type: ignore[type-arg]
-    """The stored definition ``obj`` with every SQL fragment checked again before it can run.
-
-    A table property can be edited by anyone who can commit to the view
-    table, so nothing stored is pasted into SQL unchecked: DuckDB fragments go
-    through the expression validator (and are used re-rendered), Spark
-    fragments are parsed by sqlglot, checked through their DuckDB rendering
-    and re-rendered (on failure the view is marked not refreshable with
-    Spark), and type names must be exactly one DuckDB type.
-    """
-    used = tuple(obj["source-columns"])
-    spark_problem = obj.get("spark-problem")
-
-    def duck(sql: str | None, what: str) -> str | None:
-        return None if sql is None else _checked(sql, used, f"the stored {what}")
-
-    def spark(sql: str | None, what: str) -> str | None:
-        nonlocal spark_problem
-        if sql is None:
-            return None
-        try:
-            tree = sqlglot.parse_one(sql, read="spark")
-            _checked(_render(tree, "duckdb"), used, f"the stored Spark {what}")
-            return _render(tree, "spark")
-        except (SqlglotError, InvalidArgumentError) as exc:
-            spark_problem = spark_problem or f"the stored Spark SQL of {what} failed the check: {exc}"
-            return None
-
-    types: dict[str, str] = {}
-    for name, t in (obj.get("types") or {}).items():
-        try:
-            types[name] = expressions.check_type(t)
-        except InvalidArgumentError as exc:
-            raise ViewQueryError(f"the stored type of view column {name!r} is refused: {exc}") from None
-    columns = tuple(
-        ViewColumn(c["name"], c["kind"], duck(c["duckdb"], f"select item {c['name']!r}"), spark(c["spark"], f"select item {c['name']!r}"))
-        for c in obj["columns"]
-    )
-    where_spark = spark(obj["where"]["spark"], "WHERE")
-    return ViewQuery(
-        text=obj["query"],
-        shape=obj["shape"],
-        columns=columns,
-        where_duck=duck(obj["where"]["duckdb"], "WHERE"),
-        where_spark=where_spark,
-        source_columns=used,
-        spark_ok=bool(obj.get("spark-ok", True)) and spark_problem is None,
-        spark_problem=spark_problem,
-        types=types,
-    )
 
 
 # ---------------------------------------------------------------- parsing
@@ -319,6 +265,9 @@ def _bind_columns(node: exp.Expression, columns: dict[str, str], qualifiers: set
 
 
 def _render(node: exp.Expression, dialect: str) -> str:
+    if dialect == "spark" and node.find(exp.Format) is not None:
+        # sqlglot renders DuckDB's format() as Spark's format_string(), which reads its format printf-style, not {}-style
+        raise UnsupportedError("format() has no Spark translation (Spark's format_string reads '%5d', not '{:>5}')")
     return node.sql(dialect=dialect, unsupported_level=ErrorLevel.RAISE, comments=False)  # the stored query keeps them
 
 
@@ -353,6 +302,22 @@ def _default_name(item: exp.Expression, kind: str | None, query: str) -> str:
     if isinstance(arg, exp.Column):
         return f"{kind}_{arg.name}"
     raise ViewQueryError(f"the select item {item.sql(dialect='duckdb')!r} needs a name: write it as <aggregate> AS <name>")
+
+
+_RESERVED = (SRC_ROW_ID, "_row_id", "_row_created_at_version", "_row_last_updated_at_version")
+
+
+def name_problem(names: list[str]) -> str | None:
+    """What is wrong with a view's output column names (duplicates, bookkeeping names), or None."""
+    lowered = [n.lower() for n in names]
+    dupes = sorted({n for n in names if lowered.count(n.lower()) > 1})
+    if dupes:
+        return f"the view would have several columns named {dupes}"
+    reserved = [n for n in names if n.lower().startswith(HIDDEN_PREFIX) or n.lower() in _RESERVED or n.startswith("__")
+                or n.lower().startswith("_lineage")]
+    if reserved:
+        return f"the column names {reserved} are reserved for the view's bookkeeping"
+    return None
 
 
 def parse(query: str, source_name: str, source_columns: list[str]) -> ViewQuery:
@@ -427,16 +392,9 @@ def parse(query: str, source_name: str, source_columns: list[str]) -> ViewQuery:
         _check_group_by(tree, group, items, columns, by_lower, qualifiers, query)
     shape = "aggregate" if aggregated else "projection"
 
-    names = [c[0] for c in columns]
-    lowered = [n.lower() for n in names]
-    dupes = sorted({n for n in names if lowered.count(n.lower()) > 1})
-    if dupes:
-        raise ViewQueryError(f"the view would have several columns named {dupes}; give them distinct names with AS")
-    reserved = [n for n in names if n.lower().startswith(HIDDEN_PREFIX) or n.lower() in (SRC_ROW_ID, "_row_id", "_row_created_at_version",
-                                                                                       "_row_last_updated_at_version")
-                or n.startswith("__") or n.lower().startswith("_lineage")]
-    if reserved:
-        raise ViewQueryError(f"column names {reserved} are reserved for the view's bookkeeping; rename them with AS")
+    problem = name_problem([c[0] for c in columns])
+    if problem:
+        raise ViewQueryError(f"{problem}; rename them with AS")
 
     out: list[ViewColumn] = []
     spark_problem = None

@@ -54,7 +54,7 @@ def raw_aggregate_sql(query: ViewQuery, dialect: str, src: str, keys_view: str |
         elif c.kind == "count_star":
             select.append(f"COUNT(*) AS {q(c.name)}")
         else:
-            select.append(f"{c.kind.upper()}({arg}) AS {q(c.name)}")
+            select.append(f"{c.function}({arg}) AS {q(c.name)}")
     source = src
     if keys_view is not None and keys:
         join = "LEFT SEMI JOIN" if dialect == "spark" else "SEMI JOIN"
@@ -115,7 +115,7 @@ def aggregate_delta_sql(query: ViewQuery, dialect: str, feed: str) -> str:
         elif c.kind == "count":
             outer.append(nn)
         elif c.kind in ("min", "max"):
-            fn = c.kind.upper()
+            fn = c.function
             outer += [f"{fn}(CASE WHEN __sign > 0 THEN __a{i} END) AS __post{i}", f"{fn}(CASE WHEN __sign < 0 THEN __a{i} END) AS __pre{i}"]
     sql = f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)} FROM {feed} WHERE COALESCE({_where(query, dialect)}, FALSE)) f"
     if keys:

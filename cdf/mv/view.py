@@ -18,6 +18,7 @@ from pyiceberg.exceptions import CommitFailedException
 
 from cdf.mv.engines import Engine, SparkEngine, duckdb_connection, spark_session
 from cdf.mv.query import GROUP_KEY, GROUP_ROWS, SRC_ROW_ID, ViewQuery, ViewQueryError
+from cdf.mv.stored import PROP_DEFINITION, PROP_SOURCE, check_source
 from cdf.mv.sql import (
     aggregate_delta_sql,
     cast_list,
@@ -49,10 +50,9 @@ log = logging.getLogger("cdf.mv")
 
 ENGINES = ("duckdb", "spark")
 
-# View table properties (definition) and commit properties (checkpoint).
-PROP_DEFINITION = "mv.definition"
+# View table properties (definition; mv.definition and mv.source are defined with their check in cdf.mv.stored)
+# and commit properties (checkpoint).
 PROP_QUERY = "mv.query"
-PROP_SOURCE = "mv.source"
 PROP_SOURCE_UUID = "mv.source-uuid"
 PROP_SHAPE = "mv.shape"
 PROP_IDLE = "mv.idle-checkpoint"
@@ -241,6 +241,7 @@ class MaterializedView:
         expected = state.version
         cp = _read_checkpoint(table, state)
         source = self.source
+        check_source(self.name, self._query, self.source_name, source.arrow_schema.names)  # before any of its SQL runs
         src_state = source.state()
         b = src_state.version
         src_uuid = str(source.iceberg.metadata.table_uuid)

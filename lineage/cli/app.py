@@ -37,10 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     _configure_logging(debug, bool(args.quiet))
     started = time.perf_counter()
+    ctx: Context | None = None
     try:
         progress = Progress(progress_enabled(bool(args.quiet)) and args.command != "demo")
         ctx = Context(args, Output(args.format, args.output, progress), progress)
-        code = args.func(ctx)
+        code = ctx.finish(args.func(ctx))  # what was skipped, and exit code 1 if any was skipped for an error
         log.debug("%s took %.2fs", args.command, time.perf_counter() - started)
         return code
     except KeyboardInterrupt:
@@ -68,3 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         _error(f"{type(exc).__name__}: {exc}", debug, "" if debug else " (run with --debug for the traceback)")
         return EXIT_FAILURE
+    finally:
+        if ctx is not None:
+            ctx.finish(EXIT_FAILURE)  # a command that failed still reports what it had skipped

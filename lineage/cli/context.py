@@ -32,6 +32,15 @@ class CatalogUnavailableError(LineageError):
     """The catalog named by --catalog/--catalog-uri could not be opened (exit code 1)."""
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A table or view a command left out (or showed only in part), and why."""
+
+    subject: str  # "table shop.orders", "view shop.totals", "namespace shop"
+    reason: str
+    error: bool  # True: a failure (exit code 1); False: nothing went wrong (e.g. not a lineage table)
+
+
 @dataclass
 class Context:
     """What every command gets: its arguments, the output, the progress bars and the catalog."""
@@ -40,6 +49,8 @@ class Context:
     out: Output
     progress: Progress
     _catalog: Any = field(default=None, repr=False)
+    skipped: list[Skipped] = field(default_factory=list)
+    _reported: int = 0
 
     @property
     def quiet(self) -> bool:
@@ -49,6 +60,27 @@ class Context:
         """A human remark on stderr (suppressed by --quiet)."""
         if not self.quiet:
             print(text, file=sys.stderr)
+
+    def skip(self, subject: str, reason: str, *, error: bool = True) -> None:
+        """Record that ``subject`` was left out of the command's work or listing (or shown in part), and why.
+
+        :meth:`finish` reports it as ``lineage: [error: ]SUBJECT: REASON``.
+        """
+        self.skipped.append(Skipped(subject, first_line(reason), error))
+        log.debug("skipped %s: %s", subject, reason)
+
+    def finish(self, code: int) -> int:
+        """Report what was skipped on stderr, once; the exit code: ``code``, or 1 if anything was skipped for an error.
+
+        Errors are reported also with --quiet (one ``lineage: error:`` line each); other skips are notes.
+        """
+        for s in self.skipped[self._reported:]:
+            if s.error:
+                print(f"{PROG}: error: {s.subject}: {s.reason}", file=sys.stderr)
+            else:
+                self.note(f"{PROG}: {s.subject}: {s.reason}")
+        self._reported = len(self.skipped)
+        return EXIT_FAILURE if code == EXIT_OK and any(s.error for s in self.skipped) else code
 
     def catalog(self, create: bool = False) -> Any:
         """The catalog from --catalog/--catalog-uri, or the embedded one in --warehouse."""
@@ -110,8 +142,18 @@ def first_line(text: object) -> str:
     return lines[0].rstrip() if lines else str(text)
 
 
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
 def iter_tables(ctx: Context, namespace: str | None):  # type: ignore[no-untyped-def]
-    """(identifier, pyiceberg table) of every table in the catalog (or one namespace), with a progress bar."""
+    """(identifier, pyiceberg table) of every table in the catalog (or one namespace), with a progress bar.
+
+    A namespace whose sub-namespaces or tables cannot be listed, and a table that cannot be loaded, is
+    skipped with :meth:`Context.skip` (an error: the command then exits 1), never in silence.
+    """
+    from pyiceberg.exceptions import NoSuchNamespaceError
+
     cat = ctx.catalog()
     if namespace:
         namespaces = [tuple(namespace.split("."))]
@@ -122,21 +164,26 @@ def iter_tables(ctx: Context, namespace: str | None):  # type: ignore[no-untyped
             namespaces.append(ns)
             try:
                 todo.extend(n for n in cat.list_namespaces(ns) if n != ns and n not in namespaces)
-            except Exception:
-                pass
+            except Exception as exc:
+                ctx.skip(f"namespace {'.'.join(ns)}", f"skipped: its sub-namespaces could not be listed ({_why(exc)})")
     idents = []
     for ns in sorted(set(namespaces)):
         try:
             idents.extend(cat.list_tables(ns))
+        except NoSuchNamespaceError:
+            if namespace:
+                raise TableNotFoundError(f"namespace {namespace} does not exist in this catalog") from None
+            ctx.skip(f"namespace {'.'.join(ns)}", "skipped: it no longer exists", error=False)
         except Exception as exc:
             if namespace:
-                raise TableNotFoundError(f"namespace {namespace} does not exist in this catalog ({type(exc).__name__})") from None
+                raise CatalogUnavailableError(f"the tables of namespace {namespace} could not be listed ({_why(exc)})") from None
+            ctx.skip(f"namespace {'.'.join(ns)}", f"skipped: its tables could not be listed ({_why(exc)})")
     with ctx.progress.task("loading tables", total=len(idents)) as task:
         for ident in sorted(idents):
             try:
                 ice = cat.load_table(ident)
             except Exception as exc:
-                log.warning("skipping %s: %s", ".".join(ident), exc)
+                ctx.skip(f"table {'.'.join(ident)}", f"skipped: it could not be loaded ({_why(exc)})")
                 task.advance()
                 continue
             task.advance()

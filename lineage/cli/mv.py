@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from lineage.cli.context import EXIT_FAILURE, EXIT_OK, PROG, Context, iter_tables, log
+from lineage.cli.context import EXIT_FAILURE, EXIT_OK, PROG, Context, first_line, iter_tables, log
 from lineage.errors import InvalidArgumentError, LineageError
 
 
@@ -78,7 +78,7 @@ def cmd_mv_refresh(ctx: Context) -> int:
     names = _view_names(ctx) if a.all else list(a.views)
     if not names:
         if a.all:
-            ctx.note("no materialized views in this catalog")
+            ctx.note("no materialized views found" + (" (some tables could not be read)" if ctx.skipped else " in this catalog"))
             return EXIT_OK
         raise InvalidArgumentError("name the view(s) to refresh, or pass --all")
     spark = None
@@ -96,12 +96,14 @@ def cmd_mv_refresh(ctx: Context) -> int:
                 r = mv.refresh(name, catalog=ctx.catalog(), engine=a.engine, full=a.full, spark=spark)
                 results.append(r.to_json())
                 texts.append(str(r))
-            except LineageError as exc:
+            except Exception as exc:  # one view's failure, expected or not, must not stop the others
                 if len(names) == 1:
                     raise
-                failures.append((name, exc))
-                results.append({"view": name, "status": "failed", "reason": str(exc)})
-                texts.append(f"{name}: failed: {exc}")
+                log.debug("refreshing %s failed", name, exc_info=True)
+                why = str(exc) if isinstance(exc, LineageError) else f"{type(exc).__name__}: {exc}"
+                failures.append((name, why))
+                results.append({"view": name, "status": "failed", "reason": why})
+                texts.append(f"{name}: failed: {first_line(why)}")
             task.advance()
     for r in results:
         if isinstance(r.get("seconds"), float):
@@ -111,8 +113,8 @@ def cmd_mv_refresh(ctx: Context) -> int:
         ctx.out.record({"results": results}, text="".join(line + "\n" for line in lines))
     else:
         ctx.out.table(pa.Table.from_pylist(results))
-    for name, exc in failures:
-        print(f"{PROG}: error: refreshing {name} failed: {exc}", file=sys.stderr)
+    for name, why in failures:
+        print(f"{PROG}: error: refreshing {name} failed: {first_line(why)}", file=sys.stderr)
     return EXIT_FAILURE if failures else EXIT_OK
 
 
@@ -131,13 +133,14 @@ def cmd_mv_list(ctx: Context) -> int:
         try:
             checkpoint = mv.open_view(name, catalog=ctx.catalog()).checkpoint
         except LineageError as exc:
-            log.warning("cannot read the checkpoint of %s: %s", name, exc)
+            ctx.skip(f"view {name}", f"listed without the version it reflects: {exc}")
             checkpoint = None
         if source not in sources:
             try:
                 sources[source] = ctx.open(source).version
-            except LineageError:
+            except LineageError as exc:
                 sources[source] = None
+                ctx.skip(f"source table {source}", f"its version is not listed: {exc}")
         current = sources[source]
         snap = ice.metadata.current_snapshot()
         rows.append(

@@ -297,9 +297,10 @@ def info_text(rec: dict[str, Any]) -> str:
     mv = rec.get("materialized_view")
     if mv:
         cp = mv.get("checkpoint")
-        lines.append(
-            ("materialized view", f"{mv['shape']} over {mv['source']}, reflects source version {'-' if cp is None else cp}")
-        )
+        reflects = f"reflects source version {'-' if cp is None else cp}"
+        if mv.get("checkpoint_error"):
+            reflects = f"cannot be opened: {first_line(mv['checkpoint_error'])}"
+        lines.append(("materialized view", f"{mv['shape']} over {mv['source']}, {reflects}"))
         lines.append(("view query", mv["query"]))
     write_props = {
         k: v for k, v in rec["properties"].items() if k.startswith(("write.", "commit.", "lineage.")) and k != "lineage.enabled"
@@ -320,9 +321,11 @@ def cmd_tables(ctx: Context) -> int:
     import pyarrow as pa
 
     rows = []
+    plain = []
     for ident, ice in iter_tables(ctx, ctx.args.namespace):
         props = ice.metadata.properties
         if props.get("lineage.enabled") != "true":
+            plain.append(".".join(ident))
             continue
         snap = ice.metadata.current_snapshot()
         summary = snap.summary.additional_properties if snap and snap.summary else {}
@@ -351,6 +354,9 @@ def cmd_tables(ctx: Context) -> int:
         ]
     )
     ctx.out.table(pa.Table.from_pylist(rows, schema=schema), empty_note="no lineage tables")
+    if plain:
+        shown = ", ".join(plain[:5]) + (f" and {len(plain) - 5} more" if len(plain) > 5 else "")
+        ctx.skip(f"{len(plain)} Iceberg table(s) without lineage", f"not listed (adopt them to list them): {shown}", error=False)
     return EXIT_OK
 
 

@@ -148,7 +148,8 @@ def run_write(
                 plan = plan_fn(state, con)
             except duckdb.Error as exc:
                 # The user's predicate or expressions failed on the data (e.g. a cast); nothing was written.
-                raise InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}") from None
+                failed = InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}")
+                raise duck.out_of_memory(exc) or failed from None
             if plan.is_empty:
                 return _no_op(table, state, plan.operation, a.number, plan.ignored)
             return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
