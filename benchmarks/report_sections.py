@@ -430,42 +430,63 @@ def _storage_words(kind: str) -> str:
     return f"the tables lived on {kind}"
 
 
+def _history_by_kind(found: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per file system, the records that show each system: the newest record, then older ones for the systems it lacks.
+
+    A run of one system (``--systems lineage-maintain``) replaces that system's figures without hiding the
+    peers' from an earlier run on the same file system; each record keeps its own provenance line.
+    """
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in sorted(found, key=lambda d: d["started_at"], reverse=True):  # newest first
+        shown = {name for d in by_kind.get(_history_storage(doc), []) for name in d["results"]["systems"]}
+        rest = {k: v for k, v in doc["results"]["systems"].items() if k not in shown}
+        if rest:
+            by_kind.setdefault(_history_storage(doc), []).append({**doc, "results": {**doc["results"], "systems": rest}})
+    return by_kind
+
+
 @section("history")
 def _history(records: Records) -> str:
     found = records.select("history")
     if not found:
         return missing("history.py", HISTORY_COMMAND)
-    newest: dict[str, dict[str, Any]] = {}
-    for doc in found:  # oldest first: the newest record of each file system wins
-        newest[_history_storage(doc)] = doc
     blocks = []
-    for kind, doc in sorted(newest.items(), key=lambda kv: kv[1]["started_at"], reverse=True):
-        records.cited[doc["_file"]] = doc
-        r = doc["results"]
-        headers, rows = _history_rows(doc)
-        blocks.append("\n".join([
-            f"**Tables on {kind}.**", "", provenance(doc), f"Storage: {_storage_words(kind)}.", "",
-            (f"{r['rows']:,} rows, then {r['commits']:,} upserts of 10 rows (5 updates, 5 inserts). \"first\" is commits 1 to "
-             f"{min(r['window'], r['commits']):,}, \"last\" the last {r['window']:,} commits made; bytes are what appeared on disk per commit."), "",
-            md_table(headers, rows, right=set(range(1, len(headers)))), "", *_history_notes(doc),
-        ]))
+    for kind, docs in sorted(_history_by_kind(found).items(), key=lambda kv: kv[1][0]["started_at"], reverse=True):
+        parts = [f"**Tables on {kind}.**", "", f"Storage: {_storage_words(kind)}."]
+        for doc in docs:
+            records.cited[doc["_file"]] = doc
+            r = doc["results"]
+            headers, rows = _history_rows(doc)
+            parts += [
+                "", provenance(doc), "",
+                (f"{r['rows']:,} rows, then {r['commits']:,} upserts of 10 rows (5 updates, 5 inserts). \"first\" is commits 1 to "
+                 f"{min(r['window'], r['commits']):,}, \"last\" the last {r['window']:,} commits made; bytes are what appeared on disk per commit."), "",
+                md_table(headers, rows, right=set(range(1, len(headers)))), "", *_history_notes(doc),
+            ]
+        blocks.append("\n".join(parts))
     return "\n\n".join(blocks)
 
 
 @section("readme-history")
 def _readme_history(records: Records) -> str:
-    doc = records.latest("history")
-    if doc is None:
+    latest = records.latest("history")
+    if latest is None:
         return missing("history.py", HISTORY_COMMAND)
-    r = doc["results"]
     out = []
-    for name in ("lineage-maintain", "lineage", "delta", "ducklake"):
-        x = r["systems"].get(name)
-        if not x or "error" in x:
-            continue
-        f, la = x["first"], x["last"]
-        out.append(f"{HISTORY_NAMES[name]}: median commit {_ms_or_dash(f['time']['median'])} ms in the first {min(r['window'], r['commits']):,} commits "
-                   f"and {_ms_or_dash(la['time']['median'])} ms in the last {r['window']:,} ({_times(f['time']['median'], la['time']['median'])}), "
-                   f"{_kib(f['bytes']['median'])} then {_kib(la['bytes']['median'])} KiB written per commit")
-    return (f"After {r['rows']:,} rows and {r['commits']:,} small upserts ({doc['date']}, tables on {_history_storage(doc)}, {load_words(doc)}; "
-            f"`benchmarks/results/{doc['_file']}`): " + "; ".join(out) + ".")
+    for doc in _history_by_kind(records.select("history"))[_history_storage(latest)]:
+        r = doc["results"]
+        said = []
+        for name in ("lineage-maintain", "lineage", "delta", "ducklake"):
+            x = r["systems"].get(name)
+            if not x or "error" in x:
+                continue
+            f, la = x["first"], x["last"]
+            said.append(f"{HISTORY_NAMES[name]}: median commit {_ms_or_dash(f['time']['median'])} ms in the first {min(r['window'], r['commits']):,} commits "
+                        f"and {_ms_or_dash(la['time']['median'])} ms in the last {r['window']:,} ({_times(f['time']['median'], la['time']['median'])}), "
+                        f"{_kib(f['bytes']['median'])} then {_kib(la['bytes']['median'])} KiB written per commit")
+        if said:
+            out.append(f"after {r['rows']:,} rows and {r['commits']:,} small upserts ({doc['date']}, tables on {_history_storage(doc)}, "
+                       f"{load_words(doc)}; `benchmarks/results/{doc['_file']}`): " + "; ".join(said))
+    if not out:
+        return missing("history.py", HISTORY_COMMAND)
+    return ". ".join(o[0].upper() + o[1:] for o in out) + "."
