@@ -430,19 +430,27 @@ def _storage_words(kind: str) -> str:
     return f"the tables lived on {kind}"
 
 
-def _history_by_kind(found: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per file system, the records that show each system: the newest record, then older ones for the systems it lacks.
+def _newest_of_each_system(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest record, then older ones cut to the systems the newer ones lack (each keeps its provenance).
 
     A run of one system (``--systems lineage-maintain``) replaces that system's figures without hiding the
-    peers' from an earlier run on the same file system; each record keeps its own provenance line.
+    peers' from an earlier run.
     """
-    by_kind: dict[str, list[dict[str, Any]]] = {}
+    out: list[dict[str, Any]] = []
     for doc in sorted(found, key=lambda d: d["started_at"], reverse=True):  # newest first
-        shown = {name for d in by_kind.get(_history_storage(doc), []) for name in d["results"]["systems"]}
+        shown = {name for d in out for name in d["results"]["systems"]}
         rest = {k: v for k, v in doc["results"]["systems"].items() if k not in shown}
         if rest:
-            by_kind.setdefault(_history_storage(doc), []).append({**doc, "results": {**doc["results"], "systems": rest}})
-    return by_kind
+            out.append({**doc, "results": {**doc["results"], "systems": rest}})
+    return out
+
+
+def _history_by_kind(found: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per file system, :func:`_newest_of_each_system` of its records."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for doc in found:
+        kinds.setdefault(_history_storage(doc), []).append(doc)
+    return {kind: _newest_of_each_system(docs) for kind, docs in kinds.items()}
 
 
 @section("history")
@@ -469,11 +477,8 @@ def _history(records: Records) -> str:
 
 @section("readme-history")
 def _readme_history(records: Records) -> str:
-    latest = records.latest("history")
-    if latest is None:
-        return missing("history.py", HISTORY_COMMAND)
     out = []
-    for doc in _history_by_kind(records.select("history"))[_history_storage(latest)]:
+    for doc in _newest_of_each_system(records.select("history")):
         r = doc["results"]
         said = []
         for name in ("lineage-maintain", "lineage", "delta", "ducklake"):
