@@ -45,3 +45,16 @@ def register(spark: Any, table: Table, name: str | None = None) -> str:
         df.createOrReplaceTempView(hidden)
         spark.sql(f"CREATE OR REPLACE TEMP VIEW `{name}${suffix}` AS SELECT * FROM {hidden}")
     return name
+
+
+def register_source(spark: Any) -> str:
+    """Register the Structured Streaming source of the change feed in ``spark``; returns its format, ``lineage_changes``.
+
+    Then ``spark.readStream.format("lineage_changes").option("table", ...)``
+    (:mod:`cdf.spark_source` has the options and the delivery contract).
+    Spark's Python workers must import this package, as for Spark feeds.
+    """
+    from cdf.spark_source import ChangeFeedSource
+
+    spark.dataSource.register(ChangeFeedSource)
+    return ChangeFeedSource.name()
