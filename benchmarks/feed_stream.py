@@ -14,9 +14,13 @@ follows the change feed all along, in a process of its own:
   cannot reach (see benchmarks/README.md).
 
 Latency of a commit = arrival of the batch or range holding it minus the moment the writer's commit call
-returned (same clock). The consumer process samples the resident memory of itself and its children (Spark's
-JVM and Python workers) every 2 s. At the end it checks what it received: the memory sink's rows equal
-``cdf.changes`` over the run; the followers' rows per version equal the feed's.
+returned (same clock); percentiles leave out the commits of the first ``--warmup`` seconds (Spark's Python
+workers start then), the maximum over all commits is kept too. The consumer process samples the resident
+memory of itself and its children (Spark's JVM and Python workers) every 2 s. At the end it checks what it
+received: the memory sink's rows equal ``cdf.changes`` over the run; the followers' rows per version equal
+the feed's. The followers then read the run's versions once more, one at a time, on the finished table
+(whose metadata no longer grows): their memory before and after that replay says whether following itself
+holds on to memory, apart from the table's growing metadata.
 
     .venv/bin/python benchmarks/feed_stream.py --seconds 300 --publish
 """
@@ -116,8 +120,8 @@ def writer(system: str, location: str, rows: int, seconds: float, interval: floa
 
 
 # --------------------------------------------------------------------------- consumers (each in its own process)
-def _tree_rss_mb(root: int) -> float:
-    """Resident memory of process ``root`` and all its descendants."""
+def _tree_rss_mb(root: int) -> tuple[float, float]:
+    """Resident memory of process ``root`` and all its descendants, and of the Python ones among them (not Spark's JVM)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -127,20 +131,23 @@ def _tree_rss_mb(root: int) -> float:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(name))
-    total, todo = 0, [root]
+    total, python, todo = 0, 0, [root]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
         try:
             with open(f"/proc/{pid}/status") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+                status = f.read().splitlines()
         except OSError:
-            pass
-    return round(total / 1024, 1)
+            continue
+        kb = next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+        total += kb
+        python += kb if status[0].split()[-1].startswith("python") else 0
+    return round(total / 1024, 1), round(python / 1024, 1)
 
 
 class Sampler:
-    """RSS of this process tree every 2 s, in a daemon thread."""
+    """RSS of this process tree every 2 s, in a daemon thread: [seconds, MB of the tree, MB of its Python processes]."""
 
     def __init__(self) -> None:
         self.t0 = time.time()
@@ -150,7 +157,7 @@ class Sampler:
 
     def _run(self) -> None:
         while True:
-            self.samples.append([round(time.time() - self.t0, 1), _tree_rss_mb(os.getpid())])
+            self.samples.append([round(time.time() - self.t0, 1), *_tree_rss_mb(os.getpid())])
             if self._stop.wait(2.0):
                 return
 
@@ -261,7 +268,17 @@ def _consume_follow(location: str, trigger: float, arrivals: list, ready: str, d
         counts.update(rows.column("_commit_version").to_pylist())
     last = _wait(done_path)
     want = Counter(cdf.changes(t, first, last).column("_commit_version").to_pylist())
-    return {"rows": sum(counts.values()), "expected_rows": sum(want.values()), "exact": counts == want, "how": "rows per version"}
+    replay = _replay(lambda: [r.changes.read_all() for r in cdf.follow(t, first, last, max_versions=1, poll_interval=0.01)])
+    return {"rows": sum(counts.values()), "expected_rows": sum(want.values()), "exact": counts == want, "how": "rows per version",
+            "replay": replay}
+
+
+def _replay(read_all: Any) -> dict[str, Any]:
+    """The run's versions read again one at a time on the finished table (its metadata no longer grows): RSS before and after."""
+    before, _ = _tree_rss_mb(os.getpid())
+    began = time.time()
+    n = len(read_all())
+    return {"versions": n, "rss_mb_before": before, "rss_mb_after": _tree_rss_mb(os.getpid())[0], "seconds": round(time.time() - began, 1)}
 
 
 def _consume_delta(location: str, trigger: float, arrivals: list, ready: str, done_path: str) -> dict:
@@ -282,7 +299,9 @@ def _consume_delta(location: str, trigger: float, arrivals: list, ready: str, do
         counts.update(rows.column("_commit_version").to_pylist())
         last_seen = v
     want = Counter(pa.table(dt.load_cdf(starting_version=first + 1, ending_version=last).read_all()).column("_commit_version").to_pylist())
-    return {"rows": sum(counts.values()), "expected_rows": sum(want.values()), "exact": counts == want, "how": "rows per version"}
+    replay = _replay(lambda: [pa.table(dt.load_cdf(starting_version=v, ending_version=v).read_all()) for v in range(first + 1, last + 1)])
+    return {"rows": sum(counts.values()), "expected_rows": sum(want.values()), "exact": counts == want, "how": "rows per version",
+            "replay": replay}
 
 
 # --------------------------------------------------------------------------- the run
@@ -290,26 +309,28 @@ def _pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 3)
 
 
-def summarize(commits: list[dict], result: dict, seconds: float) -> dict:
-    """Latency per commit, memory over the run, and the check."""
+def summarize(commits: list[dict], result: dict, seconds: float, warmup: float) -> dict:
+    """Latency per commit (percentiles after the first ``warmup`` seconds, and over all commits), memory over the run, the check."""
     ends = sorted((a["end"], a["start"], a["at"]) for a in result["arrivals"])
-    latencies = []
+    first = commits[0]["done"]
+    latencies, steady = [], []
     for c in commits:
         at = next((when for end, start, when in ends if start < c["version"] <= end), None)
         if at is not None:
             latencies.append(round(at - c["done"], 4))
+            if c["done"] - first >= warmup:
+                steady.append(latencies[-1])
     rss = result["rss"]
     late = [s for s in rss if s[0] >= 60] or rss
-    slope = float(np.polyfit([s[0] for s in late], [s[1] for s in late], 1)[0]) * 60 if len(late) > 2 else None
     commit_s = [c["done"] - c["began"] for c in commits]
     return {
         "commits": len(commits), "commits_per_s": round(len(commits) / seconds, 3), "commit_s_p50": _pct(commit_s, 50),
         "commit_s_p99": _pct(commit_s, 99), "arrived": len(latencies), "ranges": len(result["arrivals"]),
-        "latency_s": {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99), "mean": round(float(np.mean(latencies)), 3),
-                      "max": round(max(latencies), 3), "min": round(min(latencies), 3)},
+        "latency_s": {"p50": _pct(steady, 50), "p99": _pct(steady, 99), "mean": round(float(np.mean(steady)), 3), "max": round(max(steady), 3),
+                      "commits": len(steady), "all_p50": _pct(latencies, 50), "all_p99": _pct(latencies, 99), "all_max": round(max(latencies), 3)},
         "latencies": latencies,
-        "rss_mb": {"at_60s": late[0][1], "end": rss[-1][1], "max": max(s[1] for s in rss), "slope_mb_per_min": None if slope is None else round(slope, 2),
-                   "samples": rss},
+        "rss_mb": {"at_60s": late[0][1], "end": rss[-1][1], "max": max(s[1] for s in rss), "python_at_60s": late[0][2],
+                   "python_end": rss[-1][2], "samples": rss},
         "check": result["check"],
     }
 
@@ -337,11 +358,11 @@ def run_system(system: str, args: argparse.Namespace, work: str) -> dict:
         raise SystemExit(f"{system}: the consumer failed (exit {consumer.returncode})")
     with open(os.path.join(control, "result.json")) as f:
         result = json.load(f)
-    out = summarize(commits, result, args.seconds)
+    out = summarize(commits, result, args.seconds, args.warmup)
     lat, mem = out["latency_s"], out["rss_mb"]
     print(f"{system:15s} commits {out['commits']} (p50 {out['commit_s_p50']:.3f} s)  latency p50 {lat['p50']:.3f} s  p99 {lat['p99']:.3f} s  "
-          f"max {lat['max']:.3f} s  RSS {mem['at_60s']} -> {mem['end']} MB ({mem['slope_mb_per_min']} MB/min)  exact={out['check']['exact']}",
-          flush=True)
+          f"max {lat['max']:.3f} s (all commits: p99 {lat['all_p99']:.3f} s, max {lat['all_max']:.3f} s)  RSS {mem['at_60s']} -> {mem['end']} MB "
+          f"(Python {mem['python_at_60s']} -> {mem['python_end']} MB)  replay {out['check'].get('replay')}  exact={out['check']['exact']}", flush=True)
     return out
 
 
@@ -358,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300, help="how long the writer commits")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between commits")
     parser.add_argument("--trigger", type=float, default=1.0, help="Spark's trigger interval and the followers' poll interval")
+    parser.add_argument("--warmup", type=float, default=30, help="commits of the first seconds are left out of the percentiles (Spark's Python workers start)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"a subset of {','.join(SYSTEMS)}")
     parser.add_argument("--workdir", default=None, help="keep the tables there")
     record.add_arguments(parser)
@@ -369,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = record.Recorder("feed_stream", scale=args.rows, argv=argv, settings=vars(args), peers=["pyspark", "deltalake"])
     work = args.workdir or tempfile.mkdtemp(prefix="feed-stream-")
     results: dict[str, Any] = {
-        "rows": args.rows, "seconds": args.seconds, "interval": args.interval, "trigger": args.trigger,
+        "rows": args.rows, "seconds": args.seconds, "interval": args.interval, "trigger": args.trigger, "warmup": args.warmup,
         "commit": {"updates": UPDATES, "inserts": INSERTS, "window": WINDOW, "files": FILES},
         "delta_spark": "not run: delta-spark's Python package carries no jars; Spark fetches them from Maven Central, "
                        "which this machine cannot reach, and no PyPI package ships them",

@@ -52,7 +52,7 @@ from cdf.engine_duckdb import PartPlan, plan_parts, read_part
 from cdf.follow import next_end
 from cdf.output import change_schema
 from cdf.retention import resolve_range, timestamp_ms, version_at, window
-from lineage.errors import FeedSchemaChangedError, InvalidArgumentError, RetentionError, UnknownVersionError
+from lineage.errors import FeedSchemaChangedError, HistoryGapError, InvalidArgumentError, RetentionError, UnknownVersionError
 from lineage.memory import release_if_grown
 from lineage.state import TableState
 from lineage.table import Table
@@ -180,6 +180,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.schema = schema
         self._table: Table | None = None  # opened on the driver's planner at first use; never pickled
         self._target: int | None = None  # Trigger.AvailableNow: the last version to read
+        self._seen: int | None = None  # the table's version at the planner's last look
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_table": None}
@@ -189,6 +190,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._table is None:
             self._table = self.options.open()
         state = self._table.state()  # refreshed: new commits, foreign ones reconciled
+        self._seen = state.version
         found = feed_struct(self._table, state, self.options.columns)
         if found != self.schema:
             old, new = [f"{f.name} {f.dataType.simpleString()}" for f in self.schema], [f"{f.name} {f.dataType.simpleString()}" for f in found]
@@ -210,12 +212,15 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             what, start = f"startingVersion {opts.starting_version}", max(opts.starting_version - 1, 0)
         else:
             what, start = f"startingTimestamp {opts.starting_timestamp}", _version_before(state, opts.starting_timestamp)
+        inclusive = f"{what} (inclusive: the stream reads cdf.changes(table, {start}) on)"
         try:
             resolve_range(state, start, None)
-        except (RetentionError, UnknownVersionError) as exc:
-            oldest = window(state).oldest
-            raise type(exc)(f"{what} (inclusive: the stream reads cdf.changes(table, {start}) on): {exc}; "
-                            f"a stream may start at version {oldest + 1} at the earliest") from exc
+        except HistoryGapError as exc:
+            raise HistoryGapError(f"{inclusive}: {exc}") from exc
+        except RetentionError as exc:
+            raise RetentionError(f"{inclusive}: {exc}; a stream may start at version {window(state).oldest + 1} at the earliest") from exc
+        except UnknownVersionError as exc:
+            raise UnknownVersionError(f"{inclusive}: {exc}; a stream may start at version {state.version + 1} at the latest") from exc
         return {"version": start}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -243,8 +248,8 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return {"version": end}
 
     def reportLatestOffset(self) -> dict | None:
-        """The table's current version, for the query's progress reports."""
-        return {"version": self._table.version} if self._table is not None else None
+        """The table's version at the last look, for the query's progress reports."""
+        return None if self._seen is None else {"version": self._seen}
 
     def partitions(self, start: dict, end: dict) -> list[ChangeFeedPartition]:
         """The parts of the micro-batch over versions ``(start, end]``: the per-version feed, planned from metadata."""
