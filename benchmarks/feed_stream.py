@@ -16,7 +16,8 @@ follows the change feed all along, in a process of its own:
 Latency of a commit = arrival of the batch or range holding it minus the moment the writer's commit call
 returned (same clock); percentiles leave out the commits of the first ``--warmup`` seconds (Spark's Python
 workers start then), the maximum over all commits is kept too. The consumer process samples the resident
-memory of itself and its children (Spark's JVM and Python workers) every 2 s. At the end it checks what it
+memory of itself and its children (Spark's JVM and Python workers) every 2 s while it follows; memory is
+compared from two minutes in (Spark's pool of Python workers settles by then) to the end. At the end it checks what it
 received: the memory sink's rows equal ``cdf.changes`` over the run; the followers' rows per version equal
 the feed's. The followers then read the run's versions once more, one at a time, on the finished table
 (whose metadata no longer grows): their memory before and after that replay says whether following itself
@@ -52,6 +53,7 @@ SYSTEMS = ("lineage-spark", "lineage-follow", "delta")
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("customer", pa.string()), ("amount", pa.float64()), ("qty", pa.int32())])
 FILES = 10
 UPDATES, INSERTS, WINDOW = 90, 10, 1000
+SETTLED = 120  # seconds: memory is compared from here on (Spark's pool of Python workers takes a minute or two to settle)
 TABLE = "bench.stream"
 
 
@@ -161,9 +163,8 @@ class Sampler:
             if self._stop.wait(2.0):
                 return
 
-    def stop(self) -> list[list[float]]:
+    def stop(self) -> None:
         self._stop.set()
-        return self.samples
 
 
 def _wait(path: str) -> Any:
@@ -176,21 +177,16 @@ def _wait(path: str) -> Any:
 
 def consume(system: str, location: str, trigger: float, control: str) -> None:
     """Follow the feed until the writer's last version arrived; write arrivals, memory and the check to ``control/result.json``."""
-    sampler = Sampler()
+    sampler = Sampler()  # stopped by the consumer once the last version arrived, before its checks
     arrivals: list[dict[str, Any]] = []  # {"start": exclusive version, "end": inclusive version, "at": wall time, "rows": n}
     ready, done_path = os.path.join(control, "ready"), os.path.join(control, "done.json")
-    check: dict[str, Any] = {}
-    if system == "lineage-spark":
-        check = _consume_spark(location, trigger, arrivals, ready, done_path)
-    elif system == "lineage-follow":
-        check = _consume_follow(location, trigger, arrivals, ready, done_path)
-    else:
-        check = _consume_delta(location, trigger, arrivals, ready, done_path)
+    consumer = {"lineage-spark": _consume_spark, "lineage-follow": _consume_follow, "delta": _consume_delta}[system]
+    check = consumer(location, trigger, arrivals, ready, done_path, sampler)
     with open(os.path.join(control, "result.json"), "w") as f:
-        json.dump({"arrivals": arrivals, "rss": sampler.stop(), "check": check}, f)
+        json.dump({"arrivals": arrivals, "rss": sampler.samples, "check": check}, f)
 
 
-def _consume_spark(location: str, trigger: float, arrivals: list, ready: str, done_path: str) -> dict:
+def _consume_spark(location: str, trigger: float, arrivals: list, ready: str, done_path: str, sampler: Sampler) -> dict:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import datetime as dt
 
@@ -236,6 +232,7 @@ def _consume_spark(location: str, trigger: float, arrivals: list, ready: str, do
     open(ready, "w").close()
     while (last := _wait(done_path)) is None or not arrivals or arrivals[-1]["end"] < last:
         time.sleep(0.2)
+    sampler.stop()
     query.stop()
     got = spark.sql("SELECT * FROM feed").toArrow()
     want = cdf.changes(t, first, last)
@@ -246,7 +243,7 @@ def _consume_spark(location: str, trigger: float, arrivals: list, ready: str, do
     return {"rows": got.num_rows, "expected_rows": want.num_rows, "exact": same, "how": "every row and column of the memory sink"}
 
 
-def _consume_follow(location: str, trigger: float, arrivals: list, ready: str, done_path: str) -> dict:
+def _consume_follow(location: str, trigger: float, arrivals: list, ready: str, done_path: str, sampler: Sampler) -> dict:
     import cdf
     import lineage
 
@@ -266,6 +263,7 @@ def _consume_follow(location: str, trigger: float, arrivals: list, ready: str, d
         rows = r.changes.read_all()
         arrivals.append({"start": r.from_version, "end": r.to_version, "rows": rows.num_rows, "at": time.time()})
         counts.update(rows.column("_commit_version").to_pylist())
+    sampler.stop()
     last = _wait(done_path)
     want = Counter(cdf.changes(t, first, last).column("_commit_version").to_pylist())
     replay = _replay(lambda: [r.changes.read_all() for r in cdf.follow(t, first, last, max_versions=1, poll_interval=0.01)])
@@ -281,7 +279,7 @@ def _replay(read_all: Any) -> dict[str, Any]:
     return {"versions": n, "rss_mb_before": before, "rss_mb_after": _tree_rss_mb(os.getpid())[0], "seconds": round(time.time() - began, 1)}
 
 
-def _consume_delta(location: str, trigger: float, arrivals: list, ready: str, done_path: str) -> dict:
+def _consume_delta(location: str, trigger: float, arrivals: list, ready: str, done_path: str, sampler: Sampler) -> dict:
     from deltalake import DeltaTable
 
     dt = DeltaTable(location)
@@ -298,6 +296,7 @@ def _consume_delta(location: str, trigger: float, arrivals: list, ready: str, do
         arrivals.append({"start": last_seen, "end": v, "rows": rows.num_rows, "at": time.time()})
         counts.update(rows.column("_commit_version").to_pylist())
         last_seen = v
+    sampler.stop()
     want = Counter(pa.table(dt.load_cdf(starting_version=first + 1, ending_version=last).read_all()).column("_commit_version").to_pylist())
     replay = _replay(lambda: [pa.table(dt.load_cdf(starting_version=v, ending_version=v).read_all()) for v in range(first + 1, last + 1)])
     return {"rows": sum(counts.values()), "expected_rows": sum(want.values()), "exact": counts == want, "how": "rows per version",
@@ -321,7 +320,7 @@ def summarize(commits: list[dict], result: dict, seconds: float, warmup: float) 
             if c["done"] - first >= warmup:
                 steady.append(latencies[-1])
     rss = result["rss"]
-    late = [s for s in rss if s[0] >= 60] or rss
+    late = [s for s in rss if s[0] >= SETTLED] or rss
     commit_s = [c["done"] - c["began"] for c in commits]
     return {
         "commits": len(commits), "commits_per_s": round(len(commits) / seconds, 3), "commit_s_p50": _pct(commit_s, 50),
@@ -329,8 +328,8 @@ def summarize(commits: list[dict], result: dict, seconds: float, warmup: float) 
         "latency_s": {"p50": _pct(steady, 50), "p99": _pct(steady, 99), "mean": round(float(np.mean(steady)), 3), "max": round(max(steady), 3),
                       "commits": len(steady), "all_p50": _pct(latencies, 50), "all_p99": _pct(latencies, 99), "all_max": round(max(latencies), 3)},
         "latencies": latencies,
-        "rss_mb": {"at_60s": late[0][1], "end": rss[-1][1], "max": max(s[1] for s in rss), "python_at_60s": late[0][2],
-                   "python_end": rss[-1][2], "samples": rss},
+        "rss_mb": {"settled_at_s": SETTLED, "settled": late[0][1], "end": rss[-1][1], "max": max(s[1] for s in rss),
+                   "python_settled": late[0][2], "python_end": rss[-1][2], "samples": rss},
         "check": result["check"],
     }
 
@@ -361,8 +360,8 @@ def run_system(system: str, args: argparse.Namespace, work: str) -> dict:
     out = summarize(commits, result, args.seconds, args.warmup)
     lat, mem = out["latency_s"], out["rss_mb"]
     print(f"{system:15s} commits {out['commits']} (p50 {out['commit_s_p50']:.3f} s)  latency p50 {lat['p50']:.3f} s  p99 {lat['p99']:.3f} s  "
-          f"max {lat['max']:.3f} s (all commits: p99 {lat['all_p99']:.3f} s, max {lat['all_max']:.3f} s)  RSS {mem['at_60s']} -> {mem['end']} MB "
-          f"(Python {mem['python_at_60s']} -> {mem['python_end']} MB)  replay {out['check'].get('replay')}  exact={out['check']['exact']}", flush=True)
+          f"max {lat['max']:.3f} s (all commits: p99 {lat['all_p99']:.3f} s, max {lat['all_max']:.3f} s)  RSS {mem['settled']} -> {mem['end']} MB "
+          f"(Python {mem['python_settled']} -> {mem['python_end']} MB)  replay {out['check'].get('replay')}  exact={out['check']['exact']}", flush=True)
     return out
 
 

@@ -506,18 +506,18 @@ def _stream_sentences(doc: dict[str, Any]) -> list[str]:
         met = "met" if lat["p50"] < 2 else "missed"
         out.append(f"Our Spark source delivered a commit's rows to the memory sink in {fmt_s(lat['p50'])} s at the median and "
                    f"{fmt_s(lat['p99'])} s at p99 {warm} with a {r['trigger']:g} s trigger (target: p50 under 2 s, {met}; the slowest of all "
-                   f"commits, in the first micro-batch, {fmt_s(lat['all_max'])} s). Memory from one minute in to the end, its Python processes "
-                   f"(the planner and the executors' workers): {_growth(mem['python_at_60s'], mem['python_end'])}; with Spark's JVM: "
-                   f"{_growth(mem['at_60s'], mem['end'])}.")
+                   f"commits, in the first micro-batch, {fmt_s(lat['all_max'])} s). Memory from two minutes in to the end, its Python processes "
+                   f"(the planner and the executors' workers): {_growth(mem['python_settled'], mem['python_end'])}; with Spark's JVM: "
+                   f"{_growth(mem['settled'], mem['end'])}.")
     if "lineage-follow" in s and "delta" in s:
         ours, peer = s["lineage-follow"], s["delta"]
         replay = ours["check"].get("replay")
         out.append(f"Polling every {r['trigger']:g} s, `cdf.follow` had a p50 of {fmt_s(ours['latency_s']['p50'])} s, "
                    + versus(ours["latency_s"]["p50"], peer["latency_s"]["p50"], "delta-rs polling with `load_cdf`")
                    + f", and a p99 of {fmt_s(ours['latency_s']['p99'])} s against {fmt_s(peer['latency_s']['p99'])} s. "
-                   f"Memory of `cdf.follow` from one minute in to the end, while the table gained a data file, a delete file and a "
-                   f"manifest per commit: {_growth(ours['rss_mb']['at_60s'], ours['rss_mb']['end'])}; of delta-rs's poller: "
-                   f"{_growth(peer['rss_mb']['at_60s'], peer['rss_mb']['end'])}"
+                   f"Memory of `cdf.follow` from two minutes in to the end, while the table gained a data file, a delete file and a "
+                   f"manifest per commit: {_growth(ours['rss_mb']['settled'], ours['rss_mb']['end'])}; of delta-rs's poller: "
+                   f"{_growth(peer['rss_mb']['settled'], peer['rss_mb']['end'])}"
                    + (f"; of `cdf.follow` reading the run's {replay['versions']} versions again on the finished table: "
                       f"{_growth(replay['rss_mb_before'], replay['rss_mb_after'])}." if replay else "."))
     wrong = [STREAM_SYSTEMS.get(k, k) for k, x in s.items() if not x["check"]["exact"]]
@@ -535,7 +535,7 @@ def _feed_stream(records: Records) -> str:
     for key, x in r["systems"].items():
         lat, mem = x["latency_s"], x["rss_mb"]
         rows.append([STREAM_SYSTEMS.get(key, key), f"{x['commits']:,}", _ms(x["commit_s_p50"]), fmt_s(lat["p50"]), fmt_s(lat["p99"]),
-                     fmt_s(lat["all_max"]), f"{mem['at_60s']:,.0f} -> {mem['end']:,.0f}", f"{mem['python_at_60s']:,.0f} -> {mem['python_end']:,.0f}",
+                     fmt_s(lat["all_max"]), f"{mem['settled']:,.0f} -> {mem['end']:,.0f}", f"{mem['python_settled']:,.0f} -> {mem['python_end']:,.0f}",
                      _replay(x), "yes" if x["check"]["exact"] else "NO"])
     c = r["commit"]
     return "\n".join([
@@ -543,7 +543,7 @@ def _feed_stream(records: Records) -> str:
         f"{doc['scale']:,}-row table, a commit in every {r['interval']:g} s for {r['seconds']:g} s (an upsert of {c['updates']} rows "
         f"of one {c['window']:,}-id window and {c['inserts']} new ids), followed with a {r['trigger']:g} s trigger or poll interval. "
         f"Latency percentiles leave out the commits of the first {r.get('warmup', 30):g} s; the maximum is over all commits. Memory is "
-        "resident MB of the consumer's process tree from one minute in to the end, all of it and its Python processes (the tree less "
+        "resident MB of the consumer's process tree from two minutes in to the end, all of it and its Python processes (the tree less "
         "Spark's JVM), and around a replay of the run's versions on the finished table:", "",
         md_table(["consumer", "commits", "commit p50 ms", "latency p50 s", "p99 s", "max s", "RSS MB", "Python RSS MB", "replay RSS MB",
                   "rows exact"], rows),

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from cdf.api import DEFAULT_BATCH_ROWS, check_table, data_schema, feed_reader
 from cdf.retention import resolve_range
+from lineage.commit_log import CommitEntry
 from lineage.errors import InvalidArgumentError, VersionRangeError
 from lineage.state import TableState
 from lineage.table import Table
@@ -46,9 +47,9 @@ class ChangeRange:
     changes: pa.RecordBatchReader
 
 
-def feed_rows(entry: object) -> int:
+def feed_rows(entry: CommitEntry) -> int:
     """The rows a commit adds to the per-version feed, from its log counts (an update is a pre- and a post-image)."""
-    return int(entry.inserted) + 2 * int(entry.updated) + int(entry.deleted)  # type: ignore[attr-defined]
+    return entry.inserted + 2 * entry.updated + entry.deleted
 
 
 def next_end(state: TableState, start: int, *, max_versions: int | None = None, max_rows: int | None = None,
