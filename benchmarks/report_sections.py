@@ -506,8 +506,9 @@ def _stream_sentences(doc: dict[str, Any]) -> list[str]:
         met = "met" if lat["p50"] < 2 else "missed"
         out.append(f"Our Spark source delivered a commit's rows to the memory sink in {fmt_s(lat['p50'])} s at the median and "
                    f"{fmt_s(lat['p99'])} s at p99 {warm} with a {r['trigger']:g} s trigger (target: p50 under 2 s, {met}; the slowest of all "
-                   f"commits, in the first micro-batch, {fmt_s(lat['all_max'])} s). Memory from two minutes in to the end, its Python processes "
-                   f"(the planner and the executors' workers): {_growth(mem['python_settled'], mem['python_end'])}; with Spark's JVM: "
+                   f"commits, warm-up included, {fmt_s(lat['all_max'])} s). Memory from two minutes in to the end, its Python processes "
+                   f"(driver, Spark's daemons, the source's planner, the executors' workers): {_growth(mem['python_settled'], mem['python_end'])}; "
+                   f"with Spark's JVM: "
                    f"{_growth(mem['settled'], mem['end'])}.")
     if "lineage-follow" in s and "delta" in s:
         ours, peer = s["lineage-follow"], s["delta"]
@@ -556,4 +557,4 @@ def _readme_feed_stream(records: Records) -> str:
     doc = _stream_doc(records)
     if doc is None:
         return missing(*STREAM_MISSING)
-    return f"{doc['date']}, {load_words(doc)}: " + " ".join(_stream_sentences(doc)) + f" (`benchmarks/results/{doc['_file']}`)."
+    return f"{doc['date']} (`benchmarks/results/{doc['_file']}`), {load_words(doc)}. " + " ".join(_stream_sentences(doc))
