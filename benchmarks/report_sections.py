@@ -1,4 +1,4 @@
-"""Sections of benchmarks/report.py for the other benchmarks: write cost, Spark, maintenance, scaling, MV refresh, expression guard, key index, CDC ingest, long histories."""
+"""Sections of benchmarks/report.py for the other benchmarks: write cost, Spark, maintenance, scaling, MV refresh, expression guard, key index, CDC ingest, long histories, following the feed."""
 
 from __future__ import annotations
 
@@ -495,3 +495,91 @@ def _readme_history(records: Records) -> str:
     if not out:
         return missing("history.py", HISTORY_COMMAND)
     return ". ".join(o[0].upper() + o[1:] for o in out) + "."
+
+# --------------------------------------------------------------------------- feed_stream.py
+STREAM_SYSTEMS = {"lineage-spark": "our Spark source, memory sink", "lineage-follow": "our `cdf.follow`",
+                  "delta": "delta-rs `load_cdf` polled"}
+
+
+STREAM_MISSING = ("feed_stream.py", "python benchmarks/feed_stream.py --seconds 300 --publish")
+
+
+def _stream_doc(records: Records) -> dict[str, Any] | None:
+    return records.latest("feed_stream", scale=1_000_000)
+
+
+def _growth(before: float, after: float) -> str:
+    """``flat (300 -> 310 MB)`` within 10%, else ``grew`` / ``shrank``."""
+    change = (after - before) / before
+    how = "flat" if abs(change) <= 0.1 else ("grew" if change > 0 else "shrank")
+    return f"{how} ({before:,.0f} -> {after:,.0f} MB)"
+
+
+def _replay(x: dict[str, Any]) -> str:
+    r = x["check"].get("replay")
+    return "—" if not r else f"{r['rss_mb_before']:,.0f} -> {r['rss_mb_after']:,.0f}"
+
+
+def _stream_sentences(doc: dict[str, Any]) -> list[str]:
+    r = doc["results"]
+    s = r["systems"]
+    warm = f"after the first {r.get('warmup', 30):g} s"
+    out = []
+    if "lineage-spark" in s:
+        x = s["lineage-spark"]
+        lat, mem = x["latency_s"], x["rss_mb"]
+        met = "met" if lat["p50"] < 2 else "missed"
+        out.append(f"Our Spark source delivered a commit's rows to the memory sink in {fmt_s(lat['p50'])} s at the median and "
+                   f"{fmt_s(lat['p99'])} s at p99 {warm} with a {r['trigger']:g} s trigger (target: p50 under 2 s, {met}; the slowest of all "
+                   f"commits, warm-up included, {fmt_s(lat['all_max'])} s). Memory from two minutes in to the end, its Python processes "
+                   f"(driver, Spark's daemons, the source's planner, the executors' workers): {_growth(mem['python_settled'], mem['python_end'])}; "
+                   f"with Spark's JVM: "
+                   f"{_growth(mem['settled'], mem['end'])}.")
+    if "lineage-follow" in s and "delta" in s:
+        ours, peer = s["lineage-follow"], s["delta"]
+        replay = ours["check"].get("replay")
+        out.append(f"Polling every {r['trigger']:g} s, `cdf.follow` had a p50 of {fmt_s(ours['latency_s']['p50'])} s, "
+                   + versus(ours["latency_s"]["p50"], peer["latency_s"]["p50"], "delta-rs polling with `load_cdf`")
+                   + f", and a p99 of {fmt_s(ours['latency_s']['p99'])} s against {fmt_s(peer['latency_s']['p99'])} s. "
+                   f"Memory of `cdf.follow` from two minutes in to the end, while the table gained a data file, a delete file and a "
+                   f"manifest per commit: {_growth(ours['rss_mb']['settled'], ours['rss_mb']['end'])}; of delta-rs's poller: "
+                   f"{_growth(peer['rss_mb']['settled'], peer['rss_mb']['end'])}"
+                   + (f"; of `cdf.follow` reading the run's {replay['versions']} versions again on the finished table: "
+                      f"{_growth(replay['rss_mb_before'], replay['rss_mb_after'])}." if replay else "."))
+    wrong = [STREAM_SYSTEMS.get(k, k) for k, x in s.items() if not x["check"]["exact"]]
+    out.append("Every consumer received exactly the feed of the run." if not wrong else f"NOT exact: {and_join(wrong)}.")
+    return out
+
+
+@section("feed-stream")
+def _feed_stream(records: Records) -> str:
+    doc = _stream_doc(records)
+    if doc is None:
+        return missing(*STREAM_MISSING)
+    r = doc["results"]
+    rows = []
+    for key, x in r["systems"].items():
+        lat, mem = x["latency_s"], x["rss_mb"]
+        rows.append([STREAM_SYSTEMS.get(key, key), f"{x['commits']:,}", _ms(x["commit_s_p50"]), fmt_s(lat["p50"]), fmt_s(lat["p99"]),
+                     fmt_s(lat["all_max"]), f"{mem['settled']:,.0f} -> {mem['end']:,.0f}", f"{mem['python_settled']:,.0f} -> {mem['python_end']:,.0f}",
+                     _replay(x), "yes" if x["check"]["exact"] else "NO"])
+    c = r["commit"]
+    return "\n".join([
+        provenance(doc), "",
+        f"{doc['scale']:,}-row table, a commit in every {r['interval']:g} s for {r['seconds']:g} s (an upsert of {c['updates']} rows "
+        f"of one {c['window']:,}-id window and {c['inserts']} new ids), followed with a {r['trigger']:g} s trigger or poll interval. "
+        f"Latency percentiles leave out the commits of the first {r.get('warmup', 30):g} s; the maximum is over all commits. Memory is "
+        "resident MB of the consumer's process tree from two minutes in to the end, all of it and its Python processes (the tree less "
+        "Spark's JVM), and around a replay of the run's versions on the finished table:", "",
+        md_table(["consumer", "commits", "commit p50 ms", "latency p50 s", "p99 s", "max s", "RSS MB", "Python RSS MB", "replay RSS MB",
+                  "rows exact"], rows),
+        "", " ".join(_stream_sentences(doc)),
+    ])
+
+
+@section("readme-feed-stream")
+def _readme_feed_stream(records: Records) -> str:
+    doc = _stream_doc(records)
+    if doc is None:
+        return missing(*STREAM_MISSING)
+    return f"{doc['date']} (`benchmarks/results/{doc['_file']}`), {load_words(doc)}. " + " ".join(_stream_sentences(doc))

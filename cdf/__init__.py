@@ -1,6 +1,7 @@
-"""The change data feed of lineage tables: ``changes``, ``change_batches``, ``deleted_rows`` and views."""
+"""The change data feed of lineage tables: ``changes``, ``change_batches``, ``follow``, ``deleted_rows`` and views."""
 
 from cdf.api import change_batches, changes, deleted_rows
+from cdf.follow import ChangeRange, follow
 from cdf.views import register
 
-__all__ = ["change_batches", "changes", "deleted_rows", "register"]
+__all__ = ["ChangeRange", "change_batches", "changes", "deleted_rows", "follow", "register"]

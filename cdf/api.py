@@ -20,7 +20,8 @@ DEFAULT_BATCH_ROWS = 1_000_000
 ENGINES = ("duckdb", "spark")
 
 
-def _data_schema(table: Table, columns: Sequence[str] | None) -> pa.Schema:
+def data_schema(table: Table, columns: Sequence[str] | None) -> pa.Schema:
+    """The data columns a feed returns: the table's, or those of ``columns`` (checked, in that order)."""
     schema = table.arrow_schema
     if columns is None:
         return schema
@@ -32,7 +33,8 @@ def _data_schema(table: Table, columns: Sequence[str] | None) -> pa.Schema:
     return pa.schema([schema.field(c) for c in columns])
 
 
-def _check_table(table: object) -> Table:
+def check_table(table: object) -> Table:
+    """``table`` if it is a lineage table, else :class:`InvalidArgumentError`."""
     if not isinstance(table, Table):
         raise InvalidArgumentError(f"table must be a lineage.Table (from lineage.open_table), got {type(table).__name__}")
     return table
@@ -67,7 +69,7 @@ def changes(
     ``_row_created_at_version``, ``_row_last_updated_at_version`` and
     ``_changed_columns``. ``net=True`` collapses each row id to its overall effect.
     """
-    table = _check_table(table)
+    table = check_table(table)
     _check_engine(engine, spark)
     state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
     if engine == "spark":
@@ -103,10 +105,15 @@ def change_batches(
     :func:`changes`. Read the batches before a purge or vacuum of the table
     removes the files they point into.
     """
-    table = _check_table(table)
+    table = check_table(table)
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise InvalidArgumentError(f"batch_rows must be a whole number of rows >= 1, got {batch_rows!r}")
     state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
+    return feed_reader(state, a, b, data, net, batch_rows)
+
+
+def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, batch_rows: int) -> pa.RecordBatchReader:
+    """:func:`change_batches` of a resolved range ``(a, b]`` of ``state``: planned now, values read batch by batch."""
     schema = change_schema(data, bool(state.lineage.purged))
     try:
         parts = engine_duckdb.change_parts(state, a, b, data, net, batch_rows)
@@ -128,7 +135,7 @@ def _feed_args(table: Table, from_version: int | None, to_version: int | None, n
     """The checked arguments of a feed: the table's state, the resolved range ``(a, b]`` and the data schema."""
     if not isinstance(net, bool):
         raise InvalidArgumentError(f"net must be True or False, got {net!r}")
-    data = _data_schema(table, columns)
+    data = data_schema(table, columns)
     state = table.state()
     a, b = resolve_range(state, from_version, to_version, from_timestamp=from_timestamp, to_timestamp=to_timestamp)
     return state, a, b, data
@@ -150,9 +157,9 @@ def deleted_rows(
     ``_row_deleted_at_version`` and its lineage. Rows removed by an update are
     not deleted rows (their row id lives on).
     """
-    table = _check_table(table)
+    table = check_table(table)
     _check_engine(engine, spark)
-    data = _data_schema(table, columns)
+    data = data_schema(table, columns)
     state = table.state()
     win = window(state)
     since = win.oldest if since is None else since

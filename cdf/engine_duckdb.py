@@ -15,9 +15,9 @@ DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,8 @@ from lineage.values import Gathered, decoded, gather, take_rows
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 
 
-def _field_ids(state: TableState) -> dict[str, int]:
+def field_ids(state: TableState) -> dict[str, int]:
+    """Iceberg field id of every column of the current schema, by name (values are matched by id)."""
     return {f.name: f.field_id for f in state.iceberg.schema().fields}
 
 
@@ -53,10 +54,9 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
     return pa.Table.from_arrays(cols, schema=data)
 
 
-def _read_images(state: TableState, files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
+def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
                  loc: np.ndarray, data: pa.Schema) -> Gathered:
     """The values of the images ``(source, loc)`` (see :class:`Pointers`): image i is row ``rows[i]`` of the pieces."""
-    field_ids = _field_ids(state)
     n = len(source)
     pieces: list[pa.Table] = []
     rows = np.zeros(n, np.int64)
@@ -90,14 +90,17 @@ def _erase(values: pa.Table, purged: np.ndarray, data: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([pc.if_else(erased, pa.nulls(len(purged), f.type), values.column(f.name)) for f in data], schema=nullable)
 
 
-def image_values(state: TableState, p: Pointers, pointer: np.ndarray | None, data: pa.Schema, decode: bool = True) -> pa.Table:
+def image_values(state: TableState | dict[str, int], p: Pointers, pointer: np.ndarray | None, data: pa.Schema,
+                 decode: bool = True) -> pa.Table:
     """The values of ``data``'s columns of the images ``pointer`` (in that order; None: every image of ``p``).
 
-    Purged images read as null. ``decode=False`` may leave string columns
-    dictionary-encoded (see :func:`lineage.values.take_rows`).
+    ``state`` is the table's state, or the field ids of its columns
+    (:func:`field_ids`). Purged images read as null. ``decode=False`` may
+    leave string columns dictionary-encoded (see :func:`lineage.values.take_rows`).
     """
+    ids = state if isinstance(state, dict) else field_ids(state)
     source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])
-    got = _read_images(state, p.files, p.captured, source, loc, data)
+    got = _read_images(ids, p.files, p.captured, source, loc, data)
     values = take_rows(got.pieces, got.rows, data, decode=decode or p.purged is not None)
     if p.purged is not None:
         values = _erase(values, p.purged if pointer is None else p.purged[pointer], data)
@@ -238,12 +241,12 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
     if net:
         sk = plan.net(p, a, b)
         p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
-        return _part(state, a, b, p, sk.change, sk.version, data, net)
+        return read_part(PartPlan(a, b, p, sk.change, sk.version, data, net, field_ids(state)))
     # The per-version feed shows every image of p (one that starts and ends in the range twice),
     # so their values are read while the feed is planned.
     commit_ms = p.commit_ms
     with ThreadPoolExecutor(max_workers=1) as pool:
-        reading = pool.submit(_read_images, state, p.files, p.captured, p.source, p.loc, data)
+        reading = pool.submit(_read_images, field_ids(state), p.files, p.captured, p.source, p.loc, data)
         sk = plan.per_version(p, a, b)
         shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
         del p  # frees the pointers' other columns while the values are read
@@ -256,50 +259,103 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
     return _assemble(values, sk, shown, commit_ms, data, net)
 
 
-def change_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> Iterator[pa.Table]:
-    """The rows of :func:`changes`, in the same order, as consecutive tables of at most ``part_rows`` rows.
+@dataclass(frozen=True)
+class PartPlan:
+    """Consecutive rows of a planned feed over ``(a, b]``, update pairs whole: all that reading them needs.
 
-    The feed is planned here, from metadata (errors such as a lost file are
-    raised by this call); the values of a part are read when the part is
-    asked for. An update pair is never split (a part may hold one row more
-    than ``part_rows`` to keep it whole), so every part is a feed of its own:
-    net parts drop their equal pairs, and ``_changed_columns`` compares images
-    of the same part. Memory holds the plan (tens of bytes per row) and one
-    part, instead of the whole result; the price is that row groups holding
-    images of several parts are decoded once per part unless the decoded
-    row-group cache keeps them.
+    Row k shows image k of ``shown`` with change code ``change[k]`` at
+    version ``version[k]``; ``data`` are the columns to read, matched by
+    ``field_ids``. A part holds no table handle, so it can be pickled and
+    read in another process (the Spark stream's executors,
+    :mod:`cdf.spark_source`) with :func:`read_part`.
+    """
+
+    a: int
+    b: int
+    shown: Pointers
+    change: np.ndarray
+    version: np.ndarray
+    data: pa.Schema
+    net: bool
+    field_ids: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.change)
+
+    def without_captured_values(self) -> PartPlan:
+        """The same part with every captured index segment reduced to its path (to ship it: values are read again by path)."""
+        stubs = tuple(_segment_stub(seg) for seg in self.shown.captured)
+        return replace(self, shown=replace(self.shown, captured=stubs))
+
+    def with_captured_values(self, load: Callable[[str], IndexSegment]) -> PartPlan:
+        """The part with the captured segments its rows read loaded again by ``load(path)`` (see :meth:`without_captured_values`)."""
+        used = {int(-k - 1) for k in unique(self.shown.source[self.shown.source < 0])}
+        if not used:
+            return self
+        segments = tuple(load(seg.path) if i in used else seg for i, seg in enumerate(self.shown.captured))
+        return replace(self, shown=replace(self.shown, captured=segments))
+
+
+def _segment_stub(seg: IndexSegment) -> IndexSegment:
+    empty = np.zeros(0, np.int64)
+    return IndexSegment(seg.path, (), np.zeros(0, np.int32), empty, empty, empty, empty, empty, None, seg.captured)
+
+
+def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> list[PartPlan]:
+    """The feed over ``(a, b]`` planned from metadata and cut into parts of at most ``part_rows`` rows.
+
+    An update pair is never split (a part may hold one row more than
+    ``part_rows`` to keep it whole), so every part is a feed of its own: net
+    parts drop their equal pairs, and ``_changed_columns`` compares images
+    of the same part. Errors of planning (a lost file) are raised here.
     """
     p = change_pointers(state, a, b)
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    return _parts(state, a, b, p.select(sk.pointer), sk.change, sk.version, data, net, part_rows)
-
-
-def _parts(state: TableState, a: int, b: int, p: Pointers, change: np.ndarray, version: np.ndarray, data: pa.Schema, net: bool,
-           part_rows: int) -> Iterator[pa.Table]:
-    """The parts of :func:`change_parts`: row k of the feed shows image k of ``p``."""
-    n, i = len(change), 0
+    p = p.select(sk.pointer)  # row k of the feed shows image k
+    ids = field_ids(state)
+    n, i, parts = len(sk), 0, []
     while i < n:
         j = min(i + part_rows, n)
-        if change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
+        if sk.change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
             j += 1
-        part = _part(state, a, b, p.select(slice(i, j)), change[i:j], version[i:j], data, net)
+        parts.append(PartPlan(a, b, p.select(slice(i, j)), sk.change[i:j], sk.version[i:j], data, net, ids))
         i = j
+    return parts
+
+
+def change_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> Iterator[pa.Table]:
+    """The rows of :func:`changes`, in the same order, as consecutive tables of at most ``part_rows`` rows.
+
+    The feed is planned here (:func:`plan_parts`: errors such as a lost file
+    are raised by this call); the values of a part are read when the part is
+    asked for. Memory holds the plan (tens of bytes per row) and one part,
+    instead of the whole result; the price is that row groups holding images
+    of several parts are decoded once per part unless the decoded row-group
+    cache keeps them.
+    """
+    return _read_parts(plan_parts(state, a, b, data, net, part_rows))
+
+
+def _read_parts(parts: list[PartPlan]) -> Iterator[pa.Table]:
+    while parts:
+        part = read_part(parts.pop(0))  # a part's pointers are freed once it is read
         if part.num_rows:
             yield part
 
 
-def _part(state: TableState, a: int, b: int, shown: Pointers, change: np.ndarray, version: np.ndarray, data: pa.Schema,
-          net: bool) -> pa.Table:
-    """The feed's rows ``change`` / ``version`` (update pairs whole), row k showing image k of ``shown``."""
+def read_part(part: PartPlan) -> pa.Table:
+    """The rows of ``part``: its images' values read (data files or captured segments), pairs compared, rows assembled."""
+    shown = part.shown
     try:
-        values = image_values(state, shown, None, data, decode=False)
+        values = image_values(part.field_ids, shown, None, part.data, decode=False)
     except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
         raise LostFileError(
-            f"the change feed from version {a} to {b} was planned on a data file that is gone ({exc.filename or exc}); "
+            f"the change feed from version {part.a} to {part.b} was planned on a data file that is gone ({exc.filename or exc}); "
             "a vacuum, purge or another engine's maintenance removed it while the feed was being read: "
             "ask for the feed again (the range may then need to start later)"
         ) from exc
-    return _assemble(values, plan.Skeleton(np.arange(len(change)), change, version), _Shown.of(shown), shown.commit_ms, data, net)
+    sk = plan.Skeleton(np.arange(len(part.change)), part.change, part.version)
+    return _assemble(values, sk, _Shown.of(shown), shown.commit_ms, part.data, part.net)
 
 
 def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool) -> pa.Table:

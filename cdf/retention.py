@@ -80,7 +80,8 @@ def window(state: TableState, now_ms: int | None = None) -> Window:
     return Window(max(floor, min(candidates)), current, log, adopted)
 
 
-def _to_ms(ts: object, what: str) -> int:
+def timestamp_ms(ts: object, what: str) -> int:
+    """``ts`` (datetime, naive = UTC; ISO-8601 string; epoch milliseconds) as epoch milliseconds; ``what`` names it in errors."""
     if isinstance(ts, _dt.datetime):
         if ts.tzinfo is None:
             ts = ts.replace(tzinfo=_dt.timezone.utc)
@@ -89,7 +90,7 @@ def _to_ms(ts: object, what: str) -> int:
         return int(ts)
     if isinstance(ts, str):
         try:
-            return _to_ms(_dt.datetime.fromisoformat(ts), what)
+            return timestamp_ms(_dt.datetime.fromisoformat(ts), what)
         except ValueError:
             pass
     raise InvalidArgumentError(f"{what} must be a datetime, an ISO-8601 string or epoch milliseconds, got {ts!r}")
@@ -97,7 +98,7 @@ def _to_ms(ts: object, what: str) -> int:
 
 def version_at(win: Window, ts: object, what: str) -> int:
     """The version that was current at timestamp ``ts`` (0 before the first commit)."""
-    ms = _to_ms(ts, what)
+    ms = timestamp_ms(ts, what)
     version = win.log.version_at(ms)
     if version is None:  # before every reachable commit: before the table's first, or inside the expired part of the log
         return win.log.floor.version if win.log.floor else 0

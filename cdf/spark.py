@@ -1,4 +1,4 @@
-"""``<table>$changes`` and ``<table>$deleted_rows`` in a Spark session.
+"""The change feed in a Spark session: the views ``<table>$changes`` and ``<table>$deleted_rows``, and the streaming source.
 
 ``register(spark, table)`` creates two temporary views, planned from the
 table's metadata at registration time and evaluated by executors when queried:
@@ -14,6 +14,10 @@ table's metadata at registration time and evaluated by executors when queried:
 Net changes (not decomposable by version) come from the Python call
 ``cdf.changes(table, a, b, net=True, engine="spark", spark=spark)``.
 Re-register after new commits to see them.
+
+``register_source(spark)`` registers the Structured Streaming source
+``lineage_changes`` (:mod:`cdf.spark_source`), which follows the feed as
+commits land.
 """
 
 from __future__ import annotations
@@ -45,3 +49,16 @@ def register(spark: Any, table: Table, name: str | None = None) -> str:
         df.createOrReplaceTempView(hidden)
         spark.sql(f"CREATE OR REPLACE TEMP VIEW `{name}${suffix}` AS SELECT * FROM {hidden}")
     return name
+
+
+def register_source(spark: Any) -> str:
+    """Register the Structured Streaming source of the change feed in ``spark``; returns its format, ``lineage_changes``.
+
+    Then ``spark.readStream.format("lineage_changes").option("table", ...)``
+    (:mod:`cdf.spark_source` has the options and the delivery contract).
+    Spark's Python workers must import this package, as for Spark feeds.
+    """
+    from cdf.spark_source import ChangeFeedSource
+
+    spark.dataSource.register(ChangeFeedSource)
+    return ChangeFeedSource.name()

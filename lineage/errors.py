@@ -141,3 +141,9 @@ class StreamPositionLostError(LineageError):
 class LostFileError(LineageMetadataError):
     """A data file that holds removed row images of a change-feed range was deleted (e.g. by another engine's
     ``expire_snapshots`` or ``remove_orphan_files``). The message names the file and the affected versions."""
+
+
+class FeedSchemaChangedError(LineageError):
+    """The change feed's columns changed under a running stream (the table's schema evolved, or a first purge
+    added ``_purged``). The stream stops before it emits a batch of another shape; restart it from its
+    checkpoint to read on with the new columns."""

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -127,6 +131,40 @@ def local_spark_builder(app: str):  # type: ignore[no-untyped-def]
         .config("spark.driver.memory", "2g")
         .config("spark.ui.showConsoleProgress", "false")
     )
+
+
+def start_job(script: str, *args: str, stderr_path: str) -> subprocess.Popen:
+    """Run ``tests/<script> ARGS`` as a child process in a process group of its own (with its JVM and Python workers).
+
+    Its stderr goes to ``stderr_path`` (a pipe could fill up and stall a long-running job).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    with open(stderr_path, "a") as err:
+        return subprocess.Popen([sys.executable, os.path.join(here, script), *args], env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL a job of :func:`start_job`, its whole process group, and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def finish_job(proc: subprocess.Popen, stderr_path: str, timeout: float = 600) -> int:
+    """Wait for a job of :func:`start_job`: its exit code, 0 or -SIGKILL (it killed itself); else AssertionError with its stderr."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(proc)
+        raise
+    if proc.returncode not in (0, -signal.SIGKILL):
+        with open(stderr_path) as f:
+            raise AssertionError(f"job failed ({proc.returncode}): {f.read()[-3000:]}")
+    return proc.returncode
 
 
 @pytest.fixture(scope="session")

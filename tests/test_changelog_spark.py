@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import SCHEMA, rows
+from conftest import SCHEMA, finish_job, rows, start_job
 
 import cdf
 import lineage
@@ -29,7 +27,6 @@ from index.deleted_rows import read_index
 
 pytestmark = pytest.mark.spark
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = pa.table({"id": range(1, 7), "name": ["v0"] * 6, "amount": [float(i) for i in range(1, 7)]}, schema=SCHEMA)
 
 # Three batches, valid in strict mode only when each applies once and in order (-U images name the previous batch's values).
@@ -122,19 +119,9 @@ def test_spark_changelog_captures_pre_images(spark, warehouse: str) -> None:
 
 
 def _run_job(warehouse: str, input_dir: str, checkpoint: str, log: str, kill_after: int | None = None) -> int:
-    cmd = [sys.executable, os.path.join(HERE, "changelog_stream_job.py"), warehouse, "s.stream", input_dir, checkpoint, log]
-    if kill_after is not None:
-        cmd.append(str(kill_after))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise AssertionError(f"streaming job failed ({proc.returncode}): {err[-3000:]}")
-    return proc.returncode
+    args = [warehouse, "s.stream", input_dir, checkpoint, log] + ([str(kill_after)] if kill_after is not None else [])
+    err = log + ".stderr"
+    return finish_job(start_job("changelog_stream_job.py", *args, stderr_path=err), err)
 
 
 def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(tmp_path, warehouse: str) -> None:

@@ -18,7 +18,7 @@ from pyiceberg.exceptions import CommitFailedException
 
 from cdf.mv.engines import Engine, SparkEngine, duckdb_connection, spark_session
 from cdf.mv.query import GROUP_KEY, GROUP_ROWS, SRC_ROW_ID, ViewQuery, ViewQueryError
-from cdf.mv.stored import PROP_DEFINITION, PROP_SOURCE, check_source
+from cdf.mv.stored import PROP_DEFINITION, PROP_SOURCE, check_source  # noqa: F401 - PROP_DEFINITION: kept importable here
 from cdf.mv.sql import (
     aggregate_delta_sql,
     cast_list,

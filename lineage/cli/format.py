@@ -257,6 +257,14 @@ class Output:
         with self.progress.task("writing rows") as task:
             self._write(reader.schema, batches, task, empty_note)
 
+    def json_lines(self, readers: Iterable[pa.RecordBatchReader]) -> None:
+        """Each reader's rows as JSON lines (one object per line), flushed after each reader: for a feed that is followed."""
+        with self._text() as out:
+            for reader in readers:
+                for batch in reader:
+                    out.write("".join(json.dumps(r, default=json_default) + "\n" for r in batch.to_pylist()))
+                out.flush()
+
     def _write(self, schema: pa.Schema, batches: Iterable[pa.RecordBatch], task: Task,
                empty_note: str | None) -> None:
         if self.fmt == "parquet":

@@ -164,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start at the version current at TIME (ISO-8601, epoch ms, or 2h = two hours ago)",
     )
     p.add_argument("--to-timestamp", metavar="TIME", help="end at the version current at TIME")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep reading: write the changes of each new commit as JSON lines as it lands (until TO, if given, or Ctrl-C)",
+    )
+    p.add_argument(
+        "--poll-interval", type=float, default=1.0, metavar="SECONDS", help="with --follow: how often to look for new commits (default 1)"
+    )
     limit_arg(p)
 
     p = sub("deleted-rows", cmd_deleted_rows, "rows deleted after --since up to --until, with their last values")

@@ -53,6 +53,8 @@ def cmd_changes(ctx: Context) -> int:
     t = ctx.open(a.table)
     from_ts = parse_timestamp(a.from_timestamp, "--from-timestamp") if a.from_timestamp else None
     to_ts = parse_timestamp(a.to_timestamp, "--to-timestamp") if a.to_timestamp else None
+    if a.follow:
+        return _follow(ctx, t, from_ts)
     what = "net changes" if a.net else "changes"
     args = dict(net=a.net, columns=parse_columns(a.columns), from_timestamp=from_ts, to_timestamp=to_ts)
     if a.limit is None:  # the whole feed: written batch by batch, so memory holds one batch, whatever the range
@@ -63,6 +65,23 @@ def cmd_changes(ctx: Context) -> int:
     with ctx.progress.task(f"computing the {what} of {t.name}"):
         feed = cdf.changes(t, a.from_version, a.to_version, **args)
     ctx.out.table(_limit(feed, a.limit), empty_note="no changes in this range")
+    return EXIT_OK
+
+
+def _follow(ctx: Context, t: Any, from_ts: object) -> int:
+    """``changes --follow``: each new range's changes as JSON lines, flushed once the range is written, until TO or Ctrl-C."""
+    import cdf
+
+    a = ctx.args
+    refused = [opt for opt, given in (("--net", a.net), ("--limit", a.limit is not None), ("--to-timestamp", a.to_timestamp))
+               if given]
+    if refused:
+        raise InvalidArgumentError(f"--follow reads the per-version feed as it grows: it takes no {', '.join(refused)}")
+    if ctx.out.fmt not in ("table", "json"):
+        raise InvalidArgumentError(f"--follow writes JSON lines, one change per line: --format {ctx.out.fmt} cannot be followed")
+    ranges = cdf.follow(t, a.from_version, a.to_version, from_timestamp=from_ts, columns=parse_columns(a.columns),
+                        poll_interval=a.poll_interval)
+    ctx.out.json_lines(r.changes for r in ranges)
     return EXIT_OK
 
 
