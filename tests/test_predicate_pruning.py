@@ -87,7 +87,7 @@ def _like(draw) -> str:  # noqa: ANN001
     if draw(st.booleans()):
         pattern = "".join(draw(st.lists(st.sampled_from(LIKE_PIECES), min_size=0, max_size=4)))
     else:
-        chars = list(draw(st.sampled_from(["J_n", "a\\%b", "Jan", "Jon", "a%b", "It's"])))
+        chars = list(draw(st.sampled_from(["J_n", "a\\%b", "a\\%b", "a\\%b", "Jan", "Jon", "a%b", "It's"])))
         for at in draw(st.lists(st.integers(0, len(chars) - 1), max_size=2)):
             chars[at] = draw(st.sampled_from(["_", "%"]))
         pattern = "".join(chars) + draw(st.sampled_from(["", "", "%"]))
@@ -182,7 +182,7 @@ def _make_table(data: pa.Table, partition: list[str] | None, file_bytes: str | N
 
 
 @settings(
-    max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "40")),
+    max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "60")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
