@@ -80,8 +80,10 @@ def _database(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
         return db
 
 
-def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = ()) -> None:
+def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = (), *, exact_floats: bool = False) -> None:
     """From now on ``con`` reads no file but ``paths``, its memory is limited and its configuration is locked.
+
+    ``exact_floats``: the expression it evaluates reads a floating-point column (see the comment below).
 
     Call it once the connection has loaded its extensions and before it
     evaluates a user's expression: DuckDB then refuses every other file
@@ -99,6 +101,11 @@ def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = ()) -> None:
     if con not in _ISOLATED:
         raise LineageError("internal: duck.seal() needs a connection from duck.connect(isolated=True)")
     listed = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(set(paths)))
+    if exact_floats:
+        # DuckDB skips Parquet row groups by their min/max statistics, which leave NaN out, while its own
+        # comparisons order NaN above every number: `x > 2.5` would miss a NaN row in a row group whose max is 1.
+        # A filter on a floating-point column is evaluated on every row of the files kept instead.
+        con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
     con.execute(f"SET memory_limit = '{memory_limit()}'")
     con.execute(f"SET allowed_paths = [{listed}]")
     con.execute("SET enable_external_access = false")

@@ -54,6 +54,7 @@ class Predicate:
 
     sql: str
     prune: BooleanExpression
+    reads_floats: bool = False  # it reads a floating-point column: evaluate it with duck.seal(..., exact_floats=True)
 
     @property
     def is_true(self) -> bool:
@@ -159,7 +160,8 @@ def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema, pr
         raise BadPredicateError(f"where must be a SQL string or a pyiceberg expression, got {type(where).__name__}")
     checked = expressions.check(text, schema.names, "where")
     _check_boolean(checked.sql, text, schema)
-    return Predicate(checked.sql, prune_expression(json.loads(checked.tree), schema, set(prunable)))
+    floats = any(pa.types.is_floating(schema.field(c).type) for c in checked.columns if c in schema.names)
+    return Predicate(checked.sql, prune_expression(json.loads(checked.tree), schema, set(prunable)), floats)
 
 
 def prunable_columns(data_schema: pa.Schema) -> tuple[str, ...]:

@@ -295,7 +295,7 @@ class Table:
             wanted = list(columns)
         con = duck.connect(isolated=True)
         try:
-            duck.seal(con, register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids()))
+            duck.seal(con, register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids()), exact_floats=pred.reads_floats)
             select = ", ".join(quote_ident(c) for c in wanted)
             try:
                 result = duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE {pred.sql}")
@@ -361,7 +361,7 @@ class Table:
         def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
             files = state.live_files(pred.prune)
             schema = self.arrow_schema
-            duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()))
+            duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()), exact_floats=pred.reads_floats)
             key = self.key if index_enabled(state.iceberg) else []
             old = old_values(schema) if self._capture() else ""
             rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)

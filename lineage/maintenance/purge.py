@@ -135,7 +135,7 @@ def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: 
         key = table.key if index_enabled(state.iceberg) else []
         con = duck.connect(isolated=True)
         try:
-            duck.seal(con, register_live_view(con, "live", files, schema, field_ids))
+            duck.seal(con, register_live_view(con, "live", files, schema, field_ids), exact_floats=pred.reads_floats)
             keys = "".join(f", {quote_ident(k)}" for k in key)
             hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id{keys} FROM live WHERE ({pred.sql})")
         finally:

@@ -63,7 +63,7 @@ def update_planner(
         index = KeyIndex.open(state) if key_set else None
         # Without an index the key check scans every file, so the plan must not prune any.
         files = state.live_files(pred.prune if index is not None or not key_set else None)
-        duck.seal(con, register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata)))
+        duck.seal(con, register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata)), exact_floats=pred.reads_floats)
         key = table.key if index_enabled(state.iceberg) else []
         # The removed images' keys for the key index (named apart from capture's __old_<i> values).
         old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
