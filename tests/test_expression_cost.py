@@ -119,7 +119,7 @@ def test_hostile_cost_arguments_are_refused_fast_with_bounded_memory(warehouse: 
         assert call["seconds"] < 1.0, f"{label} took {call['seconds']:.2f} s"
         assert call["growth_mb"] < 50, f"{label}: peak memory grew by {call['growth_mb']:.0f} MB"
     # the measurement does see an allocation of this kind: one unguarded lpad of 300 MB
-    assert report["unguarded_growth_mb"] > 250, report["unguarded_growth_mb"]
+    assert report["unguarded_growth_mb"] > 150, report["unguarded_growth_mb"]  # peak over the earlier peak: not all of it
     assert report["version"] == 2  # the warm-up update only: nothing hostile committed
 
 
