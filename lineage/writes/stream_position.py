@@ -259,9 +259,10 @@ def stream_digest(iceberg: IcebergTable) -> StreamDigest:
         parent = snap.parent_snapshot_id
         if parent is None and snap.sequence_number <= 1:
             break  # the table's first snapshot
-        if parent is None or iceberg.metadata.snapshot_by_id(parent) is None:  # expired (pyiceberg also clears the id)
+        below = iceberg.metadata.snapshot_by_id(parent) if parent is not None else None
+        if below is None:  # expired (pyiceberg also clears the id)
             return StreamDigest(positions, None, snap.sequence_number)
-        snap = iceberg.metadata.snapshot_by_id(parent)
+        snap = below
     return StreamDigest(positions, None)
 
 
