@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import os
 import re
+import tempfile
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -107,6 +108,7 @@ def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = (), *, exact_flo
         # A filter on a floating-point column is evaluated on every row of the files kept instead.
         con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
     con.execute(f"SET memory_limit = '{memory_limit()}'")
+    con.execute(f"SET temp_directory = '{temp_directory()}'")
     con.execute(f"SET allowed_paths = [{listed}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
@@ -147,6 +149,23 @@ def memory_limit() -> str:
     return f"{limit >> 20}MiB"
 
 
+ENV_TEMP_DIRECTORY = "LINEAGE_DUCKDB_TEMP_DIRECTORY"
+
+
+def temp_directory() -> str:
+    """Where a sealed connection spills what does not fit its memory limit (quoted for SQL use by the caller).
+
+    ``LINEAGE_DUCKDB_TEMP_DIRECTORY`` (environment variable) sets it; the
+    default is ``lineage-duckdb`` under the system's temporary directory
+    (``TMPDIR``), not DuckDB's own default ``.tmp`` in the working directory of
+    whatever program imports this library. DuckDB creates the directory on
+    the first spill and deletes its files when the connection closes.
+    """
+    raw = os.environ.get(ENV_TEMP_DIRECTORY, "").strip()
+    path = raw or os.path.join(tempfile.gettempdir(), "lineage-duckdb")
+    return path.replace("'", "''")
+
+
 def out_of_memory(exc: BaseException) -> LineageError | None:
     """The error to raise when ``exc`` is a sealed connection reaching its memory limit (None for any other error)."""
     if not isinstance(exc, duckdb.OutOfMemoryException):
@@ -154,7 +173,7 @@ def out_of_memory(exc: BaseException) -> LineageError | None:
     first = next((line for line in str(exc).splitlines() if line.strip()), str(exc))
     return LineageError(
         f"DuckDB reached the memory limit of this operation ({memory_limit()}, set by {ENV_MEMORY_LIMIT}; "
-        f"raise it, or leave DuckDB's temp directory room to spill): {first}"
+        f"raise it, or leave DuckDB's temp directory room to spill, {ENV_TEMP_DIRECTORY}): {first}"
     )
 
 

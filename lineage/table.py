@@ -32,22 +32,19 @@ from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
 from lineage import duck
+from lineage.batched_scan import DEFAULT_BATCH_ROWS, DEFAULT_GROUP_BYTES, BatchedScan, plan_scan, read_all, scan_batches
 from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
 from lineage.commit_log import USER_PROPERTY_PREFIXES
 from lineage.errors import (
-    BadPredicateError,
     InvalidArgumentError,
     KeyViolationError,
-    LineageMetadataError,
     TableAlreadyExistsError,
-    UnknownColumnError,
 )
 from lineage.outcome import has_commit, is_transient, reload
 from lineage.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.reconcile import reconcile_table
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import (
-    LINEAGE_COLUMNS,
     arrow_schema,
     conform,
     iceberg_schema,
@@ -280,34 +277,31 @@ class Table:
         with_lineage: bool = True,
     ) -> pa.Table:
         """Live rows at ``as_of`` (a version; current by default) with lineage columns."""
-        state = self.state(as_of)
-        schema = self.arrow_schema
-        probe = pa.schema(list(schema) + LINEAGE_SCHEMA)
-        pred = parse_predicate(where, probe, prunable_columns(schema))
-        if columns is None:
-            wanted = list(schema.names) + (list(LINEAGE_COLUMNS) if with_lineage else [])
-        else:
-            if isinstance(columns, str):
-                raise InvalidArgumentError("columns must be a list of column names, not a string")
-            unknown = [c for c in columns if c not in probe.names]
-            if unknown:
-                raise UnknownColumnError(f"columns {unknown} are not in the table (columns: {probe.names})")
-            wanted = list(columns)
-        con = duck.connect(isolated=True)
-        try:
-            duck.seal(con, register_live_view(con, "live", state.live_files(pred.prune), schema, self._field_ids()), exact_floats=pred.reads_floats)
-            select = ", ".join(quote_ident(c) for c in wanted)
-            try:
-                result = duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE {pred.sql}")
-            except duckdb.IOException as exc:
-                raise LineageMetadataError(f"a data or delete file of {self.name} could not be read (run verify): {exc}") from None
-            except duckdb.Error as exc:
-                failed = BadPredicateError(f"evaluating where {pred.sql!r} failed on the table's data: {exc}")
-                raise duck.out_of_memory(exc) or failed from None
-        finally:
-            con.close()
-        target = pa.schema([probe.field(c) for c in wanted])
-        return result.cast(target) if result.schema != target else result
+        plan = self._scan_plan(where, columns, as_of, with_lineage)
+        return read_all(plan)
+
+    def scan_batches(
+        self,
+        where: str | BooleanExpression | None = None,
+        columns: Sequence[str] | None = None,
+        as_of: int | None = None,
+        with_lineage: bool = True,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        group_bytes: int = DEFAULT_GROUP_BYTES,
+    ) -> pa.RecordBatchReader:
+        """The rows :meth:`scan` returns, as a ``pyarrow.RecordBatchReader`` read a group of files at a time.
+
+        Memory stays bounded by ``group_bytes`` of Parquet (default 128 MiB; a
+        larger file is read alone) whatever the table's size. Batches have at
+        most ``batch_rows`` rows. The files are fixed when this returns (the
+        snapshot of ``as_of``); they are read as the reader is consumed.
+        """
+        return scan_batches(self._scan_plan(where, columns, as_of, with_lineage), batch_rows, group_bytes)
+
+    def _scan_plan(
+        self, where: str | BooleanExpression | None, columns: Sequence[str] | None, as_of: int | None, with_lineage: bool
+    ) -> BatchedScan:
+        return plan_scan(self.name, self.state(as_of), self.arrow_schema, self._field_ids(), where, columns, with_lineage)
 
     def count(self, where: str | BooleanExpression | None = None, as_of: int | None = None) -> int:
         """Number of live rows at ``as_of`` (current by default) that match ``where`` (every row by default)."""

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import duckdb
@@ -186,18 +187,29 @@ def test_sealed_connections_have_a_memory_limit_that_sql_cannot_lift(monkeypatch
 
 def test_large_operations_spill_within_the_limit(monkeypatch, tmp_path):
     """A sort and a temporary table larger than the limit succeed (DuckDB spills to its temp directory)."""
-    monkeypatch.chdir(tmp_path)  # DuckDB's temp directory is ./.tmp
+    monkeypatch.chdir(tmp_path)
+    spill = tmp_path / "spill here"
+    monkeypatch.setenv(duck.ENV_TEMP_DIRECTORY, str(spill))
     monkeypatch.setenv(duck.ENV_MEMORY_LIMIT, "100MiB")
     con = duck.connect(isolated=True)
     try:
         duck.seal(con)
+        assert con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == str(spill)
         rows = 3_000_000
         con.execute(f"CREATE TEMP TABLE big AS SELECT i, md5(i::VARCHAR) || md5((i + 1)::VARCHAR) AS s FROM range({rows}) t(i)")
         spilled = con.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchone()[0]
         assert spilled > 50 * 2**20  # the table (about 220 MB) did not fit in the limit: part of it is on disk
         assert con.execute("SELECT count(*), min(s) < max(s) FROM (SELECT s FROM big ORDER BY s)").fetchone() == (rows, True)
+        assert spill.is_dir() and not (tmp_path / ".tmp").exists()  # spilled where it was told, not into the working directory
     finally:
         con.close()
+
+
+def test_the_default_spill_directory_is_under_the_system_temp_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv(duck.ENV_TEMP_DIRECTORY, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() caches its answer
+    assert duck.temp_directory() == str(tmp_path / "lineage-duckdb")
 
 
 def test_reaching_the_limit_is_a_clear_error(monkeypatch, warehouse: str):

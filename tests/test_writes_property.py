@@ -230,6 +230,10 @@ def _draw_new_rows(data: st.DataObject, model: Model, min_size: int, max_size: i
 def _check_scan(table: lineage.Table, model: Model) -> None:
     """Current scan equals the model; learns the row ids of new rows."""
     got = table.scan().to_pylist()
+    # The streamed scan reads the same files a few at a time (groups of ~4 KiB of Parquet, batches of 3 rows).
+    streamed = [row for batch in table.scan_batches(batch_rows=3, group_bytes=4096) for row in batch.to_pylist()]
+    by_row_id = lambda r: r["_row_id"]  # noqa: E731
+    assert sorted(streamed, key=by_row_id) == sorted(got, key=by_row_id), "scan_batches() differs from scan()"
     keys = [r["id"] for r in got]
     assert len(set(keys)) == len(keys), f"duplicate keys in scan: {sorted(keys)}"
     rids = [r["_row_id"] for r in got]

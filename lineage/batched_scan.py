@@ -1,0 +1,142 @@
+"""A scan as a stream of Arrow record batches, in memory bounded by a group of files, not by the table.
+
+:meth:`lineage.Table.scan` builds one Arrow table of every matching row.
+:func:`scan_batches` reads the live files in groups of at most
+``group_bytes`` of Parquet (one file when a file is larger), evaluates the
+``where`` on each group in a DuckDB database of its own and hands the rows on
+as record batches before it reads the next group. Peak memory is one group's
+decoded rows plus DuckDB's buffer pool (limited by
+``LINEAGE_DUCKDB_MEMORY_LIMIT``), whatever the table's size.
+
+Each group is materialised by :func:`lineage.duck.fetch_arrow` and then
+sliced: exporting the live view straight to a DuckDB record-batch reader
+hung in DuckDB 1.5.5 (see that function).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.expressions import BooleanExpression
+
+from lineage import duck
+
+from lineage.errors import BadPredicateError, InvalidArgumentError, LineageMetadataError, UnknownColumnError
+from lineage.merging import pack_from_end
+from lineage.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.schema import LINEAGE_COLUMNS
+from lineage.state import LiveFile, TableState
+
+DEFAULT_GROUP_BYTES = 128 << 20
+DEFAULT_BATCH_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class BatchedScan:
+    """What one streamed scan reads: the files kept by pruning, the checked ``where`` and the output columns."""
+
+    name: str
+    files: list[LiveFile]
+    schema: pa.Schema  # the table's data columns
+    field_ids: dict[str, int]
+    where_sql: str
+    exact_floats: bool
+    columns: list[str]
+    target: pa.Schema  # the output schema (data and lineage columns as the table declares them)
+
+
+def plan_scan(
+    name: str,
+    state: TableState,
+    schema: pa.Schema,
+    field_ids: dict[str, int],
+    where: str | BooleanExpression | None,
+    columns: Sequence[str] | None,
+    with_lineage: bool,
+) -> BatchedScan:
+    """Check ``where`` and ``columns`` against the table's ``schema`` and keep the files ``where`` may match."""
+    probe = pa.schema(list(schema) + LINEAGE_SCHEMA)
+    pred = parse_predicate(where, probe, prunable_columns(schema))
+    if columns is None:
+        wanted = list(schema.names) + (list(LINEAGE_COLUMNS) if with_lineage else [])
+    else:
+        if isinstance(columns, str):
+            raise InvalidArgumentError("columns must be a list of column names, not a string")
+        unknown = [c for c in columns if c not in probe.names]
+        if unknown:
+            raise UnknownColumnError(f"columns {unknown} are not in the table (columns: {probe.names})")
+        wanted = list(columns)
+    return BatchedScan(
+        name=name,
+        files=state.live_files(pred.prune),
+        schema=schema,
+        field_ids=field_ids,
+        where_sql=pred.sql,
+        exact_floats=pred.reads_floats,
+        columns=wanted,
+        target=pa.schema([probe.field(c) for c in wanted]),
+    )
+
+
+def file_groups(files: Sequence[LiveFile], group_bytes: int) -> list[list[LiveFile]]:
+    """``files`` in their order, cut into runs whose Parquet sizes add up to at most ``group_bytes``.
+
+    A file larger than ``group_bytes`` is a group of its own.
+    """
+    if group_bytes <= 0:
+        raise InvalidArgumentError(f"group_bytes must be a positive number of bytes, got {group_bytes}")
+    return pack_from_end(files, lambda f: int(f.data_file.file_size_in_bytes), group_bytes)
+
+
+def scan_batches(
+    plan: BatchedScan, batch_rows: int = DEFAULT_BATCH_ROWS, group_bytes: int = DEFAULT_GROUP_BYTES
+) -> pa.RecordBatchReader:
+    """The rows ``plan`` selects as a record-batch reader of at most ``batch_rows`` rows per batch.
+
+    Files are read lazily, a group at a time, as the reader is consumed; a
+    file that disappears meanwhile (a vacuum after the snapshot expired)
+    raises :class:`~lineage.errors.LineageMetadataError` from the reader.
+    """
+    if batch_rows <= 0:
+        raise InvalidArgumentError(f"batch_rows must be a positive number of rows, got {batch_rows}")
+    groups = file_groups(plan.files, group_bytes)  # validates group_bytes now, not at the first batch
+    return pa.RecordBatchReader.from_batches(plan.target, _batches(plan, groups, batch_rows))
+
+
+def read_all(plan: BatchedScan) -> pa.Table:
+    """Every row ``plan`` selects as one Arrow table (all files in one DuckDB query)."""
+    select = ", ".join(quote_ident(c) for c in plan.columns)
+    table = _read_group(plan, plan.files, select)
+    return table.cast(plan.target) if table.schema != plan.target else table
+
+
+def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    select = ", ".join(quote_ident(c) for c in plan.columns)
+    for group in groups:
+        table = _read_group(plan, group, select)
+        if table.schema != plan.target:
+            table = table.cast(plan.target)
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            if batch.num_rows:
+                yield batch
+        del table
+
+
+def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Table:
+    con = duck.connect(isolated=True)
+    try:
+        paths = register_live_view(con, "live", group, plan.schema, plan.field_ids)
+        duck.seal(con, paths, exact_floats=plan.exact_floats)
+        try:
+            return duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE {plan.where_sql}")
+        except duckdb.IOException as exc:
+            raise LineageMetadataError(f"a data or delete file of {plan.name} could not be read (run verify): {exc}") from None
+        except duckdb.Error as exc:
+            failed = BadPredicateError(f"evaluating where {plan.where_sql!r} failed on the table's data: {exc}")
+            raise duck.out_of_memory(exc) or failed from None
+    finally:
+        con.close()
