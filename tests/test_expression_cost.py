@@ -217,3 +217,17 @@ def test_reaching_the_limit_is_a_clear_error(monkeypatch, warehouse: str):
     t = lineage.open_table("shop.items", warehouse=warehouse)
     with pytest.raises(LineageError, match=f"memory limit of this operation \\(1MiB, set by {duck.ENV_MEMORY_LIMIT}"):
         t.scan(where="k >= 0")
+
+
+def test_a_write_over_the_memory_limit_fails_with_the_limit_named_and_leaves_the_table_untouched(warehouse, monkeypatch):
+    t = lineage.create_table("shop.wide", pa.schema([("id", pa.int64()), ("s", pa.string())]), key=["id"], warehouse=warehouse)
+    n = 200_000
+    t.append(pa.table({"id": pa.array(range(n), pa.int64()), "s": [f"row-{i}-" + "x" * 40 for i in range(n)]}))
+    before = (t.version, sorted(os.listdir(os.path.join(warehouse, "shop", "wide", "data"))))
+    monkeypatch.setenv(duck.ENV_MEMORY_LIMIT, "16MiB")
+    with pytest.raises(lineage.LineageError, match=duck.ENV_MEMORY_LIMIT):
+        t.update("id % 20 = 0", {"s": "s || '!'"}, mode="copy-on-write")
+    monkeypatch.delenv(duck.ENV_MEMORY_LIMIT)
+    t.refresh()
+    assert (t.version, sorted(os.listdir(os.path.join(warehouse, "shop", "wide", "data")))) == before
+    assert t.count("s LIKE '%!'") == 0

@@ -152,7 +152,10 @@ def run_write(
                 raise duck.out_of_memory(exc) or failed from None
             if plan.is_empty:
                 return _no_op(table, state, plan.operation, a.number, plan.ignored)
-            return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
+            try:
+                return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
+            except duckdb.OutOfMemoryException as exc:  # e.g. the kept rows of a copy-on-write rewrite
+                raise duck.out_of_memory(exc) from None
         finally:
             shared[:] = [w.data_file.file_path for w in reuse_inserts or []]
             con.close()
