@@ -122,7 +122,12 @@ MIN_MEMORY_LIMIT = 2**20  # the limit is set in whole MiB
 
 
 def memory_limit() -> str:
-    """The memory limit of a sealed connection, in DuckDB's syntax (``'8192MiB'``).
+    """The memory limit of a sealed connection, in DuckDB's syntax (``'8192MiB'``); see :func:`memory_limit_bytes`."""
+    return f"{memory_limit_bytes() >> 20}MiB"
+
+
+def memory_limit_bytes() -> int:
+    """The memory limit of a sealed connection, in bytes (whole MiB).
 
     ``LINEAGE_DUCKDB_MEMORY_LIMIT`` (environment variable) sets it: a size
     (``4GB``, ``512MiB``) or a share of the memory this process may use
@@ -146,7 +151,7 @@ def memory_limit() -> str:
         limit = int(number * _UNITS[unit])
     if limit < MIN_MEMORY_LIMIT:
         raise InvalidArgumentError(f"{ENV_MEMORY_LIMIT} must be at least 1MiB, got {raw!r}")
-    return f"{limit >> 20}MiB"
+    return limit >> 20 << 20
 
 
 ENV_TEMP_DIRECTORY = "LINEAGE_DUCKDB_TEMP_DIRECTORY"

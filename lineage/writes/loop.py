@@ -29,6 +29,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
+from pyiceberg.table import TableProperties
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, captured_values
@@ -37,6 +38,7 @@ from lineage import duck
 from lineage.commit import CommitRequest, CommitResult, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.memory import release_if_grown
+from lineage.merging import pack_from_end
 from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
@@ -214,10 +216,19 @@ def _materialize_and_commit(
             delete_files = write_position_deletes(ice, targets, granularity, file_scoped_limit=limit)
             created.extend(f.file_path for f in delete_files)
         else:
-            kept = kept_rows(con, [plan.files[fid] for fid in groups], groups, table.arrow_schema, projection_field_ids(table.iceberg.metadata))
-            rewritten = write_data_files(ice, kept.cast(with_hidden(table.arrow_schema, (ROW_ID, CREATED, UPDATED))))
-            created.extend(w.data_file.file_path for w in rewritten)
-            written.extend(rewritten)
+            # The kept rows are read and rewritten a group of files at a time, so memory follows the group, not
+            # the number of files the write touches. A group holds at most one target file of Parquet and at most
+            # a sixteenth of DuckDB's memory limit (decoded rows take several times their Parquet bytes).
+            field_ids = projection_field_ids(ice.metadata)
+            target = with_hidden(table.arrow_schema, (ROW_ID, CREATED, UPDATED))
+            file_size = int(ice.metadata.properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
+            budget = min(file_size, duck.memory_limit_bytes() // 16)
+            for chunk in pack_from_end(list(groups), lambda fid: int(plan.files[fid].data_file.file_size_in_bytes), budget):
+                kept = kept_rows(con, [plan.files[fid] for fid in chunk], {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids)
+                rewritten = write_data_files(ice, kept.cast(target))
+                del kept
+                created.extend(w.data_file.file_path for w in rewritten)
+                written.extend(rewritten)
             removed_files = [plan.files[fid].data_file for fid in groups]
 
     # 2. new images of updated rows, then fresh inserts
