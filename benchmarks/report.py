@@ -1,6 +1,6 @@
-"""Renders every benchmark figure of README.md and benchmarks/README.md from the records in benchmarks/results/.
+"""Renders every benchmark figure of README.md, benchmarks/README.md and the docs/ pages from the records in benchmarks/results/.
 
-    python benchmarks/report.py            # rewrite every generated block of both READMEs
+    python benchmarks/report.py            # rewrite every generated block of the READMEs and docs/
     python benchmarks/report.py --check    # exit 1, naming each block that differs from what the records give
 
 A generated block in a README is delimited by two HTML comments (invisible when rendered)::
@@ -25,6 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import report_docs  # noqa: E402,F401  (registers its sections)
 import report_peers  # noqa: E402,F401  (registers its sections)
 import report_sections  # noqa: E402,F401  (registers its sections)
 from report_base import BLOCK, DOCS, REGENERATE, ROOT, SECTIONS, Records, md_table, record, section  # noqa: E402
