@@ -3,7 +3,8 @@
 * ``cdc-strategies``: the position and the equality change-stream strategies side by side, and CONVERT, from
   the newest ``cdc.py`` record that ran both;
 * ``append-overhead`` (table) and ``append-overhead-summary`` (one paragraph): ``append_overhead.py``;
-* ``stream-upkeep``: ``stream_upkeep.py``, a change stream with and without ``maintain()``.
+* ``stream-upkeep``: ``stream_upkeep.py``, a change stream with and without ``maintain()``;
+* ``reconcile``: ``reconcile.py``, reconciling one foreign Spark UPDATE against our own upsert of it.
 """
 
 from __future__ import annotations
@@ -139,3 +140,19 @@ def _stream_upkeep(records: Records) -> str:
         f"{r['commits']} commits of 2,000 events into a {rows_label(doc['scale'])}-row table, commit times in ms:", "",
         md_table(["maintain()", "p50", f"first {w} p50", f"last {w} p50", "p99", "maintain()"], rows),
     ])
+
+
+# --------------------------------------------------------------------------- reconcile.py
+@section("reconcile")
+def _reconcile(records: Records) -> str:
+    scales = sorted({d["scale"] for d in records.select("reconcile")})
+    docs = [d for d in (records.latest("reconcile", scale=s) for s in scales) if d is not None]
+    if not docs:
+        return missing("reconcile.py", "python benchmarks/reconcile.py --rows 1000000 --publish")
+    parts = []
+    for doc in docs:
+        rows = [[f"{rows_label(doc['scale'])}, {m['mode']}", fmt_s(m["reconcile_warm_s"]), fmt_s(m["reconcile_cold_s"]), fmt_s(m["upsert_s"]),
+                 f"{m['reconcile_warm_s'] / m['upsert_s']:.1f}x"] for m in doc["results"]["modes"]]
+        parts += [provenance(doc), "",
+                  md_table(["Spark UPDATE of 1% of the rows", "reconcile, warm s", "reconcile, cold s", "our own upsert s", "ratio (warm)"], rows), ""]
+    return "\n".join(parts).rstrip("\n")
