@@ -48,9 +48,12 @@ def _records_index(records: Records) -> str:
         return "*No record is cited yet.*"
     rows = []
     for name, d in sorted(records.cited.items()):
-        rows.append([f"`{name}`", d["benchmark"], d["date"], d["machine"]["name"], f"{d['load']['during']['min']:g}-{d['load']['during']['max']:g}",
+        during, cores = d["load"]["during"], d["machine"]["cores"] or 1
+        above = ("**yes, throughout**" if during["min"] > cores else "**yes, at times**") if during["max"] > cores else "no"
+        rows.append([f"`{name}`", d["benchmark"], d["date"], d["machine"]["name"], f"{during['min']:g}-{during['max']:g}", above,
                      str(len(d["merged_from"])) + " runs" if d.get("merged_from") else "single run"])
-    return md_table(["record (benchmarks/results/)", "benchmark", "date", "machine", "load (1 min)", "merged"], rows, right=set())
+    return md_table(["record (benchmarks/results/)", "benchmark", "date", "machine", "load (1 min)", "load above the core count", "merged"],
+                    rows, right=set())
 
 
 def regenerate(text: str, rendered: dict[str, str]) -> str:
