@@ -25,10 +25,12 @@ bytes on disk per live key.
 
 Printed: medians per system, ours minus pyiceberg's time as a fraction of
 pyiceberg's, and the peak RSS ratio. The tables live in a temporary folder
-(``--workdir`` to choose), removed at the end.
+(``--workdir`` to choose), removed at the end. Every run writes a record (``benchmarks/record.py``) with
+each child run's figures; ``--publish`` puts it in ``benchmarks/results/``, where ``benchmarks/report.py``
+renders it (sections ``append-overhead`` and ``append-overhead-summary``).
 
-    .venv/bin/python benchmarks/append_overhead.py --rows 1000000 --repeat 3
-    .venv/bin/python benchmarks/append_overhead.py --rows 10000000 --repeat 1 --systems pyiceberg,lineage-keyed
+    .venv/bin/python benchmarks/append_overhead.py --rows 1000000 --repeat 3 --publish
+    .venv/bin/python benchmarks/append_overhead.py --rows 10000000 --repeat 1 --upserts 4 --publish
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--root", default=None, help=argparse.SUPPRESS)
+    record.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.rows, args.root, args.upserts)), flush=True)
@@ -147,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         ap.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    rec = record.Recorder("append_overhead", scale=args.rows, argv=argv,
+                          settings={k: v for k, v in vars(args).items() if k not in ("child", "root")})
     work = args.workdir or tempfile.mkdtemp(prefix="append-overhead-")
     results: dict[str, list[dict]] = {s: [] for s in systems}
     try:
@@ -186,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             vals = [r[k] for r in results[system] if r.get(k) is not None]
             if vals:
                 print(f"{'':20s}   {k}: {statistics.median(vals)}")
+    path = rec.finish({"rows": args.rows, "repeat": args.repeat, "upserts": args.upserts, "runs": results},
+                      publish=args.publish, out=args.out)
+    print(f"record: {path}")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import BinaryIO
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -54,8 +55,8 @@ def series(records: report.Records) -> dict[str, dict[str, list[tuple[int, float
     return out
 
 
-def draw(data: dict[str, dict[str, list[tuple[int, float]]]], out: str) -> None:
-    """Write the figure (PNG) to ``out``."""
+def draw(data: dict[str, dict[str, list[tuple[int, float]]]], out: str | BinaryIO) -> None:
+    """Write the figure (PNG) to ``out``, a path or a binary file object."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,10 +74,11 @@ def draw(data: dict[str, dict[str, list[tuple[int, float]]]], out: str) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Change feed against table size (benchmarks/run.py; each scale is one run, see benchmarks/README.md for load)", fontsize=10)
+    fig.suptitle("Change feed against table size (benchmarks/run.py; each scale is one run, see the benchmark pages for each run's load)", fontsize=10)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
+    if isinstance(out, str):
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, format="png", dpi=110)
     plt.close(fig)
 
 

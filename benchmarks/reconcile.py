@@ -17,9 +17,11 @@ per write mode:
   1% of keys with the same new values, in the same write mode.
 
 Prints one line per mode with the three times (seconds, one run each: run it
-on a quiet machine and read the ratios). Spark's own time is not measured.
+on a quiet machine and read the ratios) and writes a record (``benchmarks/record.py``; ``--publish`` puts it
+in ``benchmarks/results/``, where ``benchmarks/report.py`` renders it as the section ``reconcile``). Spark's
+own time is not measured.
 
-    .venv/bin/python benchmarks/reconcile.py --rows 1000000
+    .venv/bin/python benchmarks/reconcile.py --rows 1000000 --publish
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ import time
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
 
 import lineage  # noqa: E402
+import record  # noqa: E402
 from lineage.state import forget_planned_files  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
@@ -62,13 +67,17 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - start
 
 
-def main() -> None:
-    """Run the workload and print the figures."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the workload, print the figures and write the record."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=10)
-    args = parser.parse_args()
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
     from reference import ReferenceEngine
+
+    rec = record.Recorder("reconcile", scale=args.rows, argv=argv, settings=vars(args))
+    modes = []
 
     with ReferenceEngine() as ref, tempfile.TemporaryDirectory(prefix="bench-reconcile-") as tmp:
         print(f"rows={args.rows:,} files={args.files} load={os.getloadavg()[0]:.2f}")
@@ -94,9 +103,13 @@ def main() -> None:
                 f"(reconcile/ours {t_warm / t_ours:.2f}x)",
                 flush=True,
             )
+            modes.append({"mode": mode, "updated": len(ids), "reconcile_warm_s": t_warm, "reconcile_cold_s": t_cold, "upsert_s": t_ours})
             for wh in (warm_wh, cold_wh):
                 ref.forget(wh)
+    path = rec.finish({"rows": args.rows, "files": args.files, "modes": modes}, publish=args.publish, out=args.out)
+    print(f"record: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

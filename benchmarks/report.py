@@ -1,6 +1,6 @@
-"""Renders every benchmark figure of README.md and benchmarks/README.md from the records in benchmarks/results/.
+"""Renders every benchmark figure of README.md, benchmarks/README.md and the docs/ pages from the records in benchmarks/results/.
 
-    python benchmarks/report.py            # rewrite every generated block of both READMEs
+    python benchmarks/report.py            # rewrite every generated block of the READMEs and docs/
     python benchmarks/report.py --check    # exit 1, naming each block that differs from what the records give
 
 A generated block in a README is delimited by two HTML comments (invisible when rendered)::
@@ -25,6 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import report_docs  # noqa: E402,F401  (registers its sections)
 import report_peers  # noqa: E402,F401  (registers its sections)
 import report_sections  # noqa: E402,F401  (registers its sections)
 from report_base import BLOCK, DOCS, REGENERATE, ROOT, SECTIONS, Records, md_table, record, section  # noqa: E402
@@ -47,9 +48,12 @@ def _records_index(records: Records) -> str:
         return "*No record is cited yet.*"
     rows = []
     for name, d in sorted(records.cited.items()):
-        rows.append([f"`{name}`", d["benchmark"], d["date"], d["machine"]["name"], f"{d['load']['during']['min']:g}-{d['load']['during']['max']:g}",
+        during, cores = d["load"]["during"], d["machine"]["cores"] or 1
+        above = ("**yes, throughout**" if during["min"] > cores else "**yes, at times**") if during["max"] > cores else "no"
+        rows.append([f"`{name}`", d["benchmark"], d["date"], d["machine"]["name"], f"{during['min']:g}-{during['max']:g}", above,
                      str(len(d["merged_from"])) + " runs" if d.get("merged_from") else "single run"])
-    return md_table(["record (benchmarks/results/)", "benchmark", "date", "machine", "load (1 min)", "merged"], rows, right=set())
+    return md_table(["record (benchmarks/results/)", "benchmark", "date", "machine", "load (1 min)", "load above the core count", "merged"],
+                    rows, right=set())
 
 
 def regenerate(text: str, rendered: dict[str, str]) -> str:

@@ -10,11 +10,12 @@ key-index merges, expiry, as the table properties say); its time is reported
 apart and is not part of the commit latency, as for a maintenance job that
 runs beside the stream.
 
-    .venv/bin/python benchmarks/stream_upkeep.py --commits 200 --maintain-every 0
-    .venv/bin/python benchmarks/stream_upkeep.py --commits 200 --maintain-every 25
+    .venv/bin/python benchmarks/stream_upkeep.py --commits 200 --maintain-every 0,25 --publish
 
-Prints p50 of all commits, of the first and the last 50, p99, and the median
-time of one ``maintain()``. One run each: run it on a quiet machine.
+Prints, for each ``--maintain-every`` setting (one stream each, in this order), p50 of all commits, of the
+first and the last 50, p99, and the median time of one ``maintain()``, and writes a record
+(``benchmarks/record.py``; ``--publish`` puts it in ``benchmarks/results/``, where ``benchmarks/report.py``
+renders it as the section ``stream-upkeep``). One run each: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ import time
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 
 import lineage  # noqa: E402
+import record  # noqa: E402
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("amount", pa.float64())])
 
@@ -71,21 +75,41 @@ def run(rows: int, commits: int, every: int, warehouse: str) -> dict[str, float]
     }
 
 
-def main() -> None:
-    """Parse the options, run the stream, print one line."""
+def _settings(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be commit counts separated by commas, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"must be commit counts >= 0 separated by commas, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run one stream per setting, print one line each and write the record."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--commits", type=int, default=200)
-    parser.add_argument("--maintain-every", type=int, default=25, help="commits between maintain() calls (0: never)")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-upkeep-") as tmp:
-        r = run(args.rows, args.commits, args.maintain_every, tmp)
-    print(
-        f"rows={args.rows:,} commits={args.commits} maintain-every={args.maintain_every} load={os.getloadavg()[0]:.2f}: "
-        f"commit p50 {r['p50']:.0f} ms (first/last 50: {r['first']:.0f}/{r['last']:.0f}), p99 {r['p99']:.0f} ms; "
-        f"maintain() {r['maintain_runs']} runs, median {r['maintain_s']:.2f} s"
-    )
+    parser.add_argument("--maintain-every", type=_settings, default=[0, 25],
+                        help="commits between maintain() calls, comma separated, one stream each (0: never; default 0,25)")
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
+    rec = record.Recorder("stream_upkeep", scale=args.rows, argv=argv, settings=vars(args))
+    runs = []
+    for every in args.maintain_every:
+        with tempfile.TemporaryDirectory(prefix="bench-upkeep-") as tmp:
+            r = run(args.rows, args.commits, every, tmp)
+        runs.append({"maintain_every": every, **r})
+        print(
+            f"rows={args.rows:,} commits={args.commits} maintain-every={every} load={os.getloadavg()[0]:.2f}: "
+            f"commit p50 {r['p50']:.0f} ms (first/last 50: {r['first']:.0f}/{r['last']:.0f}), p99 {r['p99']:.0f} ms; "
+            f"maintain() {r['maintain_runs']} runs, median {r['maintain_s']:.2f} s", flush=True,
+        )
+    path = rec.finish({"rows": args.rows, "commits": args.commits, "window": min(50, args.commits), "runs": runs},
+                      publish=args.publish, out=args.out)
+    print(f"record: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,12 @@
-"""The README's examples run as written and print exactly what the README says they print.
+"""The examples of the README and of every documentation page run as written and print exactly what they show.
 
-Convention for README examples (README.md, "Testing the README"):
+The documents are README.md and every page under docs/ (the MkDocs site); each one that has an example is
+tested on its own, as its own session. Convention for their examples (docs/development.md, "Testing the
+documentation"):
 
-* Every ```` ```python ```` block runs, in document order, in **one** namespace and one fresh temporary
-  working directory: the README reads as one session, so a block may use names an earlier block defined.
+* Every ```` ```python ```` block of a document runs, in document order, in **one** namespace and one fresh
+  temporary working directory: a page reads as one session, so a block may use names an earlier block of
+  the same page defined (never a name of another page).
   A block fenced ```` ```py ```` is shown but not run (it needs a cluster, a server or paths of your own).
 * Every ``print(...)`` in a run block states its output in a comment, in one of two forms:
 
@@ -17,13 +20,13 @@ Convention for README examples (README.md, "Testing the README"):
   (``ast.literal_eval``) they must be equal value for value, type for type (``1`` is not ``1.0``, dict
   key order aside); otherwise the texts must be equal after stripping. A print without a claim, a claim
   without a print, and a print that never ran all fail the test.
-* The ```` ```console ```` transcript runs in order as one bash script in a fresh temporary directory
-  (shown in the README as ``/home/user/demo``), ``lineage`` on ``PATH``, stderr merged into stdout. Each
+* The ```` ```console ```` transcripts of a document run in order as one bash script in a fresh temporary
+  directory (shown as ``/home/user/demo``), ``lineage`` on ``PATH``, stderr merged into stdout. Each
   ``$ command``'s output must equal the lines under it, except for what varies between runs and is
   replaced on both sides before comparing: timestamps (``2026-11-22 01:48:26.841Z``,
   ``2026-11-22T01:48:40.880000Z``) and sizes with a unit (``7.1 KiB``, ``0 B``: file sizes depend on the
   path lengths written into Iceberg manifests). Counts, versions, values, messages and layout must match.
-* ``test_claims_are_sensitive`` changes one digit (or letter) of every claim and checks that the
+* ``test_python_claims_are_sensitive`` and ``test_console_claims_are_sensitive`` change one digit (or letter) of every claim and checks that the
   comparison then fails, so no claim is checked too loosely.
 """
 
@@ -45,6 +48,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+README_MAX_LINES = 200
 CONSOLE_CWD = "/home/user/demo"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?")
@@ -56,23 +61,42 @@ MARKER = "@@readme-console-step@@"
 @dataclass
 class Block:
     lang: str
-    line: int  # README line of the block's first code line
+    line: int  # document line of the block's first code line
     code: str
+    source: str = "README.md"  # the document, relative to the repository
 
 
 @dataclass
 class Claim:
-    line: int  # README line of the print statement's last line
+    line: int  # document line of the print statement's last line
     text: str
     printed: list[str] = field(default_factory=list)
 
 
-def blocks(text: str, lang: str) -> list[Block]:
+def blocks(text: str, lang: str, source: str = "README.md") -> list[Block]:
     out = []
     for m in FENCE.finditer(text):
         if m.group(1) == lang:
-            out.append(Block(lang, text.count("\n", 0, m.start(2)) + 1, m.group(2)))
+            out.append(Block(lang, text.count("\n", 0, m.start(2)) + 1, m.group(2), source))
     return out
+
+
+def documents() -> list[str]:
+    """README.md and every page of docs/, relative to the repository, README first."""
+    pages = []
+    for folder, _, names in os.walk(DOCS):
+        pages += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names if n.endswith(".md")]
+    return ["README.md", *sorted(pages)]
+
+
+def read(doc: str) -> str:
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+        return f.read()
+
+
+def with_examples(lang: str) -> list[str]:
+    """The documents that have at least one block of ``lang``."""
+    return [d for d in documents() if blocks(read(d), lang, d)]
 
 
 def print_statements(code: str) -> list[ast.Call]:
@@ -87,7 +111,7 @@ def claims(block: Block) -> dict[int, Claim]:
     for call in print_statements(block.code):
         end = call.end_lineno or call.lineno
         tail = lines[end - 1][call.end_col_offset:]
-        readme_line = block.line + end - 1
+        doc_line = block.line + end - 1
         comment = tail.split("#", 1)[1] if "#" in tail else None
         if comment is not None and comment.strip():
             text = re.split(r"\s{2,}", comment.strip(), maxsplit=1)[0]
@@ -99,9 +123,9 @@ def claims(block: Block) -> dict[int, Claim]:
                 body = nxt.lstrip()[1:]
                 following.append(body.removeprefix(" "))
             if not following:
-                raise AssertionError(f"README.md:{readme_line}: print(...) without a claimed output (see tests/test_readme.py)")
+                raise AssertionError(f"{block.source}:{doc_line}: print(...) without a claimed output (see tests/test_docs.py)")
             text = "\n".join(following)
-        out[end] = Claim(readme_line, text)
+        out[end] = Claim(doc_line, text)
     return out
 
 
@@ -170,6 +194,7 @@ def mutate(text: str) -> str | None:
 class PythonRun:
     claims: list[Claim]
     errors: list[str]
+    source: str = "README.md"
 
 
 @dataclass
@@ -180,7 +205,7 @@ class ConsoleStep:
     printed: str
 
 
-def run_python(text: str, workdir: str) -> PythonRun:
+def run_python(text: str, workdir: str, source: str = "README.md") -> PythonRun:
     """Run every python block in order in one namespace inside ``workdir``, capturing each print's output."""
     namespace: dict[str, Any] = {"__name__": "readme"}
     all_claims: list[Claim] = []
@@ -188,7 +213,7 @@ def run_python(text: str, workdir: str) -> PythonRun:
     old = os.getcwd()
     os.chdir(workdir)
     try:
-        for block in blocks(text, "python"):
+        for block in blocks(text, "python", source):
             found = claims(block)
             all_claims += found.values()
 
@@ -202,16 +227,16 @@ def run_python(text: str, workdir: str) -> PythonRun:
             ast.increment_lineno(tree, block.line - 1)
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
-                    exec(compile(tree, README, "exec"), namespace)  # noqa: S102 - running the README is the point
+                    exec(compile(tree, os.path.join(ROOT, source), "exec"), namespace)  # noqa: S102 - running the examples is the point
             except Exception:  # noqa: BLE001 - report and go on: later blocks may still check their own claims
-                errors.append(f"README.md block at line {block.line} raised:\n{traceback.format_exc()}")
+                errors.append(f"{source} block at line {block.line} raised:\n{traceback.format_exc()}")
     finally:
         os.chdir(old)
-    return PythonRun(all_claims, errors)
+    return PythonRun(all_claims, errors, source)
 
 
 def console_steps(text: str) -> list[tuple[int, str, str]]:
-    """(README line, command, claimed output) of every ``$ `` line of the console blocks."""
+    """(document line, command, claimed output) of every ``$ `` line of the console blocks."""
     out = []
     for block in blocks(text, "console"):
         current: list[Any] | None = None
@@ -239,61 +264,82 @@ def run_console(text: str, workdir: str) -> list[ConsoleStep]:
             for i, (line, cmd, claimed) in enumerate(steps)]
 
 
-@pytest.fixture(scope="module")
-def readme() -> str:
-    with open(README, encoding="utf-8") as f:
-        return f.read()
+@pytest.fixture(scope="module", params=with_examples("python"))
+def python_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> PythonRun:
+    doc = request.param
+    return run_python(read(doc), str(tmp_path_factory.mktemp("docs-python")), doc)
 
 
-@pytest.fixture(scope="module")
-def python_run(readme: str, tmp_path_factory: pytest.TempPathFactory) -> PythonRun:
-    return run_python(readme, str(tmp_path_factory.mktemp("readme-python")))
-
-
-@pytest.fixture(scope="module")
-def console_run(readme: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[ConsoleStep], str]:
-    workdir = str(tmp_path_factory.mktemp("readme-console"))
-    return run_console(readme, workdir), workdir
+@pytest.fixture(scope="module", params=with_examples("console"))
+def console_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[ConsoleStep], str, str]:
+    doc = request.param
+    workdir = str(tmp_path_factory.mktemp("docs-console"))
+    return run_console(read(doc), workdir), workdir, doc
 
 
 # --------------------------------------------------------------------------- the tests
-def test_python_examples_print_what_the_readme_claims(python_run: PythonRun) -> None:
-    assert python_run.claims, "the README has no python example with a claimed output"
+def test_python_examples_print_what_the_document_claims(python_run: PythonRun) -> None:
     problems = list(python_run.errors)
     for c in python_run.claims:
         if not c.printed:
-            problems.append(f"README.md:{c.line}: this print never ran")
+            problems.append(f"{python_run.source}:{c.line}: this print never ran")
         elif not matches(c.text, "\n".join(c.printed)):
-            problems.append(f"README.md:{c.line}: the README claims\n{c.text}\nbut it printed\n" + "\n".join(c.printed))
+            problems.append(f"{python_run.source}:{c.line}: the document claims\n{c.text}\nbut it printed\n" + "\n".join(c.printed))
     assert not problems, "\n\n".join(problems)
 
 
-def test_console_transcript_prints_what_the_readme_shows(console_run: tuple[list[ConsoleStep], str]) -> None:
-    steps, workdir = console_run
-    assert steps, "the README has no console transcript"
+def test_console_transcript_prints_what_the_document_shows(console_run: tuple[list[ConsoleStep], str, str]) -> None:
+    steps, workdir, doc = console_run
     problems = []
     for s in steps:
         want, got = normalize_console(s.claimed, workdir), normalize_console(s.printed, workdir)
         if want != got:
-            problems.append(f"README.md:{s.line}: $ {s.command}\n--- README\n" + "\n".join(want) + "\n--- actual\n" + "\n".join(got))
+            problems.append(f"{doc}:{s.line}: $ {s.command}\n--- document\n" + "\n".join(want) + "\n--- actual\n" + "\n".join(got))
     assert not problems, "\n\n".join(problems)
 
 
-def test_claims_are_sensitive(python_run: PythonRun, console_run: tuple[list[ConsoleStep], str]) -> None:
+def test_python_claims_are_sensitive(python_run: PythonRun) -> None:
     """A changed digit (or letter) in any claimed output makes the comparison fail."""
     loose = []
     for c in python_run.claims:
         changed = mutate(c.text)
         if c.printed and changed is not None and matches(changed, "\n".join(c.printed)):
-            loose.append(f"README.md:{c.line}: {changed!r} still matches")
-    steps, workdir = console_run
+            loose.append(f"{python_run.source}:{c.line}: {changed!r} still matches")
+    assert not loose, "\n".join(loose)
+
+
+def test_console_claims_are_sensitive(console_run: tuple[list[ConsoleStep], str, str]) -> None:
+    """A changed digit (or letter) in any line a transcript shows makes the comparison fail."""
+    steps, workdir, doc = console_run
+    loose = []
     for s in steps:
         want, got = normalize_console(s.claimed, workdir), normalize_console(s.printed, workdir)
         for i, line in enumerate(want):
             changed = _mutate_outside_placeholders(line)
             if changed is not None and want[:i] + [changed] + want[i + 1:] == got:
-                loose.append(f"README.md:{s.line}: changing {line!r} to {changed!r} still matches")
+                loose.append(f"{doc}:{s.line}: changing {line!r} to {changed!r} still matches")
     assert not loose, "\n".join(loose)
+
+
+def test_the_readme_is_short_and_has_an_example_that_runs() -> None:
+    text = read("README.md")
+    assert text.count("\n") <= README_MAX_LINES, f"README.md has {text.count(chr(10))} lines; at most {README_MAX_LINES} (move the rest into docs/)"
+    assert any(claims(b) for b in blocks(text, "python")), "the README has no python example with a claimed output"
+    assert with_examples("console"), "no document has a console transcript"
+
+
+def test_the_readme_and_the_home_page_show_the_same_why_table() -> None:
+    def why(doc: str) -> str:
+        text = read(doc)
+        start = text.index("## Why")
+        return text[start:text.index("\n## ", start + 1)].replace("](docs/", "](")
+
+    assert why("README.md") == why("docs/index.md")
+
+
+def test_every_document_is_found() -> None:
+    found = documents()
+    assert found[0] == "README.md" and "docs/getting-started.md" in found and "docs/index.md" in found
 
 
 def _mutate_outside_placeholders(line: str) -> str | None:

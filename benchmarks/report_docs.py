@@ -1,0 +1,158 @@
+"""Sections of benchmarks/report.py that the documentation site's pages show (see report.py for the mechanism).
+
+* ``cdc-strategies``: the position and the equality change-stream strategies side by side, and CONVERT, from
+  the newest ``cdc.py`` record that ran both;
+* ``append-overhead`` (table) and ``append-overhead-summary`` (one paragraph): ``append_overhead.py``;
+* ``stream-upkeep``: ``stream_upkeep.py``, a change stream with and without ``maintain()``;
+* ``reconcile``: ``reconcile.py``, reconciling one foreign Spark UPDATE against our own upsert of it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from report_base import Records, fmt_s, load_words, md_table, missing, provenance, rows_label, section
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f}"
+
+
+# --------------------------------------------------------------------------- cdc.py: the two strategies
+def _both_strategies(d: dict[str, Any]) -> bool:
+    names = {x["system"] for x in d["results"]["systems"] if "error" not in x}
+    return {"lineage", "lineage-equality"} <= names
+
+
+@section("cdc-strategies")
+def _cdc_strategies(records: Records) -> str:
+    doc = records.latest("cdc", where=_both_strategies)
+    if doc is None:
+        return missing("cdc.py with both strategies", "python benchmarks/cdc.py --systems lineage,lineage-equality --publish")
+    r = doc["results"]
+    by = {x["system"]: x for x in r["systems"]}
+    pos, eq = by["lineage"], by["lineage-equality"]
+    ex = eq.get("extras", {})
+    rows = [[name, _ms(x["p50_ms"]), _ms(x["p99_ms"]), f"{x['bytes_per_commit']:,.0f}", fmt_s(x.get("feed_s")),
+             fmt_s(x.get("extras", {}).get("scan_s", x.get("extras", {}).get("scan_before_s")))]
+            for name, x in (("position", pos), ("equality", eq))]
+    out = [provenance(doc), "",
+           f"{r['commits']} commits of {r['events']:,} change events into a {rows_label(doc['scale'])}-row table "
+           "(the equality strategy's feed time includes reconciling every commit on the first read):", "",
+           md_table(["strategy", "commit p50 ms", "p99 ms", "bytes per commit", "feed s", "scan s"], rows), ""]
+    said = [f"An equality commit took {_ms(eq['p50_ms'])} ms at the median against {_ms(pos['p50_ms'])} ms for the position "
+            f"strategy, {pos['p50_ms'] / eq['p50_ms']:.2f}x cheaper."]
+    if ex.get("reconcile_s") is not None:
+        said.append(f"The first reader paid {fmt_s(ex['reconcile_s'] / eq['commits'])} s per commit to reconcile the "
+                    f"{eq['commits']} equality commits ({fmt_s(ex['reconcile_s'])} s in all).")
+    if ex.get("convert_s") is not None:
+        said.append(f"CONVERT turned {ex['converted_equality_rows']:,} equality delete rows into {ex['converted_positions']:,} "
+                    f"positions in {fmt_s(ex['convert_s'])} s; the scan then took {fmt_s(ex['scan_after_s'])} s "
+                    f"(before: {fmt_s(ex['scan_before_s'])} s; the position strategy's table: "
+                    f"{fmt_s(pos.get('extras', {}).get('scan_s'))} s), and the feed was "
+                    + ("unchanged." if ex.get("feed_unchanged") else "CHANGED."))
+    out.append(" ".join(said))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- append_overhead.py
+AO_NAMES = {"pyiceberg": "pyiceberg", "lineage-keyless": "ours, no key", "lineage-keyed": "ours, keyed (deferred build)",
+            "lineage-keyed-eager": "ours, keyed, `defer-rows=0`"}
+AO_COMMAND = "python benchmarks/append_overhead.py --rows 1000000 --repeat 3 --publish"
+
+
+def _med(runs: list[dict[str, Any]], field: str, inner: str | None = None) -> float | None:
+    vals = [(x[inner][field] if inner else x.get(field)) for x in runs]
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _ao_docs(records: Records) -> list[dict[str, Any]]:
+    """The newest append_overhead record of each scale, smallest scale first."""
+    scales = sorted({d["scale"] for d in records.select("append_overhead")})
+    return [d for d in (records.latest("append_overhead", scale=s) for s in scales) if d is not None]
+
+
+@section("append-overhead")
+def _append_overhead(records: Records) -> str:
+    docs = _ao_docs(records)
+    if not docs:
+        return missing("append_overhead.py", AO_COMMAND)
+    parts = []
+    for doc in docs:
+        runs = doc["results"]["runs"]
+        base = _med(runs.get("pyiceberg", []), "wall_s", "append") if runs.get("pyiceberg") else None
+        base_rss = _med(runs.get("pyiceberg", []), "peak_rss_mb", "append") if runs.get("pyiceberg") else None
+        rows = []
+        for system, rs in runs.items():
+            wall, cpu, rss = (_med(rs, f, "append") for f in ("wall_s", "cpu_s", "peak_rss_mb"))
+            vs = "" if base is None or system == "pyiceberg" else f"{(wall - base) / base:+.0%}"
+            rss_cell = f"{rss:,.0f} MB" if system == "pyiceberg" or base_rss is None else f"{rss / base_rss:.2f}x"
+            first, later, look, per = (_med(rs, f) for f in ("first_upsert_s", "upsert_median_s", "lookup_median_s", "index_bytes_per_key"))
+            rows.append([AO_NAMES.get(system, system), f"{fmt_s(wall)} ({fmt_s(cpu)})", vs, rss_cell,
+                         "" if first is None else f"{first * 1e3:,.0f} ms", "" if later is None else f"{later * 1e3:,.0f} ms",
+                         "" if look is None else f"{look * 1e3:.1f} ms", "" if per is None else f"{per:.1f}"])
+        parts += [provenance(doc), "",
+                  f"{rows_label(doc['scale'])} rows, medians of {doc['results']['repeat']} run(s); upserts of 1,000 keys:", "",
+                  md_table(["system", "append s (CPU s)", "vs pyiceberg", "peak RSS", "first upsert", "later upserts",
+                            "lookup of 1,000 keys", "index bytes/key"], rows), ""]
+    return "\n".join(parts).rstrip("\n")
+
+
+@section("append-overhead-summary")
+def _append_overhead_summary(records: Records) -> str:
+    docs = _ao_docs(records)
+    if not docs:
+        return missing("append_overhead.py", AO_COMMAND)
+    said = []
+    for doc in docs:
+        runs = doc["results"]["runs"]
+        keyed, eager = runs.get("lineage-keyed"), runs.get("lineage-keyed-eager")
+        if not keyed:
+            continue
+        s = (f"At {rows_label(doc['scale'])} rows ({doc['date']}, {load_words(doc)}; `benchmarks/results/{doc['_file']}`) "
+             f"a keyed bulk append took {fmt_s(_med(keyed, 'wall_s', 'append'))} s with the build deferred")
+        if eager:
+            s += f" and {fmt_s(_med(eager, 'wall_s', 'append'))} s with `defer-rows=0`"
+        if runs.get("pyiceberg"):
+            s += f" (plain pyiceberg: {fmt_s(_med(runs['pyiceberg'], 'wall_s', 'append'))} s)"
+        first = _med(keyed, "first_upsert_s")
+        if first is not None:
+            s += (f"; the first 1,000-key upsert after it, which builds the index, took {first * 1e3:,.0f} ms"
+                  + (f" ({_med(eager, 'first_upsert_s') * 1e3:,.0f} ms when the append had built it)" if eager and _med(eager, "first_upsert_s") else ""))
+        said.append(s + ".")
+    return " ".join(said) if said else missing("append_overhead.py with a keyed table", AO_COMMAND)
+
+
+# --------------------------------------------------------------------------- stream_upkeep.py
+@section("stream-upkeep")
+def _stream_upkeep(records: Records) -> str:
+    doc = records.latest("stream_upkeep")
+    if doc is None:
+        return missing("stream_upkeep.py", "python benchmarks/stream_upkeep.py --publish")
+    r = doc["results"]
+    w = r["window"]
+    rows = [["never" if x["maintain_every"] == 0 else f"every {x['maintain_every']} commits", _ms(x["p50"]), _ms(x["first"]), _ms(x["last"]),
+             _ms(x["p99"]), "—" if not x["maintain_runs"] else f"{x['maintain_runs']} runs, median {fmt_s(x['maintain_s'])} s"] for x in r["runs"]]
+    return "\n".join([
+        provenance(doc), "",
+        f"{r['commits']} commits of 2,000 events into a {rows_label(doc['scale'])}-row table, commit times in ms:", "",
+        md_table(["maintain()", "p50", f"first {w} p50", f"last {w} p50", "p99", "maintain()"], rows),
+    ])
+
+
+# --------------------------------------------------------------------------- reconcile.py
+@section("reconcile")
+def _reconcile(records: Records) -> str:
+    scales = sorted({d["scale"] for d in records.select("reconcile")})
+    docs = [d for d in (records.latest("reconcile", scale=s) for s in scales) if d is not None]
+    if not docs:
+        return missing("reconcile.py", "python benchmarks/reconcile.py --rows 1000000 --publish")
+    parts = []
+    for doc in docs:
+        rows = [[f"{rows_label(doc['scale'])}, {m['mode']}", fmt_s(m["reconcile_warm_s"]), fmt_s(m["reconcile_cold_s"]), fmt_s(m["upsert_s"]),
+                 f"{m['reconcile_warm_s'] / m['upsert_s']:.1f}x"] for m in doc["results"]["modes"]]
+        parts += [provenance(doc), "",
+                  md_table(["Spark UPDATE of 1% of the rows", "reconcile, warm s", "reconcile, cold s", "our own upsert s", "ratio (warm)"], rows), ""]
+    return "\n".join(parts).rstrip("\n")
