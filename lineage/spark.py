@@ -43,7 +43,22 @@ def is_spark_dataframe(data: object) -> bool:
     return type(data).__module__.startswith("pyspark.sql") and type(data).__name__ == "DataFrame"
 
 
-def _col(name: str) -> Any:
+def spark_session(spark: Any) -> Any:
+    """``spark``, else the active Spark session (InvalidArgumentError if there is none)."""
+    if spark is not None:
+        return spark
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        raise InvalidArgumentError("engine='spark' needs pyspark") from None
+    active = SparkSession.getActiveSession()
+    if active is None:
+        raise InvalidArgumentError("engine='spark' needs spark=<SparkSession> (no active session found)")
+    return active
+
+
+def column(name: str) -> Any:
+    """The Spark column ``name``, quoted (names may hold spaces, dots or backticks)."""
     from pyspark.sql import functions as F
 
     return F.col("`" + name.replace("`", "``") + "`")
@@ -105,9 +120,9 @@ def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[
         # recursiveFileLookup disables partition inference from directory names like id_bucket=3.
         df = spark.read.option("recursiveFileLookup", "true").parquet(*[local_path(p) for p in group])
         if types is None:
-            cols = [_col(c) for c in schema.names]
+            cols = [column(c) for c in schema.names]
         else:
-            cols = [(_col(src) if src is not None else F.lit(None)).cast(types[c].dataType).alias(c)
+            cols = [(column(src) if src is not None else F.lit(None)).cast(types[c].dataType).alias(c)
                     for c, src in zip(schema.names, sources, strict=True)]
         rows = df.select(*cols, F.col("_metadata.file_path").alias("__uri"), F.col("_metadata.row_index").alias("__pos"))
         rows = rows.join(F.broadcast(file_index(spark, df, group, members)), "__uri").drop("__uri")
@@ -122,12 +137,12 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
     files = state.live_files() if files is None else files
     if not files:
         schema = pa.schema(
-            [state_field for state_field in _arrow_schema(state) if state_field.name in columns]
+            [state_field for state_field in arrow_schema_of(state) if state_field.name in columns]
             + [pa.field(n, pa.int64()) for n in ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__pos")]
             + [pa.field("__path", pa.string())]
         )
         return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
-    table_schema = _arrow_schema(state)
+    table_schema = arrow_schema_of(state)
     rows = read_files(spark, [f.path for f in files], pa.schema([table_schema.field(c) for c in columns]),
                       projection_field_ids(state.iceberg.metadata))
 
@@ -165,7 +180,7 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
     out = []
     if single:
         runs = F.broadcast(spark.createDataFrame(runs_table(single)))
-        out.append(rows.join(runs, rows["__path"] == runs["__rpath"]).select(*[_col(c) for c in columns], *lineage_cols, "__path", "__pos"))
+        out.append(rows.join(runs, rows["__path"] == runs["__rpath"]).select(*[column(c) for c in columns], *lineage_cols, "__path", "__pos"))
     if multi:
         runs = (
             spark.createDataFrame(runs_table(multi))
@@ -173,14 +188,15 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
             .withColumn("__ppos", F.col("pos_start") + F.col("__i"))
         )
         joined = rows.join(runs, (rows["__path"] == runs["__rpath"]) & (rows["__pos"] == runs["__ppos"]))
-        out.append(joined.select(*[_col(c) for c in columns], *lineage_cols, "__path", "__pos"))
+        out.append(joined.select(*[column(c) for c in columns], *lineage_cols, "__path", "__pos"))
     result = out[0]
     for other in out[1:]:
         result = result.unionByName(other)
     return result
 
 
-def _arrow_schema(state: TableState) -> pa.Schema:
+def arrow_schema_of(state: TableState) -> pa.Schema:
+    """The table's data columns at ``state`` as an Arrow schema."""
     from lineage.schema import arrow_schema
 
     return arrow_schema(state.iceberg.schema())
@@ -188,10 +204,10 @@ def _arrow_schema(state: TableState) -> pa.Schema:
 
 def to_spark(spark: Any, state: TableState, with_lineage: bool = True) -> Any:
     """The table at ``state`` as a Spark DataFrame with the lineage columns."""
-    columns = _arrow_schema(state).names
+    columns = arrow_schema_of(state).names
     df = live_rows(spark, state, columns)
     keep = columns + (["_row_id", "_row_created_at_version", "_row_last_updated_at_version"] if with_lineage else [])
-    return df.select(*[_col(c) for c in keep])
+    return df.select(*[column(c) for c in keep])
 
 
 # ---------------------------------------------------------------- writes
@@ -251,12 +267,12 @@ def check_spark_keys(df: Any, key: list[str]) -> str | None:
 
     null_cond = None
     for k in key:
-        cond = _col(k).isNull()
+        cond = column(k).isNull()
         null_cond = cond if null_cond is None else (null_cond | cond)
     nulls = df.filter(null_cond).count()
     if nulls:
         return f"key column(s) {key} are null in {nulls} row(s)"
-    dups = df.groupBy(*[_col(k) for k in key]).count().filter(F.col("count") > 1)
+    dups = df.groupBy(*[column(k) for k in key]).count().filter(F.col("count") > 1)
     n = dups.count()
     if n:
         sample = [r.asDict() for r in dups.drop("count").limit(3).collect()]
@@ -277,7 +293,7 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
     columns = table.arrow_schema.names
     files = state.live_files()
     live = live_rows(spark, state, key, files)
-    b = batch.select(*[_col(c) for c in columns]).alias("b")
+    b = batch.select(*[column(c) for c in columns]).alias("b")
     live = live.alias("l")
     cond = None
     for k in key:
@@ -294,9 +310,9 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
     matched = matched.persist()
     try:
         pointers = matched.select(
-            "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", *[_col(k) for k in key]
+            "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", *[column(k) for k in key]
         ).toArrow()
-        images = matched.select(*[_col(c) for c in columns], F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED))
+        images = matched.select(*[column(c) for c in columns], F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED))
         inserts = b.join(live, cond, "left_anti")
         # ~2M rows per written file; images sorted by row id so their lineage compresses into runs.
         written = (
@@ -343,5 +359,5 @@ def reject_bad_batch(table: Table, df: Any, keyed: bool) -> None:
 
 def existing_keys(spark: Any, state: TableState, batch: Any, key: list[str]) -> list[dict[str, Any]]:
     """Up to three key values of ``batch`` that live rows already have (computed by executors)."""
-    live = live_rows(spark, state, key).select(*[_col(k) for k in key])
-    return [r.asDict() for r in batch.select(*[_col(k) for k in key]).join(live, key, "left_semi").limit(3).collect()]
+    live = live_rows(spark, state, key).select(*[column(k) for k in key])
+    return [r.asDict() for r in batch.select(*[column(k) for k in key]).join(live, key, "left_semi").limit(3).collect()]

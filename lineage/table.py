@@ -58,6 +58,7 @@ from lineage.state import SnapshotFiles, TableState, carried_memo, state_at
 from lineage.writer import WrittenFile
 from lineage.writes import keyed
 from lineage.writes import spark as spark_writes
+from lineage.writes import spark_rewrite
 from lineage.writes.capture import old_values, split_old
 from lineage.writes.checks import check_user_properties
 from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
@@ -154,6 +155,12 @@ def open_table(name: str, *, warehouse: str | os.PathLike[str] | None = None, ca
         )
     return Table(ice, cat)
 
+
+
+def _engine(engine: str) -> str:
+    if engine not in ("duckdb", "spark"):
+        raise InvalidArgumentError(f"engine must be 'duckdb' or 'spark', got {engine!r}")
+    return engine
 
 class Table:
     """An Iceberg table whose rows carry ``_row_id`` and created/updated versions."""
@@ -345,10 +352,15 @@ class Table:
 
         return run_write(self, plan, mode=MERGE_ON_READ, reuse_inserts=written)
 
-    def delete(self, where: str | BooleanExpression, *, mode: str | None = None) -> CommitInfo:
-        """Delete the live rows matching ``where`` (merge-on-read unless ``mode``/properties say otherwise)."""
+    def delete(self, where: str | BooleanExpression, *, mode: str | None = None, engine: str = "duckdb", spark: Any = None) -> CommitInfo:
+        """Delete the live rows matching ``where`` (merge-on-read unless ``mode``/properties say otherwise).
+
+        ``engine="spark"``: Spark executors find the rows (``spark``, or the active session).
+        """
         if where is None:
             raise InvalidArgumentError("where is required; use where='TRUE' to delete every row")
+        if _engine(engine) == "spark":
+            return spark_rewrite.delete(self, where, self._mode(mode, PROP_DELETE_MODE), spark)
         pred = parse_predicate(where, self._probe_schema(), prunable_columns(self.arrow_schema))
         mode = self._mode(mode, PROP_DELETE_MODE)
 
@@ -365,12 +377,19 @@ class Table:
 
         return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
 
-    def update(self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None) -> CommitInfo:  # noqa: A002
+    def update(
+        self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None,  # noqa: A002
+        engine: str = "duckdb", spark: Any = None,
+    ) -> CommitInfo:
         """Set columns of the rows matching ``where`` to SQL expressions (evaluated on the old row).
 
         Updated rows keep their row id and created version; their updated
         version becomes the new version (plan: :mod:`lineage.writes.update`).
+        ``engine="spark"``: Spark executors find the rows and write the new
+        images (``spark``, or the active session).
         """
+        if _engine(engine) == "spark":
+            return spark_rewrite.update(self, where, set, self._mode(mode, PROP_UPDATE_MODE), spark, self._enforce_key())
         plan = update_planner(self, where, set, enforce_key=self._enforce_key())
         return run_write(self, plan, mode=self._mode(mode, PROP_UPDATE_MODE), isolated=True)  # the plan seals its connection
 

@@ -13,7 +13,6 @@ import duckdb
 import pyarrow as pa
 
 from lineage import duck
-from lineage.errors import InvalidArgumentError
 from lineage.scan import register_live_view
 from lineage.schema import projection_field_ids
 from lineage.table import Table
@@ -112,15 +111,3 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def spark_session(spark: Any) -> Any:
-    """``spark``, else the active Spark session (InvalidArgumentError if there is none)."""
-    if spark is not None:
-        return spark
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:  # pragma: no cover - pyspark is a dependency
-        raise InvalidArgumentError("engine='spark' needs pyspark") from None
-    active = SparkSession.getActiveSession()
-    if active is None:
-        raise InvalidArgumentError("engine='spark' needs spark=<SparkSession> (no active session found)")
-    return active

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
 
-from cdf.mv.engines import Engine, SparkEngine, duckdb_connection, spark_session
+from cdf.mv.engines import Engine, SparkEngine, duckdb_connection
 from cdf.mv.query import GROUP_KEY, GROUP_ROWS, SRC_ROW_ID, ViewQuery, ViewQueryError
 from cdf.mv.stored import PROP_DEFINITION, PROP_SOURCE, check_source  # noqa: F401 - PROP_DEFINITION: kept importable here
 from cdf.mv.sql import (
@@ -44,6 +44,7 @@ from lineage.errors import (
 from lineage.outcome import commit_metadata
 from lineage.scan import file_paths, register_live_view
 from lineage.schema import projection_field_ids
+from lineage.spark import spark_session
 from lineage.table import Table, open_table
 
 log = logging.getLogger("cdf.mv")

@@ -21,7 +21,7 @@ from index.key_index import KeyIndex, KeyIndexChange, index_enabled
 from lineage import duck
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, UnknownColumnError
-from lineage.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
 from lineage.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.schema import projection_field_ids
 from lineage.state import TableState
@@ -37,11 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from lineage.table import Table
 
 
-def update_planner(
-    table: Table, where: str | BooleanExpression | None, set_: Mapping[str, str], *, enforce_key: bool
-) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
-    """Check the arguments of an update and return its plan function (``enforce_key``: the table's key check is on)."""
-    schema = table.arrow_schema
+def checked_set(schema: pa.Schema, where: str | BooleanExpression | None, set_: Mapping[str, str]) -> tuple[Predicate, str]:
+    """The checked ``where`` and the SELECT list of an update's new images (every data column, in order).
+
+    Each checked expression is cast to its column's type, so ``"1.5"``,
+    ``"NULL"`` or ``"'7'"`` fit any compatible column.
+    """
     if not isinstance(set_, Mapping) or not set_:
         raise InvalidArgumentError("set must be a non-empty mapping of column name to SQL expression")
     unknown = [c for c in set_ if c not in schema.names]
@@ -54,10 +55,17 @@ def update_planner(
         if not isinstance(expr, str) or not expr.strip():
             raise InvalidArgumentError(f"set[{col!r}] must be a SQL expression string, got {expr!r}")
         checked[col] = check_expression(expr, probe, col)
-    key_set = any(k in set_ for k in table.key) and enforce_key
-    # Each checked expression is cast to its column's type, so `"1.5"`, `"NULL"` or `"'7'"` fit any compatible column.
     types = dict(duckdb_types(schema))
-    select = ", ".join(f"CAST({checked[c]} AS {types[c]}) AS {quote_ident(c)}" if c in checked else quote_ident(c) for c in schema.names)
+    return pred, ", ".join(f"CAST({checked[c]} AS {types[c]}) AS {quote_ident(c)}" if c in checked else quote_ident(c) for c in schema.names)
+
+
+def update_planner(
+    table: Table, where: str | BooleanExpression | None, set_: Mapping[str, str], *, enforce_key: bool
+) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
+    """Check the arguments of an update and return its plan function (``enforce_key``: the table's key check is on)."""
+    schema = table.arrow_schema
+    pred, select = checked_set(schema, where, set_)
+    key_set = any(k in set_ for k in table.key) and enforce_key
 
     def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
         index = KeyIndex.open(state) if key_set else None

@@ -1,0 +1,165 @@
+"""Deletes and updates on Spark: executors find the rows a ``where`` matches and write their new images.
+
+The driver checks the ``where`` and ``set`` expressions exactly as the
+embedded path does (:func:`lineage.predicate.parse_predicate`,
+:func:`lineage.writes.checks.check_expression`), keeps the files the
+``where`` may match, and hands Spark the live rows of those files
+(:func:`lineage.spark.live_rows`). Each executor task evaluates the same
+checked DuckDB SQL on its Arrow batches in a sealed DuckDB database of its
+own, so a predicate means on Spark exactly what it means embedded (NULLs,
+NaN, casts, LIKE escapes); no SQL is translated to another dialect. For an
+update, executors also write the new images as data files. What reaches the
+driver is the removed images' pointers (file, position, lineage, key values;
+old values too with pre-image capture) and the written files' descriptors,
+never the new images. The write loop then writes position deletes and
+commits, as for every other write.
+
+Both are merge-on-read only (copy-on-write would rewrite the kept rows in
+the driver), and an update may not set a key column of a table whose key is
+enforced (the check of the new keys against the live ones is the embedded
+path's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.expressions import BooleanExpression
+
+from index.key_index import KeyIndexChange, index_enabled
+from lineage import duck
+from lineage import spark as spark_io
+from lineage.errors import InvalidArgumentError
+from lineage.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
+from lineage.scan import LINEAGE_SCHEMA
+from lineage.state import TableState
+from lineage.writer import CREATED, ROW_ID
+from lineage.writes import keyed
+from lineage.writes.capture import old_values, split_old
+from lineage.writes.loop import CommitInfo, Plan, run_write
+from lineage.writes.properties import MERGE_ON_READ, capture_preimages
+from lineage.writes.update import checked_set
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lineage.table import Table
+
+# What identifies a removed image in a Spark row of live_rows: its file's local path, position and lineage.
+_POINTER = "__path, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
+
+
+def delete(table: Table, where: str | BooleanExpression, mode: str, spark: Any) -> CommitInfo:
+    """Delete the live rows matching ``where`` with Spark executors (merge-on-read)."""
+    _merge_on_read_only(mode, "delete")
+    schema = table.arrow_schema
+    pred = parse_predicate(where, pa.schema(list(schema) + LINEAGE_SCHEMA), prunable_columns(schema))
+
+    def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        files = state.live_files(pred.prune)
+        key = table.key if index_enabled(state.iceberg) else []
+        capture = capture_preimages(state.iceberg.metadata.properties)
+        select = f"{_POINTER}{keyed.select_list(key)}{old_values(schema) if capture else ''}"
+        out = pa.schema(_pointer_fields() + [schema.field(k).with_nullable(True) for k in key] + _old_fields(schema, capture))
+        rows, values = split_old(_evaluate(spark, state, files, pred, select, out).toArrow(), schema)
+        removed = spark_io.removed_images(files, rows, key)
+        change = KeyIndexChange(removed_keys=removed.select(key)) if key else None
+        return Plan("delete", files=files, removed=removed.select(_REMOVED), removed_values=values, deleted=removed.num_rows, key_index=change)
+
+    return run_write(table, plan, mode=MERGE_ON_READ)
+
+
+def update(table: Table, where: str | BooleanExpression | None, set_: Mapping[str, str], mode: str, spark: Any, enforce_key: bool) -> CommitInfo:
+    """Set columns of the rows matching ``where`` with Spark executors (merge-on-read)."""
+    _merge_on_read_only(mode, "update")
+    schema = table.arrow_schema
+    pred, select = checked_set(schema, where, set_)
+    if enforce_key and any(k in set_ for k in table.key):
+        raise InvalidArgumentError(
+            f"an update on Spark may not set a key column ({[k for k in table.key if k in set_]}) of {table.name}: "
+            "run it without engine='spark' (the embedded engine checks the new keys)"
+        )
+
+    def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
+        files = state.live_files(pred.prune)
+        key = table.key if index_enabled(state.iceberg) else []
+        capture = capture_preimages(state.iceberg.metadata.properties)
+        old_keys = "".join(f", {quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
+        images_sql = f"{select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, {_POINTER}{old_keys}{old_values(schema) if capture else ''}"
+        out_schema = pa.schema(
+            [f.with_nullable(True) for f in schema]
+            + [pa.field(ROW_ID, pa.int64()), pa.field(CREATED, pa.int64())]
+            + _pointer_fields()
+            + [pa.field(f"__old_key_{i}", schema.field(k).type) for i, k in enumerate(key)]
+            + _old_fields(schema, capture)
+        )
+        matched = _evaluate(spark, state, files, pred, images_sql, out_schema).persist()
+        try:
+            pointer_cols = [*(c.strip() for c in _POINTER.split(",")), *[f"__old_key_{i}" for i in range(len(key))]]
+            old_cols = [f"__old_{i}" for i in range(len(schema))] if capture else []
+            pointers = matched.select(*[spark_io.column(c) for c in pointer_cols + old_cols]).toArrow()
+            rows, values = split_old(pointers, schema)
+            rows = rows.rename_columns([*rows.column_names[:5], *key])
+            removed = spark_io.removed_images(files, rows, key)
+            images = matched.select(*[spark_io.column(c) for c in [*schema.names, ROW_ID, CREATED]])
+            # about 2M rows per written file; images sorted by row id so their lineage compresses into runs
+            written = spark_io.write_with_executors(table, images.coalesce(max(1, rows.num_rows // 2_000_000)).sortWithinPartitions(ROW_ID)) if rows.num_rows else []
+        finally:
+            matched.unpersist()
+        change = KeyIndexChange(removed_keys=removed.select(key)) if key else None
+        return Plan("update", files=files, removed=removed.select(_REMOVED), removed_values=values, prewritten=written,
+                    updated=removed.num_rows, key_index=change)
+
+    return run_write(table, plan, mode=MERGE_ON_READ)
+
+
+_REMOVED = ["__file_id", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version"]
+
+
+def _merge_on_read_only(mode: str, what: str) -> None:
+    if mode != MERGE_ON_READ:
+        raise InvalidArgumentError(f"{what} on Spark is merge-on-read only; pass mode='merge-on-read' (or run it without engine='spark')")
+
+
+def _pointer_fields() -> list[pa.Field]:
+    return [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())] + [pa.field(f.name, pa.int64()) for f in LINEAGE_SCHEMA]
+
+
+def _old_fields(schema: pa.Schema, capture: bool) -> list[pa.Field]:
+    return [pa.field(f"__old_{i}", f.type) for i, f in enumerate(schema)] if capture else []
+
+
+def _evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select: str, out: pa.Schema) -> Any:
+    """Executors run ``SELECT select FROM live WHERE pred`` over the live rows of ``files``; a Spark DataFrame of ``out``."""
+    session = spark_io.spark_session(spark)
+    schema = spark_io.arrow_schema_of(state)
+    if not files:
+        return session.createDataFrame(out.empty_table())
+    live = spark_io.live_rows(session, state, schema.names, files)
+    live_schema = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())])
+    spark_schema = session.createDataFrame(out.empty_table()).schema
+    return live.select(*[spark_io.column(c) for c in live_schema.names]).mapInArrow(
+        _evaluator(select, pred.sql, pred.reads_floats, live_schema, out), spark_schema
+    )
+
+
+def _evaluator(select: str, where: str, exact_floats: bool, live: pa.Schema, out: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function evaluating the checked SQL on each batch in a sealed DuckDB database."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        con = duck.connect(isolated=True)
+        try:
+            duck.seal(con, exact_floats=exact_floats)  # reads no file: the rows come from Spark
+            for batch in batches:
+                # Spark hands timestamps with a time zone and may relax nullability: back to the table's types.
+                con.register("live", pa.Table.from_batches([batch]).select(live.names).cast(live))
+                try:
+                    result = con.execute(f"SELECT {select} FROM live WHERE ({where})").to_arrow_table()
+                finally:
+                    con.unregister("live")
+                yield from result.cast(out).to_batches()
+        finally:
+            con.close()
+
+    return run
