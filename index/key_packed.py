@@ -6,7 +6,7 @@ Layout (little-endian)::
     sections at the offsets the header names (each 64-byte aligned):
       schema     the key columns' Arrow schema (IPC-serialised)
       directory  uint32 (uint64 past 2**32 records) x (2**p + 1): first record of every hash prefix
-      records    n fixed-width records of ``record-bytes`` bytes
+      records    n fixed-width records of ``record-bytes`` bytes, then 8 zero bytes
       keys       optional: the key columns in record order, one Arrow IPC stream
 
 The ``p`` high bits of a record's hash are implied by the directory (the
@@ -110,28 +110,42 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
     p = prefix_bits(n)
     file, ints = store.fields(None)
     live = file >= 0
-    used = np.unique(file[live])
-    remap = np.zeros(int(used.max()) + 1 if len(used) else 1, np.int64)
-    remap[used] = np.arange(len(used))
-    values: dict[str, np.ndarray] = {"file": np.where(live, remap[np.where(live, file, 0)], len(used)).astype(np.uint64)}
+    every = bool(live.all())
+    used = np.unique(file[live]) if not every or len(store.files) > 1 else np.arange(len(store.files) if n else 0)
+    if every and np.array_equal(used, np.arange(len(store.files))):  # the common case: no remap, no tombstone
+        values: dict[str, np.ndarray] = {"file": file.astype(np.uint64)}
+    else:
+        remap = np.zeros(int(used.max()) + 1 if len(used) else 1, np.int64)
+        remap[used] = np.arange(len(used))
+        values = {"file": np.where(live, remap[np.where(live, file, 0)], len(used)).astype(np.uint64)}
     widths = {"hash": 64 - p, "file": _bits(len(used))}
     bases = {"hash": 0, "file": 0}
-    values["hash"] = hashes & np.uint64((1 << (64 - p)) - 1) if p else hashes
+    values["hash"] = hashes & np.uint64((1 << (64 - p)) - 1) if p else hashes.copy()
     for name in INT_ENTRIES:
-        v = ints[name].astype(np.int64, copy=False)
-        base = int(v[live].min()) if live.any() else 0
-        off = v.view(np.uint64) - np.uint64(base & 0xFFFFFFFFFFFFFFFF)  # wraps modulo 2**64: exact for any range
-        off[~live] = 0
-        bases[name] = base
-        widths[name] = _bits(int(off.max())) if n else 0
-        values[name] = off
+        v = ints[name]
+        lo, hi = (int(v.min()), int(v.max())) if every and n else ((int(v[live].min()), int(v[live].max())) if live.any() else (0, 0))
+        bases[name] = lo
+        widths[name] = _bits(hi - lo)
+        if widths[name]:
+            off = v.astype(np.uint64)  # sign-extended: the offset below wraps modulo 2**64, exact for any range
+            off -= np.uint64(lo & 0xFFFFFFFFFFFFFFFF)
+            if not every:
+                off[~live] = 0
+            values[name] = off
     layout = _plan(widths, bases, p)
     records = np.empty((n, layout.record_bytes), np.uint8)
     for lane, nbytes in enumerate(layout.lanes):
-        acc = np.zeros(n, np.uint64)
+        acc: np.ndarray | None = None
         for name, (ln, shift, _, _) in layout.fields.items():
             if ln == lane:
-                acc |= values[name] << np.uint64(shift)
+                v = values[name]
+                if shift:
+                    np.left_shift(v, np.uint64(shift), out=v)
+                if acc is None:
+                    acc = v
+                else:
+                    acc |= v
+        assert acc is not None
         start = layout.lane_offset(lane)
         records[:, start : start + nbytes] = _le(acc).view(np.uint8).reshape(n, 8)[:, :nbytes]
     counts = np.bincount((hashes >> np.uint64(64 - p)).astype(np.int64), minlength=1 << p) if p else np.array([n])
@@ -140,6 +154,7 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
         ("schema", key_schema(key).serialize().to_pybytes()),
         ("directory", memoryview(_le(directory).view(np.uint8))),
         ("records", memoryview(records.reshape(-1))),
+        ("padding", b"\x00" * 8),  # a record's last lane is read as 8 bytes (see PackedStore): never past the file's end
     ]
     if keep_keys and store.keys is not None:
         sink = pa.BufferOutputStream()
@@ -150,11 +165,15 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
     header = dict(meta, **{"entries": n, "record-bytes": layout.record_bytes, "directory-type": str(directory.dtype),
                            "files": [store.files[i] for i in used], "layout": layout.to_json()})
     # Offsets depend on the header's length and the header names them: lay out with a fixed-width placeholder.
-    placeholder = {name: [10**15, 10**15] for name, _ in sections}
+    placeholder = {name: [10**15, 10**15] for name, _ in sections if name != "padding"}
     head_len = len(json.dumps(dict(header, sections=placeholder)).encode())
     offset = _aligned(len(MAGIC) + 4 + head_len)
     where: dict[str, list[int]] = {}
     for name, data in sections:
+        if name == "padding":  # right after the records, counted in their section
+            where["records"][1] += len(data)
+            offset = _aligned(where["records"][0] + where["records"][1])
+            continue
         where[name] = [offset, len(data)]
         offset = _aligned(offset + len(data))
     head = json.dumps(dict(header, sections=where)).encode()
@@ -162,7 +181,7 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
     parts: list[bytes | memoryview] = [MAGIC, np.uint32(head_len).tobytes() if sys.byteorder == "little" else np.uint32(head_len).byteswap().tobytes(), head]
     pos = len(MAGIC) + 4 + head_len
     for name, data in sections:
-        start = where[name][0]
+        start = pos if name == "padding" else where[name][0]
         parts.append(b"\x00" * (start - pos))
         parts.append(data)
         pos = start + len(data)
@@ -189,7 +208,7 @@ class PackedStore:
     files: list[str]
     layout: Layout
     directory: np.ndarray = field(repr=False)
-    records: np.ndarray = field(repr=False)  # (n, record bytes) uint8
+    lanes: list[np.ndarray] = field(repr=False)  # per lane: its 8 bytes at each record, a strided uint64 view of the file
     keys: pa.Table | None = field(default=None, repr=False)
 
     @staticmethod
@@ -213,24 +232,24 @@ class PackedStore:
         directory = np.frombuffer(part("directory"), np.dtype(str(header["directory-type"])).newbyteorder("<"))
         if len(directory) != (1 << layout.prefix_bits) + 1 or int(directory[-1]) != n or int(directory[0]) != 0:
             raise ValueError("the hash directory does not cover the records")
-        raw = np.frombuffer(part("records"), np.uint8)
-        if len(raw) != n * rb:
-            raise ValueError(f"{len(raw)} record bytes, expected {n} x {rb}")
+        records = part("records")
+        if records.size != n * rb + 8:
+            raise ValueError(f"{records.size} record bytes, expected {n} x {rb} + 8")
+        # Lane j of record i is read as the 8 bytes at i * rb + offset(j) (its own bytes, then the next
+        # lane's or the padding, which the field masks drop): one gather per lane, no copy of the records.
+        lanes = [np.ndarray((n,), np.dtype("<u8"), buffer=records, offset=layout.lane_offset(j), strides=(rb,)) if n else np.zeros(0, np.uint64)
+                 for j in range(len(layout.lanes))]
         keys = None
         if sections.get("keys") is not None:
             keys = pa.ipc.open_stream(part("keys")).read_all()
             if keys.num_rows != n:
                 raise ValueError(f"{keys.num_rows} stored keys for {n} records")
         files = [str(f) for f in header["files"]]  # type: ignore[union-attr]
-        return PackedStore(n, files, layout, directory, raw.reshape(n, rb) if rb else raw.reshape(n, 0), keys), schema
+        return PackedStore(n, files, layout, directory, lanes, keys), schema
 
     def _lane(self, rows: np.ndarray | None, lane: int) -> np.ndarray:
-        nbytes = self.layout.lanes[lane]
-        start = self.layout.lane_offset(lane)
-        block = self.records[:, start : start + nbytes] if rows is None else self.records[rows, start : start + nbytes]
-        out = np.zeros((len(block), 8), np.uint8)
-        out[:, :nbytes] = block
-        return _le(out.view(np.uint64).reshape(len(block)))
+        view = self.lanes[lane]
+        return view.astype(np.uint64) if rows is None else view[rows].astype(np.uint64, copy=False)
 
     def _field(self, rows: np.ndarray | None, name: str, lanes: dict[int, np.ndarray]) -> np.ndarray:
         lane, shift, bits, _ = self.layout.fields[name]
@@ -260,22 +279,41 @@ class PackedStore:
         return (self._buckets(records) << np.uint64(64 - p)) | low if p else low
 
     def match(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Records with the wanted hashes: the records of each wanted prefix are decoded and compared."""
+        """Records with the wanted hashes: a binary search among the ~32 records of each wanted prefix."""
         p = self.layout.prefix_bits
         if not len(wanted) or not self.n:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        buckets = (wanted >> np.uint64(64 - p)).astype(np.int64) if p else np.zeros(len(wanted), np.int64)
-        lo = self.directory[buckets].astype(np.int64)
-        counts = self.directory[buckets + 1].astype(np.int64) - lo
-        total = int(counts.sum())
-        if total > self.n // 2:  # most of the segment: one decode of every hash and a binary search
+        if len(wanted) > self.n // 64:  # a large part of the segment: one decode of every hash
             return match_sorted(self.hashes(), wanted)
+        buckets = (wanted >> np.uint64(64 - p)).astype(np.int64) if p else np.zeros(len(wanted), np.int64)
+        start = self.directory[buckets].astype(np.int64)
+        end = self.directory[buckets + 1].astype(np.int64)
+        low = wanted & np.uint64((1 << (64 - p)) - 1) if p else wanted
+        first = self._bound(start, end.copy(), low, upper=False)
+        if self.keys is None:  # a hash that gives keys back: at most one record per hash
+            last = np.minimum(first + 1, end)
+        else:  # a stored key: several keys may share a hash
+            last = self._bound(first.copy(), end.copy(), low, upper=True)
+        inside = first < last
+        if self.keys is None:
+            inside[inside] = self._field(first[inside], "hash", {}) == low[inside]
+        counts = np.where(inside, last - first, 0)
+        total = int(counts.sum())
         which = np.repeat(np.arange(len(wanted), dtype=np.int64), counts)
-        cand = np.repeat(lo, counts) + (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
-        low = self._field(cand, "hash", {})
-        mask = np.uint64((1 << (64 - p)) - 1) if p else np.uint64(0xFFFFFFFFFFFFFFFF)
-        hit = low == (wanted[which] & mask)
-        return which[hit], cand[hit]
+        records = np.repeat(first, counts) + (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
+        return which, records
+
+    def _bound(self, lo: np.ndarray, hi: np.ndarray, low: np.ndarray, *, upper: bool) -> np.ndarray:
+        """Per probe, the first record in [lo, hi) whose hash suffix is >= ``low`` (> with ``upper``)."""
+        active = np.flatnonzero(lo < hi)
+        while len(active):
+            mid = (lo[active] + hi[active]) >> 1
+            v = self._field(mid, "hash", {})
+            right = v <= low[active] if upper else v < low[active]
+            lo[active] = np.where(right, mid + 1, lo[active])
+            hi[active] = np.where(right, hi[active], mid)
+            active = active[lo[active] < hi[active]]
+        return lo
 
     def fields(self, records: np.ndarray | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """File ordinals (-1: tombstone) and integer columns of ``records`` (None: all)."""
