@@ -108,10 +108,10 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
     n = store.n
     hashes = store.hash_values
     p = prefix_bits(n)
-    file, ints = store.fields(None)
+    file, ints = store.file, store.ints  # file ordinals as stored (int32 or int64)
     live = file >= 0
     every = bool(live.all())
-    used = np.unique(file[live]) if not every or len(store.files) > 1 else np.arange(len(store.files) if n else 0)
+    used = np.flatnonzero(np.bincount(file[live] if not every else file, minlength=len(store.files))) if n else np.zeros(0, np.int64)
     if every and np.array_equal(used, np.arange(len(store.files))):  # the common case: no remap, no tombstone
         values: dict[str, np.ndarray] = {"file": file.astype(np.uint64)}
     else:

@@ -211,7 +211,7 @@ def make_segment(
     order, hashes = hash_order(key_hash(keys))
     stored = None if _injective(key) else keys.take(pa.array(order))
     store = ArrayStore(hashes, np.take(indices, order), [str(p) for p in files.dictionary.cast(pa.string()).to_pylist()],
-                       {c: _gather(_narrowed(v), order) for c, v in ints.items()}, stored)
+                       {c: _gather(v, order) for c, v in ints.items()}, stored)
     return Segment(store, tuple(key), level, base, hash_name())
 
 
@@ -221,7 +221,7 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     A plain sort of 64-bit values is several times faster than an argsort, so the row number is packed
     into the hash's low bits and the packed values are sorted; that orders by the high bits exactly and
     breaks ties by row number. Rows whose hashes differ only in the low bits (rare) may come out of
-    order; one stable pass over the nearly sorted result (linear for timsort) puts them right.
+    order; the few groups of rows with equal high bits are sorted again by (hash, row).
     """
     n = len(hashes)
     bits = max(1, (n - 1).bit_length())
@@ -232,11 +232,15 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     packed = hashes & ~mask
     packed |= np.arange(n, dtype=np.uint64)
     packed.sort()
-    order = (packed & mask).astype(np.int64)
+    packed &= mask
+    order = packed.view(np.int64)
     ordered = hashes[order]
-    if n > 1 and bool((ordered[1:] < ordered[:-1]).any()):
-        fix = np.argsort(ordered, kind="stable")
-        order, ordered = order[fix], ordered[fix]
+    high = ordered >> np.uint64(bits)
+    shared = np.flatnonzero(high[1:] == high[:-1])
+    if len(shared):  # groups of equal high bits (contiguous): sort each by (hash, row), a lexsort of the few rows in them
+        sub = np.unique(np.concatenate((shared, shared + 1)))
+        fix = sub[np.lexsort((order[sub], ordered[sub]))]
+        order[sub], ordered[sub] = order[fix], ordered[fix]
     return order, ordered
 
 
@@ -248,10 +252,11 @@ def _narrowed(values: np.ndarray) -> np.ndarray:
 
 
 def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """``values[order]``; a constant column (the versions of a bulk load) without the random gather."""
+    """``values[order]``, narrowed to int32 where that fits (a gather of half the bytes); a constant column
+    (the versions of a bulk load) without the random gather."""
     if len(values) and values[0] == values.min() == values.max():
-        return np.full(len(order), values[0], values.dtype)
-    return np.take(values, order)
+        return np.full(len(order), values[0], np.int32 if np.iinfo(np.int32).min <= values[0] <= np.iinfo(np.int32).max else values.dtype)
+    return np.take(_narrowed(values), order)
 
 
 def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
