@@ -210,9 +210,42 @@ def make_segment(
     ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in INT_ENTRIES}
     order, hashes = hash_order(key_hash(keys))
     stored = None if _injective(key) else keys.take(pa.array(order))
-    store = ArrayStore(hashes, np.take(indices, order), [str(p) for p in files.dictionary.cast(pa.string()).to_pylist()],
-                       {c: _gather(v, order) for c, v in ints.items()}, stored)
+    gathered = _gather_all({FILE_PATH: indices, **ints}, order)
+    file = gathered.pop(FILE_PATH)
+    store = ArrayStore(hashes, file, [str(p) for p in files.dictionary.cast(pa.string()).to_pylist()], gathered, stored)
     return Segment(store, tuple(key), level, base, hash_name())
+
+
+def _gather_all(columns: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
+    """``values[order]`` of every column: constant ones without a gather, the int32 ones (most) four side by side
+    in one matrix gathered row by row (one cache miss per record instead of one per column), the rest one by one."""
+    out: dict[str, np.ndarray] = {}
+    narrow: dict[str, np.ndarray] = {}
+    for name, values in columns.items():
+        if len(values) and values[0] == values.min() == values.max():
+            out[name] = _gather(values, order)
+            continue
+        values = _narrowed(values)
+        if values.dtype == np.int32:
+            narrow[name] = values
+        else:
+            out[name] = np.take(values, order)
+    names = list(narrow)
+    for start in range(0, len(names), 4):
+        group = names[start : start + 4]
+        if len(group) == 1:
+            out[group[0]] = np.take(narrow[group[0]], order)
+            continue
+        # Four int32 side by side are one 16-byte element: numpy gathers those whole (viewed as complex128,
+        # a plain copy of the bytes), about 2.5 times faster than one gather per column.
+        matrix = np.zeros((len(order), 4), np.int32)
+        for j, name in enumerate(group):
+            matrix[:, j] = narrow[name]
+        rows = np.take(matrix.view(np.complex128).reshape(len(order)), order).view(np.int32).reshape(len(order), 4)
+        del matrix
+        for j, name in enumerate(group):
+            out[name] = rows[:, j]
+    return {name: out[name] for name in columns}
 
 
 def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
