@@ -14,9 +14,16 @@ index switched off
    on disk is reported;
 3. **after**: the same number of upserts through the index;
 4. a bare lookup of ``--keys`` keys (``KeyIndex.open`` + ``lookup`` on a
-   state already read).
+   state already read), ``--repeat`` times, on segments opened afresh;
+   then the index's *resident* bytes per key: the pages of the
+   memory-mapped segment files the lookups touched (``Rss`` of their
+   mappings in ``/proc/self/smaps``), and the process's RSS growth over the
+   lookups (mappings and anything decoded), both over the live keys.
 
-Times are wall-clock per call; the median and the fastest of the repeats
+Bytes per key *live* are the sizes of the segments the current version
+names over the live keys (the target is at most 16 for both figures).
+
+Times are wall-clock per call (the builds also in CPU seconds); the median and the fastest of the repeats
 are printed, with the 10M/1M ratio, and written to a record
 (``benchmarks/record.py``, with the machine's load: the figures are noisy on
 a shared machine; ``--publish`` puts it in ``benchmarks/results/`` for
@@ -45,7 +52,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lineage  # noqa: E402
 import record  # noqa: E402
 import write_cost  # noqa: E402  (the same generated orders as the write-cost benchmark)
+from index import key_segment  # noqa: E402
 from index.key_index import KeyIndex  # noqa: E402
+from lineage.fileio import ImmutableFileCache  # noqa: E402
 
 SEED = 7
 
@@ -60,6 +69,31 @@ def upsert_batch(data: pa.Table, rng: np.random.Generator, live_max: int, next_k
 
 def size_of(paths: tuple[str, ...] | None) -> int:
     return sum(os.path.getsize(p.removeprefix("file://")) for p in paths or ())
+
+
+def mapped_bytes(suffixes: tuple[str, ...] = ("-keys.kix", "-keys.arrow")) -> int:
+    """Resident bytes of this process's mappings of key index segment files (Linux; 0 elsewhere)."""
+    total, counting = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    counting = head[-1].endswith(suffixes)
+                elif counting and head and head[0] == "Rss:":
+                    total += int(head[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+def rss_bytes() -> int:
+    """This process's resident set (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def timed(fn) -> tuple[float, object]:  # type: ignore[no-untyped-def]
@@ -93,18 +127,27 @@ def run_size(root: str, rows: int, keys: int, repeat: int) -> dict[str, object]:
     with t.iceberg.transaction() as tx:
         tx.set_properties({"lineage.key-index.enabled": "true"})
     t.refresh()
+    cpu0 = time.process_time()
     build_mem, built = timed(lambda: KeyIndex.build(t.state()))
+    build_cpu = time.process_time() - cpu0
     del built
+    cpu0 = time.process_time()
     reindex_time, _ = timed(t.reindex)
+    reindex_cpu = time.process_time() - cpu0
     index_bytes = size_of(t.state().lineage.key_index)
     after = upserts()
-    probe = pa.table({"order_id": rng.choice(rows, keys, replace=False)})
+    probes = [pa.table({"order_id": rng.choice(rows, keys, replace=False)}) for _ in range(repeat)]
+    live = t.count()
     lookups = []
     state = t.state()
-    for _ in range(repeat):
-        dt_, found = timed(lambda: KeyIndex.open(state).lookup(probe))
+    key_segment._CACHE = ImmutableFileCache(256)  # the lookups map the segments afresh: only their pages count
+    rss0 = rss_bytes()
+    for probe in probes:
+        dt_, found = timed(lambda probe=probe: KeyIndex.open(state).lookup(probe))
         assert found.num_rows == keys
         lookups.append(dt_)
+    resident = mapped_bytes()
+    rss_growth = rss_bytes() - rss0
     return {
         "rows": rows,
         "load_s": round(load_time, 2),
@@ -112,9 +155,15 @@ def run_size(root: str, rows: int, keys: int, repeat: int) -> dict[str, object]:
         "after_s": after,
         "build_in_memory_s": round(build_mem, 3),
         "reindex_commit_s": round(reindex_time, 3),
+        "build_in_memory_cpu_s": round(build_cpu, 3),  # CPU time of the process: what a loaded machine inflates least
+        "reindex_commit_cpu_s": round(reindex_cpu, 3),
         "index_bytes": index_bytes,
-        "index_bytes_per_key": round(index_bytes / max(1, t.count()), 1),
+        "index_bytes_per_key": round(index_bytes / max(1, live), 2),
+        "index_format": sorted({key_segment.read_key_segment(t.iceberg.io, p).format_version for p in state.lineage.key_index or ()}),
+        "resident_bytes_per_key": round(resident / max(1, live), 2),
+        "rss_growth_bytes_per_key": round(rss_growth / max(1, live), 2),
         "index_segments_at_end": len(state.lineage.key_index or ()),
+        "index_bytes_per_key_at_end": round(size_of(state.lineage.key_index) / max(1, live), 2),
         "lookup_s": lookups,
     }
 
@@ -140,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rows:>11,} rows: upsert of {args.keys:,} keys before {statistics.median(r['before_s']) * 1000:7.0f} ms "
                 f"(min {min(r['before_s']) * 1000:.0f}), after {statistics.median(r['after_s']) * 1000:7.0f} ms "
                 f"(min {min(r['after_s']) * 1000:.0f}); lookup {statistics.median(r['lookup_s']) * 1000:.1f} ms; "
-                f"build {r['build_in_memory_s']:.2f} s in memory, reindex commit {r['reindex_commit_s']:.2f} s; "
-                f"index {r['index_bytes'] / 1e6:.1f} MB ({r['index_bytes_per_key']} B/key)",
+                f"build {r['build_in_memory_s']:.2f} s in memory (CPU {r['build_in_memory_cpu_s']:.2f} s), reindex commit {r['reindex_commit_s']:.2f} s "
+                f"(CPU {r['reindex_commit_cpu_s']:.2f} s); "
+                f"index {r['index_bytes'] / 1e6:.1f} MB ({r['index_bytes_per_key']} B/key live, {r['resident_bytes_per_key']} B/key "
+                f"resident after the lookups, RSS +{r['rss_growth_bytes_per_key']} B/key)",
                 flush=True,
             )
     finally:

@@ -149,3 +149,52 @@ def key_hash(keys: pa.Table) -> np.ndarray:
         h = _mix(h, inplace=True)
     h &= _MASK
     return h
+
+
+def _inverse(m: np.uint64) -> np.uint64:
+    return np.uint64(pow(int(m), -1, 1 << 64))
+
+
+_M1_INV, _M2_INV = _inverse(_M1), _inverse(_M2)
+
+
+def _unmix(z: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`_mix` (each xor-shift and odd multiplication is undone in reverse order)."""
+    z = z.copy()
+    for shift, mult in ((31, _M2_INV), (27, _M1_INV), (30, None)):
+        z ^= (z >> np.uint64(shift)) ^ (z >> np.uint64(2 * shift))
+        if mult is not None:
+            z *= mult
+    z -= _GOLDEN
+    return z
+
+
+def _invertible_type(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t)
+            or pa.types.is_duration(t)) and t.bit_width <= 64
+
+
+def hash_is_injective(types: list[pa.DataType]) -> bool:
+    """Whether :func:`key_hash` maps distinct keys of these types to distinct hashes.
+
+    True for a single integer-like column of at most 64 bits (integers, dates, times, timestamps,
+    durations) under the full hash: the value's sign-extended 64-bit word goes through bijections only
+    (the finalizer, an odd multiplication, an addition). Such a key is recovered from its hash
+    (:func:`unhash`), so a segment need not store it.
+    """
+    return _MASK == _FULL and len(types) == 1 and _invertible_type(types[0])
+
+
+def unhash(hashes: np.ndarray, t: pa.DataType) -> pa.Array:
+    """The key values whose :func:`key_hash` is ``hashes`` (a key for which :func:`hash_is_injective` holds)."""
+    if not hash_is_injective([t]):
+        raise InvalidArgumentError(f"keys of type {t} cannot be recovered from their hash")
+    word = _unmix(np.asarray(hashes, np.uint64))
+    word -= _M1  # key_hash: (1 * _M1 + column_hash + 0), mixed
+    word = _unmix(word).view(np.int64)
+    width = t.bit_width
+    if pa.types.is_unsigned_integer(t):
+        values = word.view(np.uint64).astype(np.dtype(f"<u{width // 8}"))
+    else:
+        values = word.astype(np.dtype(f"<i{width // 8}"))
+    return pa.Array.from_buffers(t, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])

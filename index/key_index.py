@@ -63,13 +63,14 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
-from index.key_hash import hash_name, key_hash
+from index.key_hash import hash_is_injective, hash_name, key_hash
 from index.key_merge import WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     CREATED,
     FILE_PATH,
     POS,
     ROW_ID,
+    SEGMENT_FORMAT_VERSION,
     UPDATED,
     KeyField,
     Segment,
@@ -80,6 +81,7 @@ from index.key_segment import (
     make_segment,
     merge_segments,
     read_key_segment,
+    rewritten,
     with_path,
     write_key_segment,
 )
@@ -100,6 +102,7 @@ PROP_DEFER_ROWS = "lineage.key-index.defer-rows"
 DEFAULT_DEFER_ROWS = 100_000
 _PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
 INPUT = "__input"
+SEGMENT_SUFFIX = "-keys.kix"  # format 3 files; formats 1 and 2 were named *-keys.arrow
 
 
 # ---------------------------------------------------------------- table facts
@@ -182,6 +185,11 @@ class KeyIndex:
     def pending(self) -> bool:
         """Whether some segment (a fresh build) is not written yet; the next commit that carries this index writes it."""
         return any(s.path is None for s in self.segments)
+
+    @property
+    def outdated(self) -> bool:
+        """Whether some segment is in an older file format (``reindex`` and key index maintenance rewrite it)."""
+        return any(s.format_version < SEGMENT_FORMAT_VERSION for s in self.segments)
 
     @staticmethod
     def open(state: TableState, *, build: bool = True) -> KeyIndex | None:
@@ -273,10 +281,10 @@ class KeyIndex:
             rows, records = seg.probe(hashes, keys, unresolved)
             if not len(rows):
                 continue
-            dead = seg.batch.column("__tombstone").take(pa.array(records)).to_numpy(zero_copy_only=False)
-            live = ~dead
+            live = ~seg.dead(records)
             if live.any():
-                parts.append(seg.take(records[live]).append_column(INPUT, pa.array(rows[live], pa.int64())))
+                hit = rows[live]
+                parts.append(seg.take(records[live], keys.take(pa.array(hit))).append_column(INPUT, pa.array(hit, pa.int64())))
             resolved[rows] = True
             unresolved = unresolved[~resolved[unresolved]]
         if not parts:
@@ -330,6 +338,8 @@ def _duplicate_keys(segment: Segment) -> list[dict[str, object]]:
     if not len(same):
         return []
     names = segment.names
+    if hash_is_injective([k.type for k in segment.key]):  # equal hashes are equal keys
+        return segment.keys(same[:3]).to_pylist()
     # Equal hashes are adjacent, equal keys need not be (collisions): compare every pair of a hash group.
     starts = np.concatenate(([0], np.flatnonzero(h[1:] != h[:-1]) + 1))
     ends = np.append(starts[1:], len(h))
@@ -339,9 +349,10 @@ def _duplicate_keys(segment: Segment) -> list[dict[str, object]]:
             for j in range(i + 1, e):
                 left.append(i)
                 right.append(j)
-    eq = keys_equal(segment.batch, np.array(left, np.int64), segment.batch, np.array(right, np.int64), names)
+    keys = segment.keys()
+    eq = keys_equal(keys, np.array(left, np.int64), keys, np.array(right, np.int64), names)
     hits = np.array(left, np.int64)[eq][:3]
-    return segment.take(hits).select(names).to_pylist() if len(hits) else []
+    return keys.take(pa.array(hits)).to_pylist() if len(hits) else []
 
 
 # ---------------------------------------------------------------- commits
@@ -417,13 +428,15 @@ def next_key_index(
     while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
         start, level = step
         segments[start:] = [merge_segments(segments[start:], base=start == 0, level=level)]
+    if change.merge != WRITER:  # maintenance rewrites segments of older formats (writers' cost stays O(change))
+        segments = [rewritten(s) if s.format_version < SEGMENT_FORMAT_VERSION else s for s in segments]
     size = 0
     location = state.iceberg.metadata.location
     segments = [s for s in segments if s.entries]  # an empty index is no segment at all
     for i, seg in enumerate(segments):
         if seg.path is None:
             name = f"{tag}-{i}" if tag is not None else f"{version:09d}-{uuid.uuid4()}"
-            path = f"{index_dir(location)}/{name}-keys.arrow"
+            path = f"{index_dir(location)}/{name}{SEGMENT_SUFFIX}"
             created.append(path)
             size += write_key_segment(io, path, seg, version)
             segments[i] = with_path(seg, path)

@@ -1,39 +1,25 @@
-"""Key index segments: the on-disk format, point lookups and merges.
+"""Key index segments: point lookups, merges, and the files they live in.
 
-A segment (``key-index-segment`` format 2) is one **uncompressed Arrow IPC
-file** holding one record batch sorted by the 64-bit key hash
-(:mod:`index.key_hash`). Columns:
+A segment is an immutable list of records sorted by the 64-bit key hash
+(:mod:`index.key_hash`): per key the location of its live image (data file,
+position) and its lineage (row id, created and last-updated versions), or a
+tombstone. Within one segment a key appears at most once. Its columns and
+how each file format stores them are described in :mod:`index.key_store`.
 
-=================================  ==========================================
-``__hash``                         uint64, ascending
-*the key columns*                  the table's key columns, in the table's types
-``__tombstone``                    bool: the key has no live image (as of this segment)
-``_row_id``                        int32 or int64 (0 for a tombstone)
-``__file_path``                    dictionary<int16 or int32, string>: data file (null for a tombstone)
-``__pos``                          int32 or int64: position in the data file
-``_row_created_at_version``        int32 or int64
-``_row_last_updated_at_version``   int32 or int64
-=================================  ==========================================
+Files carry ``lineage.format`` = ``key-index-segment`` and a
+``lineage.format-version`` (a newer version is refused with
+:class:`UnsupportedFormatError`), the hash function's name, the key fields,
+the segment's merge level, whether it is a *base* (holds every live key, no
+tombstones) and the version of the commit that wrote it. Writers write
+format 3 (:mod:`index.key_packed`: about 14 bytes per 64-bit key); formats
+1 and 2 (:mod:`index.key_legacy`, Arrow files of 52 and 34 bytes per key)
+are still read, and ``reindex`` / key index maintenance rewrite them.
 
-Format 2 stores each integer entry column as int32 when all its values fit
-(most tables: row ids, positions and versions under 2**31) and the file
-dictionary's indices as int16 when the segment names fewer than 32,768
-files: an entry of a 64-bit key takes about 34 bytes instead of format 1's
-52 (every entry column int64, indices int32). Readers accept both formats
-and widen to int64; writers write format 2.
-
-The schema metadata carries ``lineage.format`` / ``lineage.format-version``
-(a newer version is refused with :class:`UnsupportedFormatError`), the hash
-function's name, the key fields (Iceberg field id, name, Arrow type), the
-segment's merge level, whether it is a *base* (holds every live key, no
-tombstones) and the version of the commit that wrote it.
-
-Being uncompressed, a local segment is memory-mapped and read zero-copy: a
-lookup of k keys binary-searches the hash column (``numpy.searchsorted``) and
-touches O(k log n) pages, never the whole file. Segments on other storage are
-read whole through the table's FileIO once and cached. Equal hashes are
-resolved by comparing the stored key values, so a collision never gives a
-wrong answer. Within one segment a key appears at most once.
+A local segment is memory-mapped: a lookup of k keys touches O(k) pages of a
+format 3 file (O(k log n) of an Arrow one), never the whole file. Segments
+on other storage are read whole through the table's FileIO once and cached.
+Equal hashes of different keys are resolved by comparing the stored key
+values; keys the hash gives back are not stored, and cannot collide.
 """
 
 from __future__ import annotations
@@ -41,41 +27,44 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 
-from index.key_hash import hash_name, key_hash
+from index.key_hash import hash_is_injective, hash_name, key_hash, unhash
+from index.key_legacy import ArrowStore, check_columns, legacy_batch
+from index.key_packed import MAGIC, PackedStore, encode, read_header
+from index.key_store import (
+    CREATED,
+    ENTRY_COLUMNS,
+    FILE_PATH,
+    HASH,
+    INT_ENTRIES,
+    POS,
+    ROW_ID,
+    TOMBSTONE,
+    UPDATED,
+    ArrayStore,
+    KeyField,
+    Store,
+    key_schema,
+    to_arrays,
+)
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
 
+__all__ = [
+    "CREATED", "ENTRY_COLUMNS", "FILE_PATH", "HASH", "POS", "ROW_ID", "SEGMENT_FORMAT", "SEGMENT_FORMAT_VERSION", "TOMBSTONE",
+    "UPDATED", "KeyField", "Segment", "distinct_keys", "drop_tombstones", "entry_schema", "hash_order", "keys_equal",
+    "make_segment", "merge_segments", "read_key_segment", "with_path", "write_key_segment",
+]
+
 SEGMENT_FORMAT = "key-index-segment"
-SEGMENT_FORMAT_VERSION = 2  # 2: entry columns int32 where the values fit, file indices int16 (1: all int64 / int32)
-
-HASH = "__hash"
-TOMBSTONE = "__tombstone"
-ROW_ID = "_row_id"
-FILE_PATH = "__file_path"
-POS = "__pos"
-CREATED = "_row_created_at_version"
-UPDATED = "_row_last_updated_at_version"
-ENTRY_COLUMNS = (ROW_ID, FILE_PATH, POS, CREATED, UPDATED)
-_INT_ENTRIES = (ROW_ID, POS, CREATED, UPDATED)
-
-
-@dataclass(frozen=True)
-class KeyField:
-    """One key column as the index records it: Iceberg field id, name and Arrow type."""
-
-    field_id: int
-    name: str
-    type: pa.DataType
-
-    def to_json(self) -> dict[str, object]:
-        """The JSON object stored in segment metadata."""
-        return {"id": self.field_id, "name": self.name, "type": str(self.type)}
+SEGMENT_FORMAT_VERSION = 3  # 3: packed records (index.key_packed); 2 and 1: Arrow files (index.key_legacy)
+_ARROW_MAGIC = b"ARROW1"
 
 
 def entry_schema(key: Sequence[KeyField]) -> pa.Schema:
@@ -112,21 +101,26 @@ def keys_equal(left: pa.Table | pa.RecordBatch, li: np.ndarray, right: pa.Table 
     return eq
 
 
+def _injective(key: Sequence[KeyField]) -> bool:
+    return hash_is_injective([k.type for k in key])
+
+
 @dataclass(frozen=True)
 class Segment:
-    """One segment, memory-mapped from its file or (before it is written) in memory."""
+    """One segment: its records (memory-mapped from its file, or in memory before it is written) and facts."""
 
-    batch: pa.RecordBatch = field(repr=False)
+    store: Store = field(repr=False)
     key: tuple[KeyField, ...]
     level: int
     base: bool
     hash: str
     path: str | None = None
+    format_version: int = SEGMENT_FORMAT_VERSION
 
     @property
     def entries(self) -> int:
         """Number of records (entries and tombstones)."""
-        return self.batch.num_rows
+        return self.store.n
 
     @property
     def names(self) -> list[str]:
@@ -135,40 +129,56 @@ class Segment:
 
     @property
     def hashes(self) -> np.ndarray:
-        """The sorted hash column (zero-copy)."""
-        return self.batch.column(HASH).to_numpy()
+        """The sorted hash column (zero-copy for Arrow files, decoded for packed ones)."""
+        return self.store.hashes()
 
     @property
     def tombstones(self) -> np.ndarray:
         """The tombstone flags."""
-        return self.batch.column(TOMBSTONE).to_numpy(zero_copy_only=False)
+        return self.store.fields(None)[0] < 0
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        """The Arrow record batch of a format 1 or 2 segment (AttributeError for others)."""
+        if not isinstance(self.store, ArrowStore):
+            raise AttributeError(f"a format {self.format_version} segment has no Arrow record batch")
+        return self.store.batch
+
+    def keys(self, records: np.ndarray | None = None) -> pa.Table:
+        """The key columns of ``records`` (None: all): stored, or recovered from the hash."""
+        stored = self.store.stored_keys(records)
+        if stored is not None:
+            return stored.select(self.names)
+        h = self.store.hashes() if records is None else self.store.hashes_at(records)
+        return pa.Table.from_arrays([unhash(h, self.key[0].type)], schema=key_schema(self.key))
 
     def probe(self, hashes: np.ndarray, keys: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Match rows ``rows`` of ``keys`` (whose hashes are ``hashes[rows]``) with this segment.
 
         Returns (matched rows of ``keys``, their record numbers here).
         """
-        h = self.hashes
-        wanted = hashes[rows]
-        lo = np.searchsorted(h, wanted, side="left")
-        hi = np.searchsorted(h, wanted, side="right")
-        counts = hi - lo
-        total = int(counts.sum())
-        if total == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        cand_rows = np.repeat(rows, counts)
-        offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        cand = np.repeat(lo, counts) + offsets
-        eq = keys_equal(keys, cand_rows, self.batch, cand, self.names)
-        return cand_rows[eq], cand[eq]
+        which, records = self.store.match(hashes[rows])
+        found = rows[which]
+        if not len(records) or _injective(self.key):
+            return found, records
+        eq = keys_equal(keys, found, self.keys(records), np.arange(len(records)), self.names)
+        return found[eq], records[eq]
 
-    def take(self, records: np.ndarray) -> pa.Table:
-        """Key and entry columns of ``records`` (file paths decoded)."""
-        cols = {k.name: self.batch.column(k.name).take(pa.array(records)) for k in self.key}
-        for name in _INT_ENTRIES:
-            cols[name] = self.batch.column(name).take(pa.array(records)).cast(pa.int64())
-        cols[FILE_PATH] = self.batch.column(FILE_PATH).take(pa.array(records)).cast(pa.string())
-        return pa.table({f.name: cols[f.name] for f in entry_schema(self.key)}, schema=entry_schema(self.key))
+    def dead(self, records: np.ndarray) -> np.ndarray:
+        """Whether each of ``records`` is a tombstone."""
+        return self.store.fields(records)[0] < 0
+
+    def take(self, records: np.ndarray, keys: pa.Table | None = None) -> pa.Table:
+        """Key and entry columns of ``records`` (file paths decoded; key columns from ``keys`` when given)."""
+        file, ints = self.store.fields(records)
+        keys = self.keys(records) if keys is None else keys
+        paths = pa.DictionaryArray.from_arrays(pa.array(np.maximum(file, 0), pa.int64(), mask=file < 0),
+                                               pa.array(self.store.files or [""], pa.string())).cast(pa.string())
+        cols: dict[str, Any] = {k.name: keys.column(k.name) for k in self.key}
+        cols.update({c: pa.array(ints[c].astype(np.int64, copy=False)) for c in INT_ENTRIES})
+        cols[FILE_PATH] = paths
+        schema = entry_schema(self.key)
+        return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
     def live(self) -> pa.Table:
         """Every entry that is not a tombstone."""
@@ -188,21 +198,54 @@ def make_segment(
     Keys must be unique across ``entries`` and ``tombstones`` together.
     """
     names = [k.name for k in key]
-    dead = tombstones if tombstones is not None else pa.table({k.name: pa.array([], k.type) for k in key})
+    schema = key_schema(key)
+    dead = tombstones if tombstones is not None else schema.empty_table()
     n_live, n_dead = entries.num_rows, dead.num_rows
-    keys = pa.concat_tables([entries.select(names).cast(_key_schema(key)), dead.select(names).cast(_key_schema(key))])
+    keys = pa.concat_tables([entries.select(names).cast(schema), dead.select(names).cast(schema)])
     files = entries.column(FILE_PATH)
     files = files.combine_chunks() if isinstance(files, pa.ChunkedArray) else files
-    dictionary = files.dictionary if pa.types.is_dictionary(files.type) else None
-    if dictionary is None:
+    if not pa.types.is_dictionary(files.type):
         files = files.dictionary_encode() if n_live else pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
-        dictionary = files.dictionary
-    indices = _padded(files.indices.to_numpy(zero_copy_only=False), np.int32, n_dead)
-    ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in _INT_ENTRIES}
-    tomb = np.concatenate([np.zeros(n_live, bool), np.ones(n_dead, bool)])
+    indices = np.concatenate([files.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), np.full(n_dead, -1, np.int32)])
+    ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in INT_ENTRIES}
     order, hashes = hash_order(key_hash(keys))
-    return _assemble(key, hashes, keys.take(pa.array(order)), tomb[order], indices[order], dictionary.cast(pa.string()),
-                     {c: _gather(_narrowed(v), order) for c, v in ints.items()}, level, base)
+    stored = None if _injective(key) else keys.take(pa.array(order))
+    gathered = _gather_all({FILE_PATH: indices, **ints}, order)
+    file = gathered.pop(FILE_PATH)
+    store = ArrayStore(hashes, file, [str(p) for p in files.dictionary.cast(pa.string()).to_pylist()], gathered, stored)
+    return Segment(store, tuple(key), level, base, hash_name())
+
+
+def _gather_all(columns: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
+    """``values[order]`` of every column: constant ones without a gather, the int32 ones (most) four side by side
+    in one matrix gathered row by row (one cache miss per record instead of one per column), the rest one by one."""
+    out: dict[str, np.ndarray] = {}
+    narrow: dict[str, np.ndarray] = {}
+    for name, values in columns.items():
+        if len(values) and values[0] == values.min() == values.max():
+            out[name] = _gather(values, order)
+            continue
+        values = _narrowed(values)
+        if values.dtype == np.int32:
+            narrow[name] = values
+        else:
+            out[name] = np.take(values, order)
+    names = list(narrow)
+    for start in range(0, len(names), 4):
+        group = names[start : start + 4]
+        if len(group) == 1:
+            out[group[0]] = np.take(narrow[group[0]], order)
+            continue
+        # Four int32 side by side are one 16-byte element: numpy gathers those whole (viewed as complex128,
+        # a plain copy of the bytes), about 2.5 times faster than one gather per column.
+        matrix = np.zeros((len(order), 4), np.int32)
+        for j, name in enumerate(group):
+            matrix[:, j] = narrow[name]
+        rows = np.take(matrix.view(np.complex128).reshape(len(order)), order).view(np.int32).reshape(len(order), 4)
+        del matrix
+        for j, name in enumerate(group):
+            out[name] = rows[:, j]
+    return {name: out[name] for name in columns}
 
 
 def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -211,7 +254,7 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     A plain sort of 64-bit values is several times faster than an argsort, so the row number is packed
     into the hash's low bits and the packed values are sorted; that orders by the high bits exactly and
     breaks ties by row number. Rows whose hashes differ only in the low bits (rare) may come out of
-    order; one stable pass over the nearly sorted result (linear for timsort) puts them right.
+    order; the few groups of rows with equal high bits are sorted again by (hash, row).
     """
     n = len(hashes)
     bits = max(1, (n - 1).bit_length())
@@ -222,34 +265,31 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     packed = hashes & ~mask
     packed |= np.arange(n, dtype=np.uint64)
     packed.sort()
-    order = (packed & mask).astype(np.int64)
+    packed &= mask
+    order = packed.view(np.int64)
     ordered = hashes[order]
-    if n > 1 and bool((ordered[1:] < ordered[:-1]).any()):
-        fix = np.argsort(ordered, kind="stable")
-        order, ordered = order[fix], ordered[fix]
+    high = ordered >> np.uint64(bits)
+    shared = np.flatnonzero(high[1:] == high[:-1])
+    if len(shared):  # groups of equal high bits (contiguous): sort each by (hash, row), a lexsort of the few rows in them
+        sub = np.unique(np.concatenate((shared, shared + 1)))
+        fix = sub[np.lexsort((order[sub], ordered[sub]))]
+        order[sub], ordered[sub] = order[fix], ordered[fix]
     return order, ordered
 
 
 def _narrowed(values: np.ndarray) -> np.ndarray:
-    """``values`` as int32 when they all fit (format 2 stores them so; a gather of half the bytes), else int64."""
+    """``values`` as int32 when they all fit (a gather of half the bytes), else int64."""
     if len(values) and values.dtype != np.int32 and np.iinfo(np.int32).min <= values.min() and values.max() <= np.iinfo(np.int32).max:
         return values.astype(np.int32)
     return values
 
 
 def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """``values[order]``; a constant column (the versions of a bulk load) without the random gather."""
+    """``values[order]``, narrowed to int32 where that fits (a gather of half the bytes); a constant column
+    (the versions of a bulk load) without the random gather."""
     if len(values) and values[0] == values.min() == values.max():
-        return np.full(len(order), values[0], values.dtype)
-    return np.take(values, order)
-
-
-def drop_tombstones(segment: Segment) -> Segment:
-    """``segment`` without its tombstones (still sorted; the same segment when it has none)."""
-    tomb = segment.tombstones
-    if not tomb.any():
-        return segment
-    return replace(segment, batch=segment.batch.filter(pa.array(~tomb)))
+        return np.full(len(order), values[0], np.int32 if np.iinfo(np.int32).min <= values[0] <= np.iinfo(np.int32).max else values.dtype)
+    return np.take(_narrowed(values), order)
 
 
 def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
@@ -258,55 +298,20 @@ def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
     return np.concatenate([values, np.zeros(zeros, dtype)]) if zeros else values
 
 
-def _key_schema(key: Sequence[KeyField]) -> pa.Schema:
-    return pa.schema([pa.field(k.name, k.type, nullable=False) for k in key])
+def drop_tombstones(segment: Segment) -> Segment:
+    """``segment`` without its tombstones (still sorted; the same segment when it has none)."""
+    tomb = segment.tombstones
+    if not tomb.any():
+        return segment
+    return replace(segment, store=to_arrays(segment.store).subset(np.flatnonzero(~tomb)), path=None, format_version=SEGMENT_FORMAT_VERSION)
 
 
-def _assemble(
-    key: Sequence[KeyField],
-    hashes: np.ndarray,
-    keys: pa.Table,
-    tomb: np.ndarray,
-    file_indices: np.ndarray,
-    dictionary: pa.Array,
-    ints: dict[str, np.ndarray],
-    level: int,
-    base: bool,
-) -> Segment:
-    """Build the record batch of a segment from sorted parts (unused dictionary entries dropped)."""
-    live = ~tomb
-    used = np.unique(file_indices[live])
-    index_type = np.int16 if len(used) <= np.iinfo(np.int16).max else np.int32  # format 2: the narrowest that holds them
-    remap = np.zeros(max(len(dictionary), 1), index_type)
-    remap[used] = np.arange(len(used), dtype=index_type)
-    files = pa.DictionaryArray.from_arrays(
-        pa.array(remap[file_indices] if len(file_indices) else np.zeros(0, index_type), pa.from_numpy_dtype(index_type), mask=tomb),
-        dictionary.take(pa.array(used, pa.int64())) if len(used) else pa.array([], pa.string()),
-    )
-    arrays = [pa.array(hashes, pa.uint64())]
-    fields = [pa.field(HASH, pa.uint64(), nullable=False)]
-    for k in key:
-        col = keys.column(k.name)
-        arrays.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
-        fields.append(pa.field(k.name, k.type, nullable=False))
-    arrays.append(pa.array(tomb, pa.bool_()))
-    fields.append(pa.field(TOMBSTONE, pa.bool_(), nullable=False))
-    for name in ENTRY_COLUMNS:
-        if name == FILE_PATH:
-            arrays.append(files)
-            fields.append(pa.field(FILE_PATH, files.type, nullable=True))
-        else:
-            arrays.append(_narrow(ints[name]))
-            fields.append(pa.field(name, arrays[-1].type, nullable=False))
-    batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
-    return Segment(batch, tuple(key), level, base, hash_name())
-
-
-def _narrow(values: np.ndarray) -> pa.Array:
-    """An entry column as int32 when every value fits (format 2: most tables' row ids, positions and
-    versions do), else int64. Readers widen to int64."""
-    values = _narrowed(values)
-    return pa.array(values, pa.int32() if values.dtype == np.int32 else pa.int64())
+def rewritten(segment: Segment) -> Segment:
+    """``segment`` in memory, to be written again in the current format (the same records)."""
+    store = to_arrays(segment.store)
+    if _injective(segment.key) and store.keys is not None:
+        store = replace(store, keys=None)
+    return replace(segment, store=store, path=None, format_version=SEGMENT_FORMAT_VERSION)
 
 
 def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Segment:
@@ -316,29 +321,35 @@ def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Se
     are dropped: nothing older is left for them to hide.
     """
     key = segments[0].key
-    newest_first = list(reversed(segments))
+    newest_first = [to_arrays(s.store) for s in reversed(segments)]
     paths: dict[str, int] = {}
-    index_parts = []
+    file_parts = []
     for s in newest_first:
-        col = s.batch.column(FILE_PATH)
-        remap = np.array([paths.setdefault(p, len(paths)) for p in col.dictionary.to_pylist()] or [0], np.int32)
-        raw = col.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        index_parts.append(remap[raw] if len(col.dictionary) else np.zeros(len(raw), np.int32))
-    hashes = np.concatenate([s.hashes for s in newest_first])
-    tomb = np.concatenate([s.tombstones for s in newest_first])
-    indices = np.concatenate(index_parts).astype(np.int32)
-    ints = {c: np.concatenate([s.batch.column(c).to_numpy().astype(np.int64, copy=False) for s in newest_first]) for c in _INT_ENTRIES}
-    names = [k.name for k in key]
-    keys = pa.Table.from_arrays(
-        [pa.concat_arrays([_combined(s.batch.column(n)) for s in newest_first]) for n in names], schema=_key_schema(key)
-    )
-    rank = np.concatenate([np.full(s.entries, i, np.int64) for i, s in enumerate(newest_first)])
-    order, _ = hash_order(hashes)  # stable: newest first within equal hashes
-    keep = _newest_per_key(hashes, keys, rank, order)
+        remap = np.array([paths.setdefault(p, len(paths)) for p in s.files] + [0], np.int64)
+        f = s.file.astype(np.int64, copy=False)
+        file_parts.append(np.where(f >= 0, remap[np.maximum(f, 0)], -1))
+    hashes = np.concatenate([s.hash_values for s in newest_first])
+    file = np.concatenate(file_parts)
+    ints = {c: np.concatenate([s.ints[c].astype(np.int64, copy=False) for s in newest_first]) for c in INT_ENTRIES}
+    order, ordered = hash_order(hashes)  # stable: newest first within equal hashes
+    keys = None
+    if _injective(key):  # equal hashes are equal keys: the first of each run of equal hashes wins
+        first = np.ones(len(order), bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        keep = order[first]
+    else:
+        parts = [s.keys for s in newest_first]  # a hash that does not give keys back: every segment stores them
+        if any(p is None for p in parts):
+            raise LineageMetadataError("internal: a key index segment of a key the hash does not give back stores no keys")
+        keys = pa.Table.from_arrays([pa.concat_arrays([_combined(p.column(k.name)) for p in parts]) for k in key],  # type: ignore[union-attr]
+                                    schema=key_schema(key))
+        rank = np.concatenate([np.full(s.n, i, np.int64) for i, s in enumerate(newest_first)])
+        keep = _newest_per_key(hashes, keys, rank, order)
     if base:
-        keep = keep[~tomb[keep]]
-    return _assemble(key, hashes[keep], keys.take(pa.array(keep)), tomb[keep], indices[keep],
-                     pa.array(list(paths), pa.string()), {c: v[keep] for c, v in ints.items()}, level, base)
+        keep = keep[file[keep] >= 0]
+    store = ArrayStore(hashes[keep], file[keep], list(paths), {c: v[keep] for c, v in ints.items()},
+                       None if keys is None else keys.take(pa.array(keep)))
+    return Segment(store, key, level, base, hash_name())
 
 
 def _combined(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -383,26 +394,33 @@ def distinct_keys(keys: pa.Table) -> pa.Table:
 # ---------------------------------------------------------------- files
 
 
-def write_key_segment(fileio: FileIO, path: str, segment: Segment, version: int) -> int:
-    """Write ``segment`` as an uncompressed Arrow IPC file; return its size in bytes."""
+def write_key_segment(fileio: FileIO, path: str, segment: Segment, version: int, *, format_version: int = SEGMENT_FORMAT_VERSION) -> int:
+    """Write ``segment`` (format 3; 2 on request, for tests of tables that mix formats); return its size in bytes."""
     meta = {
         "lineage.format": SEGMENT_FORMAT,
-        "lineage.format-version": str(SEGMENT_FORMAT_VERSION),
+        "lineage.format-version": str(format_version),
         "key-index.hash": segment.hash,
         "key-index.key": json.dumps([k.to_json() for k in segment.key]),
         "key-index.level": str(segment.level),
         "key-index.base": "true" if segment.base else "false",
         "key-index.version": str(version),
     }
-    batch = segment.batch.replace_schema_metadata(meta)
-    if overwrite_allowed():  # a deterministic name written again: replace the file whole (see fileio.write_bytes)
+    store = to_arrays(segment.store)
+    if format_version == SEGMENT_FORMAT_VERSION:
+        parts = encode(store, segment.key, meta, keep_keys=not _injective(segment.key))
+    elif format_version == 2:
+        batch = legacy_batch(store, segment.key).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
-        return write_bytes(fileio, path, sink.getvalue().to_pybytes())
+        parts = [sink.getvalue().to_pybytes()]
+    else:
+        raise ValueError(f"cannot write key index segment format {format_version}")
+    if overwrite_allowed():  # a deterministic name written again: replace the file whole (see fileio.write_bytes)
+        return write_bytes(fileio, path, b"".join(parts))
     with fileio.new_output(path).create(overwrite=False) as out:
-        with pa.ipc.new_file(out, batch.schema) as writer:
-            writer.write_batch(batch)
+        for part in parts:
+            out.write(part)
         size = out.tell()
     return int(size)
 
@@ -413,14 +431,18 @@ def _is_local(path: str) -> bool:
 
 def _open(fileio: FileIO, path: str) -> Segment:
     try:
-        source = pa.memory_map(local_path(path)) if _is_local(path) else pa.BufferReader(pa.py_buffer(read_bytes(fileio, path)))
+        buf = pa.memory_map(local_path(path)).read_buffer() if _is_local(path) else pa.py_buffer(read_bytes(fileio, path))
     except FileNotFoundError:
         raise LineageMetadataError(
             f"key index segment {path} is missing (deleted by hand or by a foreign vacuum?); rebuild the index with "
             "`lineage reindex TABLE` or Table.reindex()"
         ) from None
+    if buf.size >= len(MAGIC) and buf.slice(0, len(MAGIC)).to_pybytes() == MAGIC:
+        return _open_packed(buf, path)
     try:
-        reader = pa.ipc.open_file(source)
+        if buf.slice(0, len(_ARROW_MAGIC)).to_pybytes() != _ARROW_MAGIC:
+            raise ValueError("neither a packed segment nor an Arrow file")
+        reader = pa.ipc.open_file(pa.BufferReader(buf))
         meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise LineageMetadataError(f"key index segment {path} is unreadable ({exc}); rebuild it with `lineage reindex TABLE`") from None
@@ -430,13 +452,27 @@ def _open(fileio: FileIO, path: str) -> Segment:
             raise ValueError(f"{reader.num_record_batches} record batches, expected 1")
         batch = reader.get_batch(0)
         key = tuple(KeyField(int(k["id"]), str(k["name"]), batch.schema.field(str(k["name"])).type) for k in json.loads(meta["key-index.key"]))
-        for name in (HASH, TOMBSTONE, *ENTRY_COLUMNS):
-            batch.schema.field(name)
-        for name in _INT_ENTRIES:  # int64 in format 1; int32 or int64 in format 2
-            if not pa.types.is_integer(batch.schema.field(name).type):
-                raise ValueError(f"column {name} has type {batch.schema.field(name).type}, expected an integer type")
-        return Segment(batch.replace_schema_metadata(None), key, int(meta["key-index.level"]), meta["key-index.base"] == "true",
-                       meta["key-index.hash"], path)
+        check_columns(batch)
+        return Segment(ArrowStore(batch.replace_schema_metadata(None), tuple(k.name for k in key)), key, int(meta["key-index.level"]),
+                       meta["key-index.base"] == "true", meta["key-index.hash"], path, int(meta["lineage.format-version"]))
+    except Exception as exc:
+        raise LineageMetadataError(f"key index segment {path} has damaged content ({exc!r}); rebuild it with `lineage reindex TABLE`") from None
+
+
+def _open_packed(buf: pa.Buffer, path: str) -> Segment:
+    try:
+        header = read_header(buf)
+        meta = {k: str(v) for k, v in header.items() if k.startswith("lineage.")}
+    except Exception as exc:
+        raise LineageMetadataError(f"key index segment {path} is unreadable ({exc}); rebuild it with `lineage reindex TABLE`") from None
+    check_segment_format(meta, path)
+    try:
+        store, schema = PackedStore.of(buf, header)
+        key = tuple(KeyField(int(k["id"]), str(k["name"]), schema.field(str(k["name"])).type) for k in json.loads(str(header["key-index.key"])))
+        if store.keys is None and not hash_is_injective([k.type for k in key]) and header["key-index.hash"] == hash_name():
+            raise ValueError("the keys are neither stored nor recoverable from the hash")
+        return Segment(store, key, int(str(header["key-index.level"])), header["key-index.base"] == "true", str(header["key-index.hash"]),
+                       path, int(meta["lineage.format-version"]))
     except Exception as exc:
         raise LineageMetadataError(f"key index segment {path} has damaged content ({exc!r}); rebuild it with `lineage reindex TABLE`") from None
 

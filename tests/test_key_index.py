@@ -164,11 +164,12 @@ def _rewrite_metadata(path: str, out: str, **changes: str) -> None:
 
 
 def test_format_tag_and_version_are_checked(tmp_path):
+    """Arrow segments (format 2, as earlier releases wrote them); tests/test_key_index_format.py checks format 3's."""
     seg = make_segment(ID, entries({"id": [1, 2]}, [0, 1]), level=0, base=True)
     path = str(tmp_path / "s.arrow")
-    write_key_segment(IO, path, seg, 1)
+    write_key_segment(IO, path, seg, 1, format_version=2)
     meta = pa.ipc.open_file(pa.memory_map(path)).schema.metadata
-    assert meta[b"lineage.format"] == b"key-index-segment" and meta[b"lineage.format-version"] == str(SEGMENT_FORMAT_VERSION).encode()
+    assert meta[b"lineage.format"] == b"key-index-segment" and meta[b"lineage.format-version"] == b"2"
     newer = str(tmp_path / "newer.arrow")
     _rewrite_metadata(path, newer, **{"lineage.format-version": str(SEGMENT_FORMAT_VERSION + 1)})
     with pytest.raises(UnsupportedFormatError, match="upgrade"):
@@ -188,7 +189,7 @@ def test_format_tag_and_version_are_checked(tmp_path):
 V1_SEGMENT = os.path.join(os.path.dirname(__file__), "data", "key-index-segment-v1.arrow")  # written by format 1's writer
 
 
-def test_format_1_segments_are_still_read_and_merge_into_format_2(tmp_path):
+def test_format_1_segments_are_still_read_and_merge_into_the_current_format(tmp_path):
     old = read_key_segment(IO, V1_SEGMENT)
     assert old.batch.schema.field("__pos").type == pa.int64()  # format 1 as its writer left it
     probe = pa.table({"id": pa.array([1, 2, 4, 6, 8, 2**40], pa.int64())})
@@ -201,28 +202,31 @@ def test_format_1_segments_are_still_read_and_merge_into_format_2(tmp_path):
         {"id": 2**40, "_row_id": 3_000_000_000, "__file_path": "s3://b/t/data/b.parquet", "__pos": 2, "_row_created_at_version": 2,
          "_row_last_updated_at_version": 2},
     ]
-    # A newer format 2 delta over it: merged, the newest record wins and the result is written as format 2.
+    # A newer delta over it: merged, the newest record wins and the result is written in the current format.
     new = make_segment(ID, entries({"id": [2, 4]}, [20, 21], file="c.parquet"), pa.table({"id": pa.array([3], pa.int64())}), level=0)
     merged = merge_segments([old, new], base=True, level=0)
     path = str(tmp_path / "merged.arrow")
     write_key_segment(IO, path, merged, 6)
     back = read_key_segment(IO, path)
-    meta = pa.ipc.open_file(pa.memory_map(path)).schema.metadata
-    assert meta[b"lineage.format-version"] == b"2"
+    assert back.format_version == SEGMENT_FORMAT_VERSION == 3 and old.format_version == 1
     assert lookup_segments([back], pa.table({"id": pa.array([1, 2, 3, 4, 5, 7, 8, 2**40], pa.int64())})) == {
         (1,): 10, (2,): 20, (4,): 21, (5,): 13, (8,): 14, (2**40,): 3_000_000_000}
+    legacy = str(tmp_path / "merged-v2.arrow")
+    write_key_segment(IO, legacy, merged, 6, format_version=2)
+    back = read_key_segment(IO, legacy)
     assert back.batch.schema.field("_row_id").type == pa.int64()  # a row id above 2**31 keeps the column wide
     assert back.batch.schema.field("__pos").type == pa.int32() and back.batch.schema.field("__file_path").type.index_type == pa.int16()
 
 
 def test_format_2_narrows_only_what_fits(tmp_path):
     small = make_segment(ID, entries({"id": [1, 2, 3]}, [0, 1, 2]), level=0, base=True)
-    types = {f.name: f.type for f in small.batch.schema}
+    write_key_segment(IO, str(tmp_path / "small.arrow"), small, 1, format_version=2)
+    types = {f.name: f.type for f in read_key_segment(IO, str(tmp_path / "small.arrow")).batch.schema}
     assert [types[c] for c in ("_row_id", "__pos", "_row_created_at_version", "_row_last_updated_at_version")] == [pa.int32()] * 4
     wide = entries({"id": [1, 2]}, [2**31, -(2**31) - 1])
     seg = make_segment(ID, wide, level=0, base=True)
     path = str(tmp_path / "wide.arrow")
-    write_key_segment(IO, path, seg, 1)
+    write_key_segment(IO, path, seg, 1, format_version=2)
     back = read_key_segment(IO, path)
     assert back.batch.schema.field("_row_id").type == pa.int64() and back.batch.schema.field("__pos").type == pa.int32()
     assert sorted(back.live().column("_row_id").to_pylist()) == [-(2**31) - 1, 2**31]

@@ -72,7 +72,17 @@ def _dir_bytes(folders: list[str], keep: Callable[[str], bool] = lambda name: Tr
 
 
 def _is_key_segment(name: str) -> bool:
-    return name.endswith("-keys.arrow")
+    return name.endswith(("-keys.kix", "-keys.arrow"))  # the packed format; the Arrow files of earlier releases
+
+
+def _key_records(io: Any, paths: tuple[str, ...]) -> int | None:
+    """Records (entries and tombstones) in the key index segments; None when one cannot be read."""
+    from index.key_segment import read_key_segment
+
+    try:
+        return sum(read_key_segment(io, p).entries for p in paths)
+    except Exception:  # a damaged index still gets an info page (verify reports it)
+        return None
 
 
 def cmd_create(ctx: Context) -> int:
@@ -223,7 +233,9 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
         },
         "key_index": None if lst.key_index is None else {
             "segments": len(lst.key_index),
-            "segment_bytes": sum(_size_of(io, p) for p in lst.key_index),
+            "segment_bytes": (key_bytes := sum(_size_of(io, p) for p in lst.key_index)),
+            "records": _key_records(io, lst.key_index),
+            "bytes_per_key": round(key_bytes / rows, 1) if rows else None,
             "files_on_disk": key_disk[0],
             "bytes_on_disk": key_disk[1],
         },
@@ -282,7 +294,9 @@ def info_text(rec: dict[str, Any]) -> str:
             f"on disk {ix['files_on_disk']} file(s), {human_bytes(ix['bytes_on_disk'])}",
         ),
         *(
-            [("key index", f"{ki['segments']} segment(s), {human_bytes(ki['segment_bytes'])}; on disk {ki['files_on_disk']} file(s), "
+            [("key index", f"{ki['segments']} segment(s), {human_bytes(ki['segment_bytes'])}"
+                           + (f" ({ki['bytes_per_key']} bytes per live key)" if ki["bytes_per_key"] is not None else "")
+                           + f"; on disk {ki['files_on_disk']} file(s), "
                            f"{human_bytes(ki['bytes_on_disk'])}")]
             if (ki := rec["key_index"]) is not None else []
         ),

@@ -74,7 +74,7 @@ def merge_key_index(table, full: bool = False, dry_run: bool = False) -> Mainten
             raise KeyViolationError(f"the live rows of {table.name} hold duplicate keys; the key index cannot be built")
         policy = MergePolicy.of(state.iceberg.metadata.properties)
         infos = [SegmentInfo(s.level, s.base, s.entries) for s in index.segments]
-        return index, index.pending or next_merge(infos, policy, mode) is not None
+        return index, index.pending or index.outdated or next_merge(infos, policy, mode) is not None
 
     if dry_run:
         index, merge = due(table.refresh().state())
