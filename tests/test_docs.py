@@ -53,7 +53,7 @@ README_MAX_LINES = 200
 CONSOLE_CWD = "/home/user/demo"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?")
-SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)\b")
+SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|bytes per live key)\b")  # sizes depend on paths and uuids
 MARKER = "@@readme-console-step@@"
 
 
