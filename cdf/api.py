@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdf import engine_duckdb
+import cdf.engine_duckdb as engine_duckdb
 from cdf.output import change_schema
 from cdf.retention import resolve_range, window
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
@@ -73,7 +73,7 @@ def changes(
     _check_engine(engine, spark)
     state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
     if engine == "spark":
-        from cdf import engine_spark
+        import cdf.engine_spark as engine_spark
 
         return engine_spark.changes(spark, state, a, b, data, net)
     try:
@@ -165,7 +165,7 @@ def deleted_rows(
     since = win.oldest if since is None else since
     a, b = resolve_range(state, since, until)
     if engine == "spark":
-        from cdf import engine_spark
+        import cdf.engine_spark as engine_spark
 
         return engine_spark.deleted_rows(spark, state, a, b, data)
     try:

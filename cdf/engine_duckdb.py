@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdf import plan
+import cdf.plan as plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment

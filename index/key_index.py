@@ -83,11 +83,12 @@ from index.key_segment import (
     with_path,
     write_key_segment,
 )
-from lineage import duck
-from lineage.deletes import read_position_deletes
+import lineage.duck as duck
+from lineage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
 from lineage.metadata import FileLineage, index_dir
 from lineage.predicate import quote_ident
+from lineage.properties import KEY_ENFORCE, KEY_INDEX_DEFER_ROWS, KEY_INDEX_ENABLED, read
 from lineage.rle import decode_sequence, decode_values
 from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids
@@ -95,10 +96,8 @@ from lineage.state import LiveFile, TableState
 
 log = logging.getLogger(__name__)
 
-PROP_ENABLED = "lineage.key-index.enabled"
-PROP_DEFER_ROWS = "lineage.key-index.defer-rows"
-DEFAULT_DEFER_ROWS = 100_000
-_PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
+PROP_ENABLED = KEY_INDEX_ENABLED
+PROP_DEFER_ROWS = KEY_INDEX_DEFER_ROWS
 INPUT = "__input"
 
 
@@ -120,14 +119,7 @@ def index_enabled(iceberg: IcebergTable) -> bool:
     props = iceberg.metadata.properties
     if not iceberg.schema().identifier_field_ids:
         return False
-    return _flag(props, PROP_ENABLED) and _flag(props, _PROP_KEY_ENFORCE)
-
-
-def _flag(props: Mapping[str, str], name: str) -> bool:
-    raw = props.get(name, "true").lower()
-    if raw not in ("true", "false"):
-        raise InvalidArgumentError(f"table property {name} must be 'true' or 'false', got {raw!r}")
-    return raw == "true"
+    return bool(read(props, KEY_INDEX_ENABLED)) and bool(read(props, KEY_ENFORCE))
 
 
 def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
@@ -142,13 +134,7 @@ def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
     """
     if index.entries or rows == 0:
         return False
-    raw = iceberg.metadata.properties.get(PROP_DEFER_ROWS, str(DEFAULT_DEFER_ROWS))
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be a whole number of rows, got {raw!r}") from None
-    if limit < 0:
-        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be >= 0 (0: never defer), got {limit}")
+    limit = int(read(iceberg.metadata.properties, KEY_INDEX_DEFER_ROWS))
     return limit > 0 and rows >= limit
 
 
@@ -509,8 +495,6 @@ def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
 
 def _deleted_now(paths: list[str], delete_files: Sequence[DataFile]) -> dict[str, np.ndarray]:
     """Positions of ``paths`` removed by the commit's own position delete files."""
-    from lineage.writer import PATH_FIELD_ID
-
     wanted = set(paths)
     ordered = sorted(wanted)
     out: dict[str, np.ndarray] = {}

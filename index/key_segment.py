@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 
 from index.key_hash import hash_name, key_hash
+import lineage.columns as columns
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
 
@@ -56,11 +57,11 @@ SEGMENT_FORMAT_VERSION = 2  # 2: entry columns int32 where the values fit, file 
 
 HASH = "__hash"
 TOMBSTONE = "__tombstone"
-ROW_ID = "_row_id"
+ROW_ID = columns.ROW_ID
 FILE_PATH = "__file_path"
 POS = "__pos"
-CREATED = "_row_created_at_version"
-UPDATED = "_row_last_updated_at_version"
+CREATED = columns.CREATED_AT
+UPDATED = columns.UPDATED_AT
 ENTRY_COLUMNS = (ROW_ID, FILE_PATH, POS, CREATED, UPDATED)
 _INT_ENTRIES = (ROW_ID, POS, CREATED, UPDATED)
 

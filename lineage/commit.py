@@ -47,7 +47,7 @@ from lineage.metadata import (
     write_segment,
 )
 from lineage.outcome import Attempt, has_commit, send
-from lineage import catalog
+import lineage.catalog as catalog
 from lineage.fileio import ImmutableFileCache
 from lineage.merging import MergeSettings, plan_merge, plan_rewrite
 from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run

@@ -40,7 +40,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.schema import Schema
 
-from lineage import duck
+import lineage.duck as duck
 from lineage.errors import LineageMetadataError
 from lineage.fileio import local_path
 from lineage.metadata import write_tagged_parquet

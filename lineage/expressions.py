@@ -39,7 +39,9 @@ from typing import Any
 
 import duckdb
 
-from lineage import allowlist, duck
+import lineage.allowlist as allowlist
+
+import lineage.duck as duck
 from lineage.errors import BadPredicateError, UnknownColumnError
 
 MAX_LENGTH = 1_000_000  # characters (an IN list of 100,000 keys fits); longer text is refused before it is parsed

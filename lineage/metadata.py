@@ -66,6 +66,8 @@ SUMMARY_VERSION = "lineage.version"
 SUMMARY_NEXT_ROW_ID = "lineage.next-row-id"
 SUMMARY_OPERATION = "lineage.operation"
 SUMMARY_FORMAT_VERSION = "lineage.format-version"
+SUMMARY_STRATEGY = "lineage.write-strategy"  # the change-stream strategy of a commit (lineage.writes.changelog_equality)
+STRATEGY_EQUALITY = "equality"  # its value for an equality-delete commit
 
 _SEGMENT_SCHEMA = pa.schema(
     [

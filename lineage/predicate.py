@@ -43,7 +43,9 @@ from pyiceberg.expressions import (
     StartsWith,
 )
 
-from lineage import duck, expressions
+import lineage.duck as duck
+
+import lineage.expressions as expressions
 from lineage.errors import BadPredicateError
 from lineage.pruning import prune_expression
 

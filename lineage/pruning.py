@@ -58,7 +58,7 @@ from pyiceberg.expressions import (
     StartsWith,
 )
 
-from lineage import duck
+import lineage.duck as duck
 
 _COMPARISONS = {
     "COMPARE_EQUAL": EqualTo,

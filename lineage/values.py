@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lineage import decoded_cache
+import lineage.decoded_cache as decoded_cache
 from lineage.arrays import stable_argsort
 from lineage.fileio import ImmutableFileCache, file_stamp, local_path
 

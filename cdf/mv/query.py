@@ -29,7 +29,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, UnsupportedError
 
-from lineage import expressions
+import lineage.expressions as expressions
 from lineage.errors import InvalidArgumentError
 
 SHAPES = ("projection", "aggregate")

@@ -11,6 +11,7 @@ from lineage.cli.context import EXIT_OK, Context, first_line, iter_tables
 from lineage.cli.format import Progress, human_bytes, render_record
 from lineage.cli.parse import parse_columns, parse_pairs, parse_schema, split_top_level
 from lineage.errors import InvalidArgumentError, LineageError
+from lineage.properties import LINEAGE_ENABLED, MV_DEFINITION, MV_QUERY, MV_SHAPE, MV_SOURCE, RETENTION_DAYS, RETENTION_VERSIONS
 
 
 def type_name(t: Any) -> str:
@@ -232,15 +233,15 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             "days": props.get(PROP_RETENTION_DAYS),
             "oldest_cdf_version": win.oldest,
         },
-        "properties": {k: v for k, v in sorted(props.items()) if k not in ("mv.definition",)},
+        "properties": {k: v for k, v in sorted(props.items()) if k not in (MV_DEFINITION,)},
     }
     if rows_error:
         rec["rows_error"] = rows_error
-    if "mv.definition" in props:
+    if MV_DEFINITION in props:
         rec["materialized_view"] = {
-            "source": props.get("mv.source"),
-            "shape": props.get("mv.shape"),
-            "query": props.get("mv.query"),
+            "source": props.get(MV_SOURCE),
+            "shape": props.get(MV_SHAPE),
+            "query": props.get(MV_QUERY),
         }
         try:
             from cdf.mv import open_view
@@ -257,7 +258,7 @@ def info_text(rec: dict[str, Any]) -> str:
     d, x, li, ix, r, s = rec["data_files"], rec["delete_files"], rec["lineage"], rec["index"], rec["retention"], rec["snapshots"]
     rows = f"{rec['rows']:,}" if rec["rows"] is not None else f"unavailable ({rec.get('rows_error')})"
     retention = _retention_text(
-        {k: v for k, v in (("lineage.cdf.retention.versions", r["versions"]), ("lineage.cdf.retention.days", r["days"])) if v}
+        {k: v for k, v in ((RETENTION_VERSIONS, r["versions"]), (RETENTION_DAYS, r["days"])) if v}
     )
     snaps = f"{s['count']} (scan --as-of works for versions {s['oldest']}..{s['newest']})" if s["count"] else "none"
     lines = [
@@ -303,7 +304,7 @@ def info_text(rec: dict[str, Any]) -> str:
         lines.append(("materialized view", f"{mv['shape']} over {mv['source']}, {reflects}"))
         lines.append(("view query", mv["query"]))
     write_props = {
-        k: v for k, v in rec["properties"].items() if k.startswith(("write.", "commit.", "lineage.")) and k != "lineage.enabled"
+        k: v for k, v in rec["properties"].items() if k.startswith(("write.", "commit.", "lineage.")) and k != LINEAGE_ENABLED
     }
     lines.append(("properties", ", ".join(f"{k}={v}" for k, v in write_props.items()) or "-"))
     width = max(len(k) for k, _ in lines)
@@ -324,7 +325,7 @@ def cmd_tables(ctx: Context) -> int:
     plain = []
     for ident, ice in iter_tables(ctx, ctx.args.namespace):
         props = ice.metadata.properties
-        if props.get("lineage.enabled") != "true":
+        if props.get(LINEAGE_ENABLED) != "true":
             plain.append(".".join(ident))
             continue
         snap = ice.metadata.current_snapshot()
@@ -332,7 +333,7 @@ def cmd_tables(ctx: Context) -> int:
         rows.append(
             {
                 "table": ".".join(ident),
-                "kind": "view" if "mv.definition" in props else "table",
+                "kind": "view" if MV_DEFINITION in props else "table",
                 "version": snap.sequence_number if snap else 0,
                 "last_commit": _dt.datetime.fromtimestamp(snap.timestamp_ms / 1000, _dt.timezone.utc) if snap else None,
                 "key": ",".join(ice.schema().identifier_field_names()),
@@ -426,7 +427,7 @@ def cmd_log(ctx: Context) -> int:
 
 
 def cmd_demo(ctx: Context) -> int:
-    from lineage.cli import demo
+    import lineage.cli.demo as demo
 
     argv = ["--rows", str(ctx.args.rows)] if ctx.args.rows is not None else []
     code = demo.main(argv)

@@ -51,6 +51,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lineage.commit import CommitRequest, commit_files
+from lineage.context import HasContext, TableContext, context_of
 from lineage.deletes import positions_for
 from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
@@ -58,6 +59,8 @@ from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
 from lineage.planning import live_entries, sequence_of
+from lineage.properties import COMMIT_RETRIES
+from lineage.properties import read as read_property
 from lineage.state import TableState
 from lineage.writer import write_position_deletes
 
@@ -230,7 +233,7 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
     commit loop calls it before every attempt); ``name`` names the table in
     messages.
     """
-    retries = int(iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    retries = int(read_property(iceberg.metadata.properties, COMMIT_RETRIES))
     table = [iceberg]
 
     def attempt(a: Attempt) -> ConvertResult:
@@ -259,12 +262,12 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
         attempt,
         lambda n: CommitConflictError(
             f"gave up after {n} attempts: other writers kept committing to {name}; nothing was converted. "
-            "Retry later or raise the table property commit.retry.num-retries"
+            f"Retry later or raise the table property {COMMIT_RETRIES}"
         ),
     )
 
 
-def convert_table(table) -> ConvertResult:  # lineage.Table  # type: ignore[no-untyped-def]
+def convert_table(table: TableContext | HasContext) -> ConvertResult:
     """CONVERT a lineage table: one ``replace`` commit of ours that carries a lineage list.
 
     The commit changes no row's lineage and makes no change event (no data
@@ -277,6 +280,7 @@ def convert_table(table) -> ConvertResult:  # lineage.Table  # type: ignore[no-u
     first, new equality deletes included, makes CONVERT plan again.
     Positions come from the resolved-delete files (:func:`plan_from_resolved`).
     """
+    table = context_of(table)
     plans: list[Conversion] = []
     attempts = [0]
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyiceberg.manifest import DataFile
 
 from index.key_index import KeyIndex
-from lineage import values
+import lineage.values as values
 from lineage.deletes import live_positions, positions_for, read_position_deletes
 from lineage.equality import Candidate, EqualityDelete, applies_to, resolve_equality_deletes
 from lineage.planning import sequence_of

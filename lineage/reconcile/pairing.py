@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from lineage import duck
+import lineage.duck as duck
 from lineage.predicate import quote_ident
 
 _I, _J = "__i", "__j"

@@ -29,7 +29,8 @@ from lineage.commit_log import user_properties
 from lineage.equality import write_resolved_deletes
 from lineage.errors import KeyViolationError
 from lineage.fileio import overwriting
-from lineage.metadata import SUMMARY_OPERATION, LineageList, lineage_dir
+from lineage.metadata import STRATEGY_EQUALITY as STRATEGY
+from lineage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY, LineageList, lineage_dir
 from lineage.reconcile.changes import snapshot_changes
 from lineage.reconcile.images import derive_images, read_positions
 from lineage.reconcile.pairing import Pairs, pair_images
@@ -264,6 +265,4 @@ def _live_resolved(lst: LineageList, parent: TableState) -> tuple[str, ...]:
 
 def _changelog_commit(snapshot: Snapshot) -> bool:
     """True for a commit of our equality change-stream strategy (lineage.writes.changelog_equality)."""
-    from lineage.writes.changelog_equality import STRATEGY, SUMMARY_STRATEGY
-
     return snapshot.summary is not None and snapshot.summary.additional_properties.get(SUMMARY_STRATEGY) == STRATEGY

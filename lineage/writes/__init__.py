@@ -5,7 +5,7 @@
 - :mod:`~lineage.writes.rows`: removed images by file, kept rows of copy-on-write, new row images;
 - :mod:`~lineage.writes.checks`: update expressions against column types, user commit properties;
 - :mod:`~lineage.writes.keyed`: key lookups of keyed writes through the key index;
-- :mod:`~lineage.writes.properties`: write modes, delete granularity, commit retries;
+- (the table properties writes read are in :mod:`lineage.properties`);
 - :mod:`~lineage.writes.spark`: appends and upserts of Spark DataFrames;
 - :mod:`~lineage.writes.changelog`: change-stream ingest (Flink RowKind / Debezium batches), with the collapse
   of a batch into net effects (:mod:`~lineage.writes.changelog_sql`), the key lookup (:mod:`~lineage.writes.keys`)

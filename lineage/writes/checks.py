@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import duckdb
 import pyarrow as pa
 
-from lineage import expressions
+import lineage.expressions as expressions
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, SchemaMismatchError
 from lineage.predicate import expression_type

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from index.key_index import KeyIndex
-from lineage import duck
+import lineage.duck as duck
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
 from lineage.schema import arrow_schema, projection_field_ids

@@ -23,7 +23,6 @@ import datetime as _dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -33,20 +32,20 @@ from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, captured_values
 from index.key_index import KeyIndexChange
-from lineage import duck
+import lineage.duck as duck
 from lineage.commit import CommitRequest, CommitResult, commit_change
+from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.memory import release_if_grown
 from lineage.outcome import Attempt, CommitLoop
 from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.values import read_at
-from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
-from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_RETRIES, capture_preimages, delete_granularity
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
+from lineage.writer import WrittenFile, write_data_files, write_position_deletes
+from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages, delete_granularity
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 # The name the write loop always logged under (operators and tests filter on it).
 log = logging.getLogger("lineage.table")
@@ -92,7 +91,7 @@ class Plan:
     files: list[LiveFile] = field(default_factory=list)
     removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
     removed_values: pa.Table | None = None  # the removed images' data columns (row for row), for pre-image capture
-    new_images: pa.Table | None = None  # data columns + ROW_ID, CREATED: updated images of existing rows
+    new_images: pa.Table | None = None  # data columns + HIDDEN_ROW_ID, HIDDEN_CREATED: updated images of existing rows
     inserts: pa.Table | None = None  # data columns: rows with fresh ids
     prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
     reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
@@ -114,7 +113,7 @@ def ms_to_datetime(ms: int) -> _dt.datetime:
 
 
 def run_write(
-    table: Table,
+    table: TableContext,
     plan_fn: Callable[[TableState, duckdb.DuckDBPyConnection], Plan],
     *,
     mode: str,
@@ -134,7 +133,7 @@ def run_write(
     """
     if expected_version is not None and (not isinstance(expected_version, int) or isinstance(expected_version, bool)):
         raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
-    retries = int(table.iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
+    retries = table.commit_retries
     shared = [w.data_file.file_path for w in reuse_inserts or []]  # written once, used by every attempt
 
     def attempt(a: Attempt) -> CommitInfo:
@@ -163,14 +162,14 @@ def run_write(
             attempt,
             lambda n: CommitConflictError(
                 f"gave up after {n} attempts: other writers kept committing to {table.name}; nothing was committed. "
-                f"Retry later or raise the table property {PROP_RETRIES}"
+                f"Retry later or raise the table property {COMMIT_RETRIES}"
             ),
         )
     finally:
         release_if_grown()
 
 
-def _no_op(table: Table, state: TableState, operation: str, attempt: int, ignored: int = 0) -> CommitInfo:
+def _no_op(table: TableContext, state: TableState, operation: str, attempt: int, ignored: int = 0) -> CommitInfo:
     snap = state.snapshot
     ts = ms_to_datetime(snap.timestamp_ms) if snap else ms_to_datetime(table.iceberg.metadata.last_updated_ms)
     return CommitInfo(
@@ -180,7 +179,7 @@ def _no_op(table: Table, state: TableState, operation: str, attempt: int, ignore
 
 
 def _materialize_and_commit(
-    table: Table,
+    table: TableContext,
     state: TableState,
     plan: Plan,
     mode: str,
@@ -212,14 +211,14 @@ def _materialize_and_commit(
             created.extend(f.file_path for f in delete_files)
         else:
             kept = kept_rows(con, [plan.files[fid] for fid in groups], groups, table.arrow_schema, projection_field_ids(table.iceberg.metadata))
-            rewritten = write_data_files(ice, kept.cast(with_hidden(table.arrow_schema, (ROW_ID, CREATED, UPDATED))))
+            rewritten = write_data_files(ice, kept.cast(with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))))
             created.extend(w.data_file.file_path for w in rewritten)
             written.extend(rewritten)
             removed_files = [plan.files[fid].data_file for fid in groups]
 
     # 2. new images of updated rows, then fresh inserts
     if plan.new_images is not None and plan.new_images.num_rows:
-        images = plan.new_images.sort_by(ROW_ID)
+        images = plan.new_images.sort_by(HIDDEN_ROW_ID)
         new = write_data_files(ice, images)
         created.extend(w.data_file.file_path for w in new)
         written.extend(new)
@@ -278,7 +277,7 @@ def _materialize_and_commit(
     return info(result)
 
 
-def _captured(table: Table, plan: Plan, groups: dict[int, dict]) -> pa.Table:
+def _captured(table: TableContext, plan: Plan, groups: dict[int, dict]) -> pa.Table:
     """The removed images' values (rows of ``plan.removed``), columns named by field id, for the index segment.
 
     Planners that read the removed rows pass their values; otherwise they are

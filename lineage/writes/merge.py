@@ -17,31 +17,29 @@ This module never imports :mod:`lineage.table`; the table is passed in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange
+from lineage.context import TableContext
 from lineage.errors import KeyViolationError
 from lineage.predicate import quote_ident
 from lineage.scan import register_live_view
 from lineage.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
-from lineage.writer import CREATED, ROW_ID
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
 from lineage.writes import keyed
 from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.loop import Plan
-from lineage.writes.properties import capture_preimages
+from lineage.properties import capture_preimages
 from lineage.writes.rows import REMOVED_COLS, conform_images
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 
 def merge_planner(
-    table: Table, batch: pa.Table, dkeys: pa.Table | None, *, skip_unchanged: bool, operation: str, properties: dict[str, str]
+    table: TableContext, batch: pa.Table, dkeys: pa.Table | None, *, skip_unchanged: bool, operation: str, properties: dict[str, str]
 ) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
     """The plan function of a merge of ``batch`` (upserts) and ``dkeys`` (keys to delete), both checked already.
 
@@ -63,14 +61,14 @@ def merge_planner(
         skip = f" AND NOT ({same})" if skip_unchanged else ""
         capture = capture_preimages(state.iceberg.metadata.properties)
         con.execute(
-            f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
+            f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {HIDDEN_ROW_ID}, l._row_created_at_version AS {HIDDEN_CREATED}, "
             "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version"
             f"{old_values(schema, 'l.') if capture else ''} FROM batch b JOIN hits l ON {on}{skip}"
         )
         removed, values = split_old(
             con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema
         )
-        images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
+        images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {HIDDEN_ROW_ID}, {HIDDEN_CREATED} FROM matched").to_arrow_table()
         inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
         images = conform_images(images, state.iceberg.schema(), key, "upsert")
         inserts = inserts.cast(schema)
@@ -110,7 +108,7 @@ def merge_planner(
             hit = np.unique(keyed.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
             return scan_plan(state, [files[i] for i in hit], con, index)
         m = keyed.match_upserts(index, files, batch, dkeys)
-        images = m.images.append_column(pa.field(ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(CREATED, pa.int64(), False), m.created)
+        images = m.images.append_column(pa.field(HIDDEN_ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(HIDDEN_CREATED, pa.int64(), False), m.created)
         return Plan(
             operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
             updated=m.updated, deleted=m.deleted, properties=properties, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),

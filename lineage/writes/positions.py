@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lineage import decoded_cache
+import lineage.decoded_cache as decoded_cache
 from lineage.fileio import local_path
 from lineage.values import layout, row_group_columns
 

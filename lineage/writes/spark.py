@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled, read_file_keys
-from lineage import spark as spark_io
+import lineage.spark as spark_io
+from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.state import TableState
 from lineage.writer import WrittenFile
 from lineage.writes import keyed
 from lineage.writes.loop import CommitInfo, Plan, run_write
-from lineage.writes.properties import MERGE_ON_READ
+from lineage.properties import MERGE_ON_READ
 from lineage.writes.rows import REMOVED_COLS
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 
-def append(table: Table, df: Any, check_keys: bool) -> CommitInfo:
+def append(table: TableContext, df: Any, check_keys: bool) -> CommitInfo:
     """Append a Spark DataFrame; with ``check_keys`` its keys must be unique and not yet in the table."""
     spark_io.reject_bad_batch(table, df, keyed=check_keys)
     cache: list[WrittenFile] = []
@@ -47,7 +46,7 @@ def append(table: Table, df: Any, check_keys: bool) -> CommitInfo:
     return run_write(table, plan, mode=MERGE_ON_READ, reuse_inserts=cache)
 
 
-def upsert(table: Table, df: Any, mode: str) -> CommitInfo:
+def upsert(table: TableContext, df: Any, mode: str) -> CommitInfo:
     """Upsert a Spark DataFrame by the table key (``mode``, the resolved merge mode, must be merge-on-read)."""
     if mode != MERGE_ON_READ:
         raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
