@@ -1,4 +1,4 @@
-"""Foreign commits: deriving the lineage of snapshots other engines committed (DESIGN section 8).
+"""Foreign commits: deriving the lineage of snapshots other engines committed (docs/design.md, "Foreign commits").
 
 A snapshot on ``main`` whose summary has no ``lineage.list`` was committed by
 another engine (Spark, Flink, pyiceberg, Trino). Its lineage list follows from

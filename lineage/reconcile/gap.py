@@ -3,7 +3,7 @@
 Another engine's ``expire_snapshots`` may remove snapshots (and, Iceberg
 Java's default, their manifests and the data files only they referenced)
 before any reader of ours derived their lineage. Their changes can then no
-longer be told apart. DESIGN section 8 (design note section 2): the chain
+longer be told apart. docs/design.md, "Foreign commits": the chain
 from the newest snapshot whose lineage is known (A) to the oldest surviving
 snapshot G is reconciled as *one* step, attributed to G and marked ``gap`` in
 its commit log entry; the change feed refuses ranges that cross it

@@ -1,4 +1,4 @@
-"""The row images one foreign snapshot removed and added (DESIGN section 8, the Iceberg v2 rules).
+"""The row images one foreign snapshot removed and added (docs/design.md, "Foreign commits": the Iceberg v2 rules).
 
 Removed images, each live at the parent P:
 (a) every live row of a data file the snapshot removed;

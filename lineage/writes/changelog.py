@@ -3,7 +3,7 @@
 A batch holds one event per row: the row's image plus an operation code in
 ``op_column`` (Flink ``+I``, ``-U``, ``+U``, ``-D`` or their ``RowKind`` names;
 Debezium ``c``, ``u``, ``d``, ``r``). Events apply in batch order; the commit
-holds each key's **net** effect (DESIGN section 8):
+holds each key's **net** effect (docs/design.md, "Change streams"):
 
 * live before and after the batch: an update that keeps ``_row_id`` and
   created version (also ``-U`` then an equal ``+U``, or ``-D`` then ``+I``);

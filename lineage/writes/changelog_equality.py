@@ -21,7 +21,7 @@ commit is the cost of writing the batch. Its snapshot summary carries
 the caller's idempotency properties (``stream=`` positions, ``lineage.user.*``)
 but **no** ``lineage.list``: the commit's lineage (which rows were inserted,
 updated or deleted, their row ids) is derived later by reconciling the
-snapshot, exactly as for a Flink commit (DESIGN section 8).
+snapshot, exactly as for a Flink commit (docs/design.md, "Foreign commits").
 
 Semantics are **upsert mode only**: without a lookup nothing can be checked
 against the table, so ``+I``/``+U``/``u`` replace the key's row whatever it
