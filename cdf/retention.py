@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from lineage.commit_log import CommitEntry
+from lineage.storage.commit_log import CommitEntry
 from lineage.errors import HistoryGapError, InvalidArgumentError, RetentionError, UnknownVersionError, VersionRangeError
 from lineage.properties import RETENTION_DAYS, RETENTION_VERSIONS
 from lineage.retention import Window, window  # noqa: F401  (re-exported: the feed's API)

@@ -21,7 +21,7 @@ without a ``KeyIndexChange`` drops it (the list then names none), so a write
 path that does not know the index can never leave it stale: the next write
 that needs the index rebuilds it.
 
-**Merge policy** (table properties ``lineage.key-index.*``, :mod:`index.key_merge`):
+**Merge policy** (table properties ``lineage.key-index.*``, :mod:`index.key_merge_policy`):
 deltas merge in tiers, and into a new base (tombstones dropped) when the
 segments after the base grow too large or too many. Writers do merges of
 bounded size; maintenance (:func:`lineage.maintenance.merge_key_index`) does
@@ -64,7 +64,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_hash import hash_name, key_hash
-from index.key_merge import WRITER, MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     CREATED,
     FILE_PATH,
@@ -84,14 +84,14 @@ from index.key_segment import (
     write_key_segment,
 )
 import lineage.duck as duck
-from lineage.deletes import PATH_FIELD_ID, read_position_deletes
+from lineage.storage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
-from lineage.metadata import FileLineage, index_dir
-from lineage.predicate import quote_ident
+from lineage.storage.metadata import FileLineage, index_dir
+from lineage.sql.predicate import quote_ident
 from lineage.properties import KEY_ENFORCE, KEY_INDEX_DEFER_ROWS, KEY_INDEX_ENABLED, read
-from lineage.rle import decode_sequence, decode_values
-from lineage.scan import register_live_view
-from lineage.schema import arrow_schema, projection_field_ids
+from lineage.storage.rle import decode_sequence, decode_values
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
 
 log = logging.getLogger(__name__)

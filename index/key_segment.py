@@ -50,7 +50,7 @@ from pyiceberg.io import FileIO
 from index.key_hash import hash_name, key_hash
 import lineage.columns as columns
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
+from lineage.storage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
 
 SEGMENT_FORMAT = "key-index-segment"
 SEGMENT_FORMAT_VERSION = 2  # 2: entry columns int32 where the values fit, file indices int16 (1: all int64 / int32)

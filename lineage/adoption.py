@@ -38,21 +38,21 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.types import NestedField, PrimitiveType
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
-from index.key_merge import FULL
+from index.key_merge_policy import FULL
 import lineage.duck as duck
 from lineage.catalog import load_iceberg, resolve_catalog
-from lineage.commit import CommitRequest, commit_change
+from lineage.commits.commit import CommitRequest, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, KeyViolationError, UnknownColumnError
 from lineage.maintenance.convert import convert_equality_deletes
-from lineage.metadata import FileLineage, LineageList, lineage_dir, write_segment
+from lineage.storage.metadata import FileLineage, LineageList, lineage_dir, write_segment
 from lineage.outcome import Attempt, CommitLoop
-from lineage.planning import plan_snapshot
-from lineage.predicate import quote_ident
+from lineage.iceberg.planning import plan_snapshot
+from lineage.sql.predicate import quote_ident
 from lineage.properties import COMMIT_RETRIES, LINEAGE_ENABLED as PROP_LINEAGE
 from lineage.properties import read as read_property
-from lineage.rle import sequence_run, value_run
-from lineage.scan import register_live_view
-from lineage.schema import arrow_schema, projection_field_ids
+from lineage.storage.rle import sequence_run, value_run
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import TableState
 from lineage.table import Table
 

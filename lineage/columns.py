@@ -10,7 +10,7 @@ has one meaning across the library:
 * the **plan columns** (``__file_id``, ``__pos``) naming a live image's file and
   position while a write is planned.
 
-A table's own columns may not use these names (see :func:`lineage.schema.iceberg_schema`).
+A table's own columns may not use these names (see :func:`lineage.iceberg.schema.iceberg_schema`).
 """
 
 from __future__ import annotations

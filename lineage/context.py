@@ -26,7 +26,7 @@ from lineage.catalog import current_metadata_location
 from lineage.columns import LINEAGE_SCHEMA
 from lineage.outcome import is_transient, reload
 from lineage.properties import COMMIT_RETRIES, KEY_ENFORCE, MERGE_ON_READ, PREIMAGE_CAPTURE, check_mode, registry
-from lineage.schema import arrow_schema, projection_field_ids
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import SnapshotFiles, TableState, carried_memo, state_at
 
 

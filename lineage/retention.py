@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from lineage.commit_log import CommitEntry, CommitLog
+from lineage.storage.commit_log import CommitEntry, CommitLog
 from lineage.properties import RETENTION_DAYS, RETENTION_VERSIONS, read
 from lineage.state import TableState
 

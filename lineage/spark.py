@@ -25,13 +25,13 @@ import pyarrow as pa
 
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
-from lineage.fileio import local_path
-from lineage.rle import combined_breakpoints, encode_sequence, encode_values
-from lineage.schema import arrow_schema, conform, projection_field_ids
+from lineage.storage.fileio import local_path
+from lineage.storage.rle import combined_breakpoints, encode_sequence, encode_values
+from lineage.iceberg.schema import arrow_schema, conform, projection_field_ids
 from lineage.state import LiveFile, TableState
-from lineage.values import file_columns, layout
+from lineage.read.values import file_columns, layout
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
-from lineage.writer import WrittenFile, write_data_files
+from lineage.storage.writer import WrittenFile, write_data_files
 
 
 # Data file locations as position delete files store them: plain paths or file: URIs (not percent-encoded).
@@ -57,7 +57,7 @@ def file_index(spark: Any, df: Any, paths: list[str], numbers: list[int] | None 
     for ``/my lake/a.parquet``), so rows are matched to the table's paths
     through Spark's own listing (``inputFiles()``, no job) decoded once per
     file here, not by rewriting the URI on every row. ``__path`` is the
-    file's local path as :func:`~lineage.fileio.local_path` gives it and
+    file's local path as :func:`~lineage.storage.fileio.local_path` gives it and
     ``__file`` its index in ``paths`` (or ``numbers[index]``).
     """
     wanted: dict[str, int] = {}
@@ -86,7 +86,7 @@ def file_index(spark: Any, df: Any, paths: list[str], numbers: list[int] | None 
 def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[str, int] | None = None) -> Any:
     """Rows of ``paths`` (``schema``'s columns) with ``__path`` (local path), ``__file`` (index in ``paths``) and ``__pos`` (row index).
 
-    With ``field_ids`` (the table's schema evolved: :func:`lineage.schema.projection_field_ids`)
+    With ``field_ids`` (the table's schema evolved: :func:`lineage.iceberg.schema.projection_field_ids`)
     columns are matched by Iceberg field id, as the embedded engine does: files
     are grouped by the names their footers give the columns (one group per
     schema the table had), a column a file lacks reads as null, and older

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from lineage.errors import InvalidArgumentError
 from lineage.table import Table, open_table
-from lineage.writes.loop import CommitInfo
+from lineage.writes.plan import CommitInfo
 from lineage.writes.stream_position import last_stream_batch
 
 if TYPE_CHECKING:  # pragma: no cover

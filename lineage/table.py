@@ -36,7 +36,7 @@ import lineage.duck as duck
 import lineage.properties as properties
 from lineage.catalog import identifier, load_iceberg, resolve_catalog
 from lineage.columns import LINEAGE_COLUMNS, LINEAGE_SCHEMA
-from lineage.commit_log import USER_PROPERTY_PREFIXES
+from lineage.storage.commit_log import USER_PROPERTY_PREFIXES
 from lineage.errors import (
     BadPredicateError,
     InvalidArgumentError,
@@ -53,10 +53,10 @@ from lineage.maintenance.convert import ConvertResult, convert_table
 from lineage.maintenance.vacuum import DEFAULT_ORPHAN_AGE
 from lineage.outcome import has_commit
 from lineage.properties import COPY_ON_WRITE, FORMAT_VERSION, MERGE_ON_READ, capture_preimages, check_mode
-from lineage.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.reconcile import reconcile_table
-from lineage.scan import register_live_view
-from lineage.schema import (
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import (
     conform,
     iceberg_schema,
     null_or_duplicate_keys,
@@ -65,14 +65,15 @@ from lineage.schema import (
 )
 from lineage.spark import is_spark_dataframe
 from lineage.state import SnapshotFiles, TableState
-from lineage.writer import WrittenFile
-from lineage.writes import keyed
+from lineage.storage.writer import WrittenFile
+from lineage.writes import key_checks
 from lineage.writes import spark as spark_writes
 from lineage.writes.capture import old_values, split_old
 from lineage.writes.changelog import apply_changelog
 from lineage.writes.checks import check_user_properties
-from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
-from lineage.writes.merge import merge_planner
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
+from lineage.writes.merge_plan import merge_planner
 from lineage.writes.update import update_planner
 from lineage.writes.rows import REMOVED_COLS
 from lineage.writes.stream_position import reset_stream_position
@@ -337,7 +338,7 @@ class Table:
                 # No live key to clash with (in-batch duplicates were refused above); the index is built on first use.
                 return Plan("append", inserts=batch, inserted=batch.num_rows)
             if index is not None:
-                keyed.reject_live_keys(index, batch.select(key), _APPEND_HINT)
+                key_checks.reject_live_keys(index, batch.select(key), _APPEND_HINT)
                 return Plan("append", inserts=batch, inserted=batch.num_rows, key_index=KeyIndexChange(index=index))
             files = state.live_files() if check_keys else []
             if files:  # an empty table has no key to clash with
@@ -364,7 +365,7 @@ class Table:
             duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()), exact_floats=pred.reads_floats)
             key = self.key if index_enabled(state.iceberg) else []
             old = old_values(schema) if self._capture() else ""
-            rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
+            rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
             removed = rows.select(REMOVED_COLS.split(", "))
             change = KeyIndexChange(removed_keys=rows.select(key)) if key else None
             return Plan("delete", files=files, removed=removed, removed_values=values, deleted=removed.num_rows, key_index=change)

@@ -24,18 +24,21 @@ PACKAGES = ("lineage", "cdf", "index")
 # pattern wins ("x.*" matches the package x and everything under it). docs/architecture.md draws the same picture.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", (
-        "lineage.errors", "lineage.arrays", "lineage.allowlist", "lineage.memory", "lineage.properties", "lineage.columns",
-        "lineage.properties_page", "lineage.fileio", "lineage.duck", "lineage.catalog", "lineage.rle", "lineage.decoded_cache", "lineage.schema",
-        "lineage.merging", "lineage.writes.changelog_sql", "cdf.dialect",
+        "lineage.errors", "lineage.properties", "lineage.properties_page", "lineage.columns", "lineage.arrays", "lineage.memory",
+        "lineage.catalog", "lineage.duck", "lineage.decoded_cache",
+        "lineage.storage", "lineage.storage.fileio", "lineage.storage.rle",
+        "lineage.iceberg", "lineage.iceberg.schema",
+        "lineage.commits", "lineage.commits.merge_rule",
+        "lineage.read", "lineage.sql", "lineage.sql.allowlist",
+        "lineage.writes.changelog_sql", "cdf.dialect",
     )),
     ("format", (
-        "lineage.commit_log", "lineage.metadata", "lineage.deletes", "lineage.writer", "lineage.planning",
-        "index", "index.deleted_rows", "index.purged", "index.key_hash", "index.key_merge", "index.key_segment",
+        "lineage.storage.*", "lineage.iceberg.planning",
+        "index", "index.deleted_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
     )),
     ("state", (
-        "lineage.state", "lineage.outcome", "lineage.values", "lineage.expressions", "lineage.pruning", "lineage.predicate",
-        "lineage.scan", "lineage.equality", "lineage.segment_merge", "lineage.commit", "lineage.retention", "lineage.context",
-        "lineage.spark", "index.key_index",
+        "lineage.state", "lineage.context", "lineage.retention", "lineage.outcome", "lineage.spark", "lineage.commits.*",
+        "lineage.read.*", "lineage.sql.*", "lineage.iceberg.equality", "index.key_index",
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",
@@ -228,8 +231,8 @@ def test_the_checker_sees_cycles_and_upward_arrows():
 
 def test_function_level_and_package_imports_are_edges():
     graph = import_graph()
-    # lineage.table imports lineage.writes.keyed with `from lineage.writes import keyed`: both the package and the module.
-    assert {"lineage.writes", "lineage.writes.keyed"} <= graph["lineage.table"]
+    # lineage.table imports lineage.writes.key_checks with `from lineage.writes import keyed`: both the package and the module.
+    assert {"lineage.writes", "lineage.writes.key_checks"} <= graph["lineage.table"]
     # cdf.api imports cdf.engine_spark inside a function (Spark is loaded only when asked for).
     assert "cdf.engine_spark" in graph["cdf.api"]
 

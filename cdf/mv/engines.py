@@ -15,8 +15,8 @@ import pyarrow as pa
 import cdf
 import lineage.duck as duck
 from lineage.errors import InvalidArgumentError
-from lineage.scan import register_live_view
-from lineage.schema import projection_field_ids
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.table import Table
 
 

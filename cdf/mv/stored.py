@@ -52,10 +52,10 @@ from cdf.mv.query import (
 from cdf.mv.sql import esc
 import lineage.duck as duck
 from lineage.properties import MV_DEFINITION, MV_SOURCE
-import lineage.expressions as expressions
+import lineage.sql.expressions as expressions
 from lineage.catalog import identifier
 from lineage.errors import InvalidArgumentError, UnsupportedFormatError
-from lineage.schema import arrow_schema, iceberg_schema
+from lineage.iceberg.schema import arrow_schema, iceberg_schema
 
 PROP_DEFINITION = MV_DEFINITION
 PROP_SOURCE = MV_SOURCE

@@ -43,8 +43,8 @@ from lineage.errors import (
     VersionMovedError,
 )
 from lineage.outcome import commit_metadata
-from lineage.scan import file_paths, register_live_view
-from lineage.schema import projection_field_ids
+from lineage.read.scan import file_paths, register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.table import Table, open_table
 
 log = logging.getLogger("cdf.mv")

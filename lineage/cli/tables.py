@@ -9,7 +9,7 @@ from typing import Any
 
 from lineage.cli.context import EXIT_OK, Context, first_line, iter_tables
 from lineage.cli.format import Progress, human_bytes, render_record
-from lineage.cli.parse import parse_columns, parse_pairs, parse_schema, split_top_level
+from lineage.cli.option_values import parse_columns, parse_pairs, parse_schema, split_top_level
 from lineage.errors import InvalidArgumentError, LineageError
 from lineage.properties import LINEAGE_ENABLED, MV_DEFINITION, MV_QUERY, MV_SHAPE, MV_SOURCE, RETENTION_DAYS, RETENTION_VERSIONS
 
@@ -137,9 +137,9 @@ def cmd_adopt(ctx: Context) -> int:
 def table_info(t: Any, progress: Progress) -> dict[str, Any]:
     """Everything ``lineage info`` reports about a table, as a JSON-able dict."""
     from cdf.retention import PROP_RETENTION_DAYS, PROP_RETENTION_VERSIONS, window
-    from lineage.fileio import local_path
+    from lineage.storage.fileio import local_path
     from lineage.maintenance.vacuum import pinned_files
-    from lineage.metadata import SUMMARY_LIST, index_dir, lineage_dir
+    from lineage.storage.metadata import SUMMARY_LIST, index_dir, lineage_dir
     from lineage.state import main_branch_snapshots
 
     with progress.task(f"reading {t.name}") as task:

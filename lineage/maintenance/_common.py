@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.commit import CommitRequest, CommitResult, commit_change
+from lineage.commits.commit import CommitRequest, CommitResult, commit_change
 from lineage.context import TableContext
-from lineage.deletes import referenced_data_path  # noqa: F401  (maintenance modules import it from here)
+from lineage.storage.deletes import referenced_data_path  # noqa: F401  (maintenance modules import it from here)
 from lineage.errors import CommitConflictError
 from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState, state_at

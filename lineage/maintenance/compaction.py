@@ -26,18 +26,18 @@ from pyiceberg.table.snapshots import Operation
 
 import lineage.duck as duck
 from index.key_index import KeyIndexChange
-from index.key_merge import MAINTENANCE
-from lineage.commit import CommitRequest
+from index.key_merge_policy import MAINTENANCE
+from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
-from lineage.deletes import positions_for, read_position_deletes
+from lineage.storage.deletes import positions_for, read_position_deletes
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, referenced_data_path, snapshot_files
-from lineage.predicate import quote_ident
+from lineage.sql.predicate import quote_ident
 from lineage.properties import DELETE_GRANULARITY, TARGET_FILE_SIZE, read
-from lineage.scan import register_live_view
-from lineage.schema import projection_field_ids
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState, state_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
-from lineage.writer import write_data_files, write_position_deletes
+from lineage.storage.writer import write_data_files, write_position_deletes
 
 
 def _partition_key(f: DataFile) -> tuple:

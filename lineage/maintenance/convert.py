@@ -33,7 +33,7 @@ resolved-delete files, which every reader of ours applies. CONVERT turns those
 into Iceberg position delete files (:func:`plan_from_resolved`): it reads no
 data file, so its cost is that of the positions it writes. A plain Iceberg
 table has no such files: :func:`plan_conversion` resolves with
-:func:`lineage.equality.resolve_equality_deletes`, scanning the equality
+:func:`lineage.iceberg.equality.resolve_equality_deletes`, scanning the equality
 columns of the data files each delete applies to.
 """
 
@@ -50,19 +50,19 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from lineage.commit import CommitRequest, commit_files
+from lineage.commits.commit import CommitRequest, commit_files
 from lineage.context import HasContext, TableContext, context_of
-from lineage.deletes import positions_for
-from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
+from lineage.storage.deletes import positions_for
+from lineage.iceberg.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
-from lineage.metadata import SUMMARY_OPERATION
+from lineage.storage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
-from lineage.planning import live_entries, sequence_of
+from lineage.iceberg.planning import live_entries, sequence_of
 from lineage.properties import COMMIT_RETRIES
 from lineage.properties import read as read_property
 from lineage.state import TableState
-from lineage.writer import write_position_deletes
+from lineage.storage.writer import write_position_deletes
 
 OPERATION = "convert-deletes"
 
@@ -93,7 +93,7 @@ def resolve_snapshot(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Re
     """The positions every live equality delete file of ``snapshot`` removes, per data file, and those delete files.
 
     Candidates are the snapshot's live data files with their data sequence
-    numbers; :func:`lineage.equality.resolve_equality_deletes` picks those each
+    numbers; :func:`lineage.iceberg.equality.resolve_equality_deletes` picks those each
     delete applies to and matches its rows against their equality columns.
     """
     unpartitioned = {spec.spec_id for spec in iceberg.metadata.partition_specs if spec.is_unpartitioned()}

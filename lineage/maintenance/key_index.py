@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
-from index.key_merge import FULL, MAINTENANCE, MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import FULL, MAINTENANCE, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import ENTRY_COLUMNS
-from lineage.commit import CommitRequest
+from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries

@@ -39,26 +39,26 @@ from pyroaring import BitMap64
 
 from index.deleted_rows import RemovedImages, forget_captured_values, read_index
 from index.key_index import KeyIndexChange, index_enabled
-from index.key_merge import FULL
+from index.key_merge_policy import FULL
 from index.purged import read_purged, write_purged
 import lineage.decoded_cache as decoded_cache
 import lineage.duck as duck
-from lineage.commit import CommitRequest
+from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
-from lineage.deletes import positions_for, read_position_deletes
-from lineage.fileio import local_path, write_parquet
+from lineage.storage.deletes import positions_for, read_position_deletes
+from lineage.storage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, snapshot_files
 from lineage.maintenance.rehome import archive_table, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
-from lineage.metadata import LineageList, index_dir
-from lineage.predicate import parse_predicate, quote_ident
+from lineage.storage.metadata import LineageList, index_dir
+from lineage.sql.predicate import parse_predicate, quote_ident
 from lineage.retention import window
-from lineage.rle import decode_sequence, decode_values
-from lineage.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.schema import projection_field_ids
+from lineage.storage.rle import decode_sequence, decode_values
+from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
-from lineage.values import read_at
-from lineage.writer import WrittenFile, write_copy, write_position_deletes
+from lineage.read.values import read_at
+from lineage.storage.writer import WrittenFile, write_copy, write_position_deletes
 from lineage.properties import delete_granularity
 
 

@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import read_index, read_index_segment, write_index_segment
-from lineage.commit import CommitRequest
+from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import InvalidArgumentError
-from lineage.fileio import local_path, write_parquet
+from lineage.storage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
-from lineage.metadata import LineageList, index_dir
+from lineage.storage.metadata import LineageList, index_dir
 from lineage.retention import window
 from lineage.state import TableState
-from lineage.values import read_at, with_field_ids
+from lineage.read.values import read_at, with_field_ids
 
 ARCHIVE_FORMAT = "deleted-rows-archive"
 

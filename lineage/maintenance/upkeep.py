@@ -3,8 +3,8 @@
 A table that takes a small commit every few seconds grows in four places:
 snapshots in the Iceberg metadata file (rewritten whole at each commit),
 small data and delete files, manifests (bounded by merge-on-commit, see
-:mod:`lineage.merging`) and the commit log (chunked, see
-:mod:`lineage.commit_log`). :func:`maintain` runs, in this order, what keeps
+:mod:`lineage.commits.merge_rule`) and the commit log (chunked, see
+:mod:`lineage.storage.commit_log`). :func:`maintain` runs, in this order, what keeps
 each of them bounded, each step only when the table's properties say it is
 due:
 
@@ -47,15 +47,15 @@ from typing import Any
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table.snapshots import Operation
 
-from lineage.commit import CommitRequest
-from lineage.commit_log import CHUNK_ENTRIES
+from lineage.commits.commit import CommitRequest
+from lineage.storage.commit_log import CHUNK_ENTRIES
 from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.maintenance.compaction import compact, compaction_groups, compaction_rule, rewrite_deletes
 from lineage.maintenance.key_index import has_key_index, merge_key_index
 from lineage.maintenance.vacuum import expire_snapshots, vacuum
-from lineage.merging import MergeSettings, plan_rewrite
+from lineage.commits.merge_rule import MergeSettings, plan_rewrite
 from lineage.properties import (
     COMPACT_DELETE_FILES,
     COMPACT_DELETE_RATIO,

@@ -24,9 +24,9 @@ from index.deleted_rows import read_index
 import lineage.catalog as catalog
 from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import CommitConflictError, InvalidArgumentError, LineageError
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
-from lineage.metadata import SUMMARY_LIST, read_list
+from lineage.storage.metadata import SUMMARY_LIST, read_list
 from lineage.outcome import backoff, commit_metadata
 from lineage.reconcile import foreign_list, reconcile_table, reconciled_list_path
 from lineage.retention import window

@@ -11,14 +11,14 @@ import pyarrow.parquet as pq
 from index.deleted_rows import read_index
 from index.purged import read_purged
 from lineage.context import HasContext, TableContext, context_of
-from lineage.deletes import positions_for
+from lineage.storage.deletes import positions_for
 from lineage.errors import LineageError
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance._common import snapshot_files
 from lineage.maintenance.key_index import check_key_index
-from lineage.metadata import read_segment
+from lineage.storage.metadata import read_segment
 from lineage.retention import window
-from lineage.rle import decode_sequence
+from lineage.storage.rle import decode_sequence
 from lineage.state import TableState, state_at
 
 

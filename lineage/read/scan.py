@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from lineage.duck import duckdb_types
 import lineage.columns as columns
-from lineage.fileio import local_path
-from lineage.predicate import quote_ident
-from lineage.rle import combined_breakpoints
+from lineage.storage.fileio import local_path
+from lineage.sql.predicate import quote_ident
+from lineage.storage.rle import combined_breakpoints
 from lineage.state import LiveFile
 
 LINEAGE_SCHEMA = columns.LINEAGE_SCHEMA  # the lineage columns a scan adds (lineage.columns)

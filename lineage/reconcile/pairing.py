@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 import lineage.duck as duck
-from lineage.predicate import quote_ident
+from lineage.sql.predicate import quote_ident
 
 _I, _J = "__i", "__j"
 

@@ -30,10 +30,10 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import LongType, StringType
 
 from lineage.columns import HIDDEN_COLUMNS
-from lineage.deletes import PATH_FIELD_ID
-from lineage.fileio import write_bytes
+from lineage.storage.deletes import PATH_FIELD_ID
+from lineage.storage.fileio import write_bytes
 from lineage.properties import TARGET_FILE_SIZE, read
-from lineage.rle import Runs
+from lineage.storage.rle import Runs
 
 POS_FIELD_ID = 2147483545
 POSITION_DELETE_SCHEMA = pa.schema(
@@ -53,7 +53,7 @@ class WrittenFile:
 
     ``None`` means "assigned at commit": fresh row ids for ``row_ids`` and the
     commit's version for ``created`` / ``updated``. Values are per-row arrays
-    or, when an engine encoded them already, :class:`~lineage.rle.Runs`.
+    or, when an engine encoded them already, :class:`~lineage.storage.rle.Runs`.
     """
 
     data_file: DataFile

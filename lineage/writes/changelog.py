@@ -21,7 +21,7 @@ of an absent key (counted in ``CommitInfo.ignored``).
 How the net effects become files is a *strategy*, chosen per table with the
 property ``write.changelog.strategy``: ``position`` (default) resolves keys
 to live images at write time (through the key index, see
-:mod:`lineage.writes.keys`) and writes position deletes plus new images; the
+:mod:`lineage.writes.live_images`) and writes position deletes plus new images; the
 commit keeps the key index (a delta segment with the batch's removed keys and
 new images), as :meth:`lineage.Table.upsert` does. ``equality`` commits like
 Flink's Iceberg sink, with equality deletes and no key lookup (upsert mode
@@ -40,14 +40,15 @@ from index.key_index import KeyIndex, KeyIndexChange
 import lineage.duck as duck
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError
-from lineage.predicate import quote_ident
-from lineage.schema import to_arrow_table
+from lineage.sql.predicate import quote_ident
+from lineage.iceberg.schema import to_arrow_table
 from lineage.spark import is_spark_dataframe
 from lineage.state import TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
 from lineage.writes.checks import check_user_properties
-from lineage.writes.loop import CommitInfo, Plan, run_write
-from lineage.writes.keyed import select_list
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan
+from lineage.writes.key_checks import select_list
 from lineage.writes.rows import REMOVED_COLS, conform_images
 from lineage.writes.changelog_batch import (  # noqa: F401  (prepare_batch: re-exported for callers of this module)
     DEFAULT_STRATEGY,
@@ -62,7 +63,7 @@ from lineage.writes.changelog_batch import (  # noqa: F401  (prepare_batch: re-e
 from lineage.writes.changelog_equality import apply_equality_changelog
 from lineage.writes.changelog_spark import apply_spark_changelog
 from lineage.writes.changelog_sql import Relations, net_effects_sql
-from lineage.writes.keys import live_images_for_keys
+from lineage.writes.live_images import live_images_for_keys
 from lineage.writes.stream_position import StreamPosition, position_properties
 
 

@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 import lineage.duck as duck
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
-from lineage.predicate import quote_ident
+from lineage.sql.predicate import quote_ident
 from lineage.properties import CHANGELOG_STRATEGY, registry
-from lineage.schema import conform
+from lineage.iceberg.schema import conform
 from lineage.writes.changelog_sql import OP_LABELS, OP_VERBS, OPS, POSITIVE, PROBLEMS, UPDATE_BEFORE, Relations, problems_sql
 
 PROP_STRATEGY = CHANGELOG_STRATEGY

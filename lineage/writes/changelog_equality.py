@@ -49,18 +49,19 @@ import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
 import lineage.duck as duck
-from lineage.commit import commit_files
+from lineage.commits.commit import commit_files
 from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
-from lineage.metadata import STRATEGY_EQUALITY as STRATEGY
-from lineage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY
+from lineage.storage.metadata import STRATEGY_EQUALITY as STRATEGY
+from lineage.storage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY
 from lineage.outcome import Attempt, CommitLoop
-from lineage.predicate import quote_ident
+from lineage.sql.predicate import quote_ident
 from lineage.columns import HIDDEN_ROW_ID
-from lineage.writer import write_data_files, write_equality_deletes, write_position_deletes
+from lineage.storage.writer import write_data_files, write_equality_deletes, write_position_deletes
 from lineage.writes.changelog_batch import ChangelogBatch, check_problems
 from lineage.writes.changelog_sql import POSITIVE, Relations
-from lineage.writes.loop import CommitInfo, log, ms_to_datetime
+from lineage.writes.loop import log
+from lineage.writes.plan import CommitInfo, ms_to_datetime
 from lineage.properties import COMMIT_RETRIES
 from lineage.writes.stream_position import StreamPosition, stream_digest
 

@@ -28,14 +28,15 @@ from index.key_index import KeyIndex, KeyIndexChange
 import lineage.spark as spark_io
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError
-from lineage.fileio import local_path
-from lineage.schema import conform
+from lineage.storage.fileio import local_path
+from lineage.iceberg.schema import conform
 from lineage.state import LiveFile, TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
-from lineage.writes.keys import hit_files, indexed_images
+from lineage.writes.live_images import hit_files, indexed_images
 from lineage.writes.changelog_batch import OPERATION, check_batch_columns, order_columns, raise_problems, relaxed_schema
 from lineage.writes.changelog_sql import OPS, POSITIVE, UPDATE_BEFORE, Relations, net_effects_sql, problems_sql
-from lineage.writes.loop import CommitInfo, Plan, run_write
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan
 from lineage.properties import MERGE_ON_READ
 from lineage.writes.rows import REMOVED_COLS
 from lineage.writes.stream_position import StreamPosition

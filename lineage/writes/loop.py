@@ -7,7 +7,7 @@ Each attempt:
    which rows are new;
 2. **write** Parquet files: new data files, and either position delete files
    (merge-on-read) or rewritten data files (copy-on-write);
-3. **commit** (:func:`lineage.commit.commit_change`): the lineage segment, the
+3. **commit** (:func:`lineage.commits.commit.commit_change`): the lineage segment, the
    deleted-rows index segment and the lineage list, then one Iceberg snapshot
    whose summary points at the list.
 
@@ -19,10 +19,8 @@ attempts known not to have landed). This module never imports
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -31,19 +29,19 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, captured_values
-from index.key_index import KeyIndexChange
 import lineage.duck as duck
-from lineage.commit import CommitRequest, CommitResult, commit_change
+from lineage.commits.commit import CommitRequest, CommitResult, commit_change
 from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.memory import release_if_grown
 from lineage.outcome import Attempt, CommitLoop
-from lineage.schema import projection_field_ids
-from lineage.state import LiveFile, TableState
-from lineage.values import read_at
+from lineage.iceberg.schema import projection_field_ids
+from lineage.state import TableState
+from lineage.read.values import read_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
-from lineage.writer import WrittenFile, write_data_files, write_position_deletes
+from lineage.storage.writer import WrittenFile, write_data_files, write_position_deletes
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages, delete_granularity
+from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
 
 
@@ -58,58 +56,6 @@ _ICEBERG_OPERATION = {
     "merge": Operation.OVERWRITE,
     "changelog": Operation.OVERWRITE,
 }
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """What one write did. ``committed`` is False for a write that matched nothing."""
-
-    version: int
-    snapshot_id: int | None
-    timestamp: _dt.datetime
-    operation: str
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    data_files_added: int = 0
-    delete_files_added: int = 0
-    data_files_removed: int = 0
-    bytes_written: int = 0
-    attempts: int = 1
-    committed: bool = True
-    properties: dict[str, str] = field(default_factory=dict)
-    foreign: str | None = None  # another engine made this commit (its name, or "unknown"); see lineage.reconcile
-    gap: bool = False  # the net change of snapshots another engine expired before we reconciled them (no feed across it)
-    ignored: int = 0  # change-stream events with no effect (upsert mode: -U/-D of an absent key)
-
-
-@dataclass
-class Plan:
-    """What a write does to the state it was planned against."""
-
-    operation: str
-    files: list[LiveFile] = field(default_factory=list)
-    removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
-    removed_values: pa.Table | None = None  # the removed images' data columns (row for row), for pre-image capture
-    new_images: pa.Table | None = None  # data columns + HIDDEN_ROW_ID, HIDDEN_CREATED: updated images of existing rows
-    inserts: pa.Table | None = None  # data columns: rows with fresh ids
-    prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
-    reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
-    properties: dict[str, str] = field(default_factory=dict)  # extra snapshot summary / commit log properties
-    key_index: KeyIndexChange | None = None  # keyed tables: the keys of removed images (and the index planned with)
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    ignored: int = 0  # see CommitInfo.ignored
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prewritten and not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
-
-
-def ms_to_datetime(ms: int) -> _dt.datetime:
-    """A commit timestamp (epoch milliseconds) as an aware UTC datetime."""
-    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
 
 
 def run_write(

@@ -4,7 +4,7 @@
 the planner :func:`merge_planner` returns. Each attempt plans in one of two
 ways:
 
-* through the key index (:mod:`lineage.writes.keyed`): the matched rows'
+* through the key index (:mod:`lineage.writes.key_checks`): the matched rows'
   pointers and lineage come from the index, so a plain upsert reads no table
   data (with pre-image capture the write loop reads the removed rows back by
   position); with ``skip_unchanged`` only the files holding a batch key are
@@ -25,14 +25,14 @@ import pyarrow as pa
 from index.key_index import KeyIndex, KeyIndexChange
 from lineage.context import TableContext
 from lineage.errors import KeyViolationError
-from lineage.predicate import quote_ident
-from lineage.scan import register_live_view
-from lineage.schema import projection_field_ids
+from lineage.sql.predicate import quote_ident
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
-from lineage.writes import keyed
+from lineage.writes import key_checks
 from lineage.writes.capture import old_names, old_values, split_old
-from lineage.writes.loop import Plan
+from lineage.writes.plan import Plan
 from lineage.properties import capture_preimages
 from lineage.writes.rows import REMOVED_COLS, conform_images
 
@@ -66,7 +66,7 @@ def merge_planner(
             f"{old_values(schema, 'l.') if capture else ''} FROM batch b JOIN hits l ON {on}{skip}"
         )
         removed, values = split_old(
-            con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema
+            con.execute(f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema
         )
         images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {HIDDEN_ROW_ID}, {HIDDEN_CREATED} FROM matched").to_arrow_table()
         inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
@@ -76,7 +76,7 @@ def merge_planner(
         if dkeys is not None:
             gone, gone_values = split_old(
                 con.execute(
-                    f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_values(schema) if capture else ''} FROM hits l SEMI JOIN dkeys b ON {on}"
+                    f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old_values(schema) if capture else ''} FROM hits l SEMI JOIN dkeys b ON {on}"
                 ).to_arrow_table(), schema
             )
             deleted = gone.num_rows
@@ -105,9 +105,9 @@ def merge_planner(
             return scan_plan(state, files, con, None)
         if skip_unchanged:
             # Old values are needed to compare: scan only the files the index says hold a batch key.
-            hit = np.unique(keyed.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
+            hit = np.unique(key_checks.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
             return scan_plan(state, [files[i] for i in hit], con, index)
-        m = keyed.match_upserts(index, files, batch, dkeys)
+        m = key_checks.match_upserts(index, files, batch, dkeys)
         images = m.images.append_column(pa.field(HIDDEN_ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(HIDDEN_CREATED, pa.int64(), False), m.created)
         return Plan(
             operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,

@@ -10,9 +10,9 @@ import pyarrow as pa
 
 import lineage.duck as duck
 from lineage.errors import KeyViolationError
-from lineage.predicate import quote_ident
-from lineage.scan import register_live_view
-from lineage.schema import conform
+from lineage.sql.predicate import quote_ident
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import conform
 from lineage.state import LiveFile
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED, REMOVED_COLUMNS
 

@@ -12,9 +12,10 @@ import lineage.spark as spark_io
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.state import TableState
-from lineage.writer import WrittenFile
-from lineage.writes import keyed
-from lineage.writes.loop import CommitInfo, Plan, run_write
+from lineage.storage.writer import WrittenFile
+from lineage.writes import key_checks
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan
 from lineage.properties import MERGE_ON_READ
 from lineage.writes.rows import REMOVED_COLS
 
@@ -39,7 +40,7 @@ def append(table: TableContext, df: Any, check_keys: bool) -> CommitInfo:
             # Executors wrote the files; their key columns (O(batch)) are checked against the index.
             written = {w.data_file.file_path: read_file_keys(table.iceberg.io, w.data_file.file_path, table.key) for w in cache}
             if written:
-                keyed.reject_live_keys(index, pa.concat_tables(written.values()), "use upsert")
+                key_checks.reject_live_keys(index, pa.concat_tables(written.values()), "use upsert")
             change = KeyIndexChange(index=index, written_keys=written)
         return Plan("append", prewritten=list(cache), reusable=True, inserted=rows, key_index=change)
 

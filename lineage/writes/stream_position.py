@@ -10,7 +10,7 @@ commit requires as its parent, so "not applied yet" and "now applied" are
 decided atomically by the Iceberg commit.
 
 Positions outlive expiry: the commit log's floor keeps the newest entry of
-every stream (:mod:`lineage.commit_log`), reconciled snapshots keep their
+every stream (:mod:`lineage.storage.commit_log`), reconciled snapshots keep their
 summaries' positions in the log, and commits without a lineage list (the
 equality strategy) carry a digest of every position above the newest list
 (:class:`StreamDigest`). Where a position cannot be known any more (another
@@ -36,9 +36,9 @@ from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetProp
 
 import lineage.catalog as catalog
 
-from lineage.commit_log import PROP_STREAM_ID, CommitEntry
+from lineage.storage.commit_log import PROP_STREAM_ID, CommitEntry
 from lineage.errors import CommitConflictError, InvalidArgumentError, LineageError, StreamPositionLostError
-from lineage.metadata import SUMMARY_LIST, read_list
+from lineage.storage.metadata import SUMMARY_LIST, read_list
 from lineage.reconcile.snapshot import reconciled_list_path
 from lineage.properties import STREAM_BASE, STREAM_LOST, STREAM_POSITIONS, STREAM_RESET_PREFIX
 from lineage.state import TableState

@@ -21,15 +21,15 @@ import lineage.duck as duck
 from lineage.context import TableContext
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, UnknownColumnError
-from lineage.predicate import parse_predicate, prunable_columns, quote_ident
-from lineage.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.schema import projection_field_ids
+from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
-from lineage.writes import keyed
+from lineage.writes import key_checks
 from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.checks import check_expression
-from lineage.writes.loop import Plan
+from lineage.writes.plan import Plan
 from lineage.properties import capture_preimages
 from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 
@@ -75,8 +75,8 @@ def update_planner(
         images = con.execute(f"SELECT {names}, {HIDDEN_ROW_ID}, {HIDDEN_CREATED} FROM matched").to_arrow_table()
         images = conform_images(images, state.iceberg.schema(), table.key, "update")
         if index is not None:
-            new_keys = duck.fetch_arrow(con, f"SELECT {keyed.select_list(table.key)[2:]}, __file_id, __pos FROM matched")
-            keyed.reject_clashing_keys(index, files, new_keys)
+            new_keys = duck.fetch_arrow(con, f"SELECT {key_checks.select_list(table.key)[2:]}, __file_id, __pos FROM matched")
+            key_checks.reject_clashing_keys(index, files, new_keys)
         elif key_set:
             check_updated_keys(con, table.key)
         change = None
