@@ -93,7 +93,7 @@ def rewrite_deletes(table: TableContext | HasContext, granularity: str | None = 
     that many delete files. ``dry_run`` only says what would be rewritten.
     """
     table = context_of(table)
-    granularity = granularity or table.iceberg.metadata.properties.get(DELETE_GRANULARITY, "file")  # maintenance: file-scoped unless asked
+    granularity = granularity or read(table.iceberg.metadata.properties, DELETE_GRANULARITY) or "file"  # maintenance: file-scoped unless asked
     stats: dict[str, int] = {}
     if dry_run:
         table.refresh()
