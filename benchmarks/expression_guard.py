@@ -1,6 +1,6 @@
 """What checking user expressions and sealing DuckDB connections cost (issue 11).
 
-Every ``where`` and ``set`` value now goes through :func:`lineage.expressions.check`
+Every ``where`` and ``set`` value now goes through :func:`lineage.sql.expressions.check`
 (DuckDB parses it, the tree is checked and rendered back), and the connections
 that evaluate them are sealed (:func:`lineage.duck.seal`: ``allowed_paths`` set to
 the live view's files, external access off, configuration locked). This script
@@ -35,7 +35,8 @@ import numpy as np
 import pyarrow as pa
 
 import lineage
-from lineage import duck, expressions
+from lineage import duck
+from lineage.sql import expressions
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import record  # noqa: E402

@@ -332,7 +332,7 @@ class PyIceberg(System):
     def create(self, base: pa.Table) -> None:
         from pyiceberg.catalog.sql import SqlCatalog
 
-        from lineage.schema import iceberg_schema
+        from lineage.iceberg.schema import iceberg_schema
 
         os.makedirs(self.root, exist_ok=True)
         cat = SqlCatalog("bench", uri=f"sqlite:///{os.path.join(self.root, 'catalog.db')}", warehouse=self.root)

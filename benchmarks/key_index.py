@@ -54,7 +54,7 @@ import record  # noqa: E402
 import write_cost  # noqa: E402  (the same generated orders as the write-cost benchmark)
 from index import key_segment  # noqa: E402
 from index.key_index import KeyIndex  # noqa: E402
-from lineage.fileio import ImmutableFileCache  # noqa: E402
+from lineage.storage.fileio import ImmutableFileCache  # noqa: E402
 
 SEED = 7
 

@@ -44,8 +44,8 @@ import cdf.mv  # noqa: E402
 import cdf.mv.engines  # noqa: E402
 import lineage  # noqa: E402
 import record  # noqa: E402
-from lineage.scan import register_live_view  # noqa: E402
-from lineage.schema import projection_field_ids  # noqa: E402
+from lineage.read.scan import register_live_view  # noqa: E402
+from lineage.iceberg.schema import projection_field_ids  # noqa: E402
 
 VIEWS = {
     "agg": "SELECT region, COUNT(*) AS n, SUM(amount) AS total, AVG(qty) AS avg_qty, MIN(amount) AS lo, MAX(amount) AS hi "

@@ -46,7 +46,7 @@ from cdf import plan  # noqa: E402
 from cdf.engine_duckdb import image_values  # noqa: E402
 from cdf.pointers import change_pointers  # noqa: E402
 from lineage import decoded_cache  # noqa: E402
-from lineage.fileio import local_path  # noqa: E402
+from lineage.storage.fileio import local_path  # noqa: E402
 import record  # noqa: E402
 from record import files_under  # noqa: E402
 from run import SCHEMA, SEED, UPDATED, Mirror  # noqa: E402

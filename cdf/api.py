@@ -7,7 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdf import engine_duckdb
+import cdf.engine_duckdb as engine_duckdb
+import cdf.engine_spark as engine_spark
 from cdf.output import change_schema
 from cdf.retention import resolve_range, window
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
@@ -73,8 +74,6 @@ def changes(
     _check_engine(engine, spark)
     state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
     if engine == "spark":
-        from cdf import engine_spark
-
         return engine_spark.changes(spark, state, a, b, data, net)
     try:
         return engine_duckdb.changes(state, a, b, data, net)
@@ -165,8 +164,6 @@ def deleted_rows(
     since = win.oldest if since is None else since
     a, b = resolve_range(state, since, until)
     if engine == "spark":
-        from cdf import engine_spark
-
         return engine_spark.deleted_rows(spark, state, a, b, data)
     try:
         return engine_duckdb.deleted_rows(state, a, b, data)

@@ -2,7 +2,7 @@
 
 The feed's rows are decided from metadata (:mod:`cdf.plan` over
 :mod:`cdf.pointers`); then only the images the feed shows are read: the row
-groups that hold them and the selected columns (:mod:`lineage.values`), or the
+groups that hold them and the selected columns (:mod:`lineage.read.values`), or the
 values an index segment captured. A per-version feed shows every image in its
 range, so their values are read in a second thread while the feed is planned;
 a net feed plans first and reads only the images it keeps. Update pairs get
@@ -23,14 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdf import plan
+import cdf.plan as plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment
 from lineage.arrays import unique
 from lineage.errors import LostFileError
 from lineage.state import TableState
-from lineage.values import Gathered, decoded, gather, take_rows
+from lineage.read.values import Gathered, decoded, gather, take_rows
 
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 
@@ -96,7 +96,7 @@ def image_values(state: TableState | dict[str, int], p: Pointers, pointer: np.nd
 
     ``state`` is the table's state, or the field ids of its columns
     (:func:`field_ids`). Purged images read as null. ``decode=False`` may
-    leave string columns dictionary-encoded (see :func:`lineage.values.take_rows`).
+    leave string columns dictionary-encoded (see :func:`lineage.read.values.take_rows`).
     """
     ids = state if isinstance(state, dict) else field_ids(state)
     source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])

@@ -23,13 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdf import plan
+import cdf.plan as plan
 from cdf.dialect import SPARK
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import VALUE_PREFIX
 from lineage.arrays import unique
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.spark import file_index
 from lineage.state import TableState
 
@@ -108,12 +108,12 @@ def _value_reader(paths: list[str], data: pa.Schema, field_ids: dict[str, int]) 
     """A ``mapInArrow`` function: skeleton rows in (``__file``, ``__pos`` name an image), the same rows with ``data``'s values out.
 
     Each task reads only the row groups holding its rows, with the value
-    reader of the embedded engine (:func:`lineage.values.read_at`: columns
+    reader of the embedded engine (:func:`lineage.read.values.read_at`: columns
     matched by field id, each row group decoded once).
     """
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from lineage.values import read_at
+        from lineage.read.values import read_at
 
         got = list(batches)
         rows = pa.Table.from_batches(got) if got else None

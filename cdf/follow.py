@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cdf.api import DEFAULT_BATCH_ROWS, check_table, data_schema, feed_reader
 from cdf.retention import resolve_range
-from lineage.commit_log import CommitEntry
+from lineage.storage.commit_log import CommitEntry
 from lineage.errors import InvalidArgumentError, VersionRangeError
 from lineage.state import TableState
 from lineage.table import Table

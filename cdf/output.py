@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lineage.metadata import CommitEntry
+from lineage.storage.metadata import CommitEntry
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 

@@ -6,7 +6,7 @@ wrote the image) and ``valid_to`` (the version that removed it; live images
 have none). Output: a :class:`Skeleton`, one entry per row of the feed: the
 image it shows, its change type and commit version, in the feed's order.
 
-**Per-version mode** (DESIGN section 3): every image starting in ``(a, b]``
+**Per-version mode** (docs/design.md, "Change feed"): every image starting in ``(a, b]``
 is a start event at its ``valid_from``, every image ending there an end event
 at its ``valid_to``. Events are ordered by (version, row id, end before
 start). An end directly followed by a start of the same row at the same

@@ -27,8 +27,8 @@ from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
 from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
-from lineage.rle import combined_breakpoints
-from lineage.metadata import FileLineage
+from lineage.storage.rle import combined_breakpoints
+from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
 
 LIVE = -1  # valid_to of an image that is still live

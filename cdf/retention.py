@@ -15,69 +15,16 @@ ranges start there at the earliest.
 from __future__ import annotations
 
 import datetime as _dt
-import time
-from dataclasses import dataclass
 
-from lineage.commit_log import CommitEntry, CommitLog
+from lineage.storage.commit_log import CommitEntry
 from lineage.errors import HistoryGapError, InvalidArgumentError, RetentionError, UnknownVersionError, VersionRangeError
+from lineage.properties import RETENTION_DAYS, RETENTION_VERSIONS
+from lineage.retention import Window, window  # noqa: F401  (re-exported: the feed's API)
 from lineage.state import TableState
 
-PROP_RETENTION_VERSIONS = "lineage.cdf.retention.versions"
-PROP_RETENTION_DAYS = "lineage.cdf.retention.days"
-
-
-@dataclass(frozen=True)
-class Window:
-    """The versions a change-feed range may use: start >= ``oldest``, end <= ``current``.
-
-    ``log`` is the commit log; it is read only as far back as a question needs.
-    """
-
-    oldest: int
-    current: int
-    log: CommitLog
-    adopted: int | None = None  # the adoption version (lineage.adopt): no range starts before it
-
-    @property
-    def commits(self) -> tuple[CommitEntry, ...]:
-        """Every reachable commit log entry, oldest first."""
-        return self.log.entries()
-
-
-def _positive(properties: dict[str, str], name: str, kind: type) -> float | None:
-    raw = properties.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"table property {name} must be a positive {kind.__name__}, got {raw!r}") from None
-    if value <= 0:
-        raise InvalidArgumentError(f"table property {name} must be positive, got {raw!r}")
-    return value
-
-
-def window(state: TableState, now_ms: int | None = None) -> Window:
-    """The retention window of ``state``'s table at its current version."""
-    props = dict(state.iceberg.metadata.properties)
-    log = state.lineage.log
-    current = state.version
-    n = _positive(props, PROP_RETENTION_VERSIONS, int)
-    d = _positive(props, PROP_RETENTION_DAYS, float)
-    # An expired log (Table.maintain) reaches back to its floor: ranges may start there, not before.
-    adopted = state.lineage.adopted
-    floor = max(log.floor.version if log.floor else 0, adopted or 0)
-    if n is None and d is None:
-        return Window(floor, current, log, adopted)
-    candidates = []
-    if n is not None:
-        candidates.append(max(0, current - int(n)))
-    if d is not None:
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        horizon = int(now_ms - d * 86_400_000)
-        # The version current at the horizon: the last commit at or before it.
-        candidates.append(log.version_at(horizon) or 0)
-    return Window(max(floor, min(candidates)), current, log, adopted)
+# The window itself is read by maintenance too (what vacuum, purge and rehome must keep): it lives in lineage.retention.
+PROP_RETENTION_VERSIONS = RETENTION_VERSIONS
+PROP_RETENTION_DAYS = RETENTION_DAYS
 
 
 def timestamp_ms(ts: object, what: str) -> int:

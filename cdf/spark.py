@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from cdf import api
+import cdf.api as api
 from cdf.retention import window
 from lineage.errors import InvalidArgumentError
 from lineage.table import Table

@@ -55,7 +55,7 @@ from cdf.retention import resolve_range, timestamp_ms, version_at, window
 from lineage.errors import FeedSchemaChangedError, HistoryGapError, InvalidArgumentError, RetentionError, UnknownVersionError
 from lineage.memory import release_if_grown
 from lineage.state import TableState
-from lineage.table import Table
+from lineage.table import Table, open_table
 
 FORMAT = "lineage_changes"
 NOT_PINNED = -1  # the offset of a "latest" query before its first batch pinned the version it starts after
@@ -129,8 +129,6 @@ class SourceOptions:
 
     def open(self) -> Table:
         """The table, from the embedded catalog in ``warehouse`` or a pyiceberg catalog."""
-        from lineage.table import open_table
-
         if self.catalog is None and not self.catalog_properties:
             return open_table(self.table, warehouse=self.warehouse)
         from pyiceberg.catalog import load_catalog

@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN
 
-from cdf import api
+import cdf.api as api
 from cdf.output import change_schema, deleted_schema
 from lineage.errors import InvalidArgumentError
 from lineage.table import Table

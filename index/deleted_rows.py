@@ -31,9 +31,9 @@ from pyiceberg.io import FileIO
 from pyroaring import BitMap64
 
 from lineage.errors import LineageMetadataError
-from lineage.fileio import ImmutableFileCache, write_bytes
-from lineage.metadata import open_tagged_parquet
-from lineage.rle import encode_values
+from lineage.storage.fileio import ImmutableFileCache, write_bytes
+from lineage.storage.metadata import open_tagged_parquet
+from lineage.storage.rle import encode_values
 
 INDEX_FORMAT = "deleted-rows-segment"
 INDEX_FORMAT_VERSION = 2  # 1: pointers only; 2: pointers and, with capture, the removed images' values

@@ -21,7 +21,7 @@ without a ``KeyIndexChange`` drops it (the list then names none), so a write
 path that does not know the index can never leave it stale: the next write
 that needs the index rebuilds it.
 
-**Merge policy** (table properties ``lineage.key-index.*``, :mod:`index.key_merge`):
+**Merge policy** (table properties ``lineage.key-index.*``, :mod:`index.key_merge_policy`):
 deltas merge in tiers, and into a new base (tombstones dropped) when the
 segments after the base grow too large or too many. Writers do merges of
 bounded size; maintenance (:func:`lineage.maintenance.merge_key_index`) does
@@ -64,7 +64,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_hash import hash_is_injective, hash_name, key_hash
-from index.key_merge import WRITER, MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     CREATED,
     FILE_PATH,
@@ -85,22 +85,21 @@ from index.key_segment import (
     with_path,
     write_key_segment,
 )
-from lineage import duck
-from lineage.deletes import read_position_deletes
+import lineage.duck as duck
+from lineage.storage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
-from lineage.metadata import FileLineage, index_dir
-from lineage.predicate import quote_ident
-from lineage.rle import decode_sequence, decode_values
-from lineage.scan import register_live_view
-from lineage.schema import arrow_schema, projection_field_ids
+from lineage.storage.metadata import FileLineage, index_dir
+from lineage.sql.predicate import quote_ident
+from lineage.properties import KEY_ENFORCE, KEY_INDEX_DEFER_ROWS, KEY_INDEX_ENABLED, read
+from lineage.storage.rle import decode_sequence, decode_values
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
 
 log = logging.getLogger(__name__)
 
-PROP_ENABLED = "lineage.key-index.enabled"
-PROP_DEFER_ROWS = "lineage.key-index.defer-rows"
-DEFAULT_DEFER_ROWS = 100_000
-_PROP_KEY_ENFORCE = "lineage.key.enforce"  # lineage.table.PROP_KEY_ENFORCE
+PROP_ENABLED = KEY_INDEX_ENABLED
+PROP_DEFER_ROWS = KEY_INDEX_DEFER_ROWS
 INPUT = "__input"
 SEGMENT_SUFFIX = "-keys.kix"  # format 3 files; formats 1 and 2 were named *-keys.arrow
 
@@ -123,14 +122,7 @@ def index_enabled(iceberg: IcebergTable) -> bool:
     props = iceberg.metadata.properties
     if not iceberg.schema().identifier_field_ids:
         return False
-    return _flag(props, PROP_ENABLED) and _flag(props, _PROP_KEY_ENFORCE)
-
-
-def _flag(props: Mapping[str, str], name: str) -> bool:
-    raw = props.get(name, "true").lower()
-    if raw not in ("true", "false"):
-        raise InvalidArgumentError(f"table property {name} must be 'true' or 'false', got {raw!r}")
-    return raw == "true"
+    return bool(read(props, KEY_INDEX_ENABLED)) and bool(read(props, KEY_ENFORCE))
 
 
 def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
@@ -145,13 +137,7 @@ def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
     """
     if index.entries or rows == 0:
         return False
-    raw = iceberg.metadata.properties.get(PROP_DEFER_ROWS, str(DEFAULT_DEFER_ROWS))
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be a whole number of rows, got {raw!r}") from None
-    if limit < 0:
-        raise InvalidArgumentError(f"table property {PROP_DEFER_ROWS} must be >= 0 (0: never defer), got {limit}")
+    limit = int(read(iceberg.metadata.properties, KEY_INDEX_DEFER_ROWS))
     return limit > 0 and rows >= limit
 
 
@@ -522,8 +508,6 @@ def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
 
 def _deleted_now(paths: list[str], delete_files: Sequence[DataFile]) -> dict[str, np.ndarray]:
     """Positions of ``paths`` removed by the commit's own position delete files."""
-    from lineage.writer import PATH_FIELD_ID
-
     wanted = set(paths)
     ordered = sorted(wanted)
     out: dict[str, np.ndarray] = {}

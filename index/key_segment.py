@@ -54,7 +54,7 @@ from index.key_store import (
     to_arrays,
 )
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
+from lineage.storage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
 
 __all__ = [
     "CREATED", "ENTRY_COLUMNS", "FILE_PATH", "HASH", "POS", "ROW_ID", "SEGMENT_FORMAT", "SEGMENT_FORMAT_VERSION", "TOMBSTONE",

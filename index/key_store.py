@@ -25,13 +25,15 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
+import lineage.columns as columns
+
 HASH = "__hash"
 TOMBSTONE = "__tombstone"
-ROW_ID = "_row_id"
+ROW_ID = columns.ROW_ID
 FILE_PATH = "__file_path"
 POS = "__pos"
-CREATED = "_row_created_at_version"
-UPDATED = "_row_last_updated_at_version"
+CREATED = columns.CREATED_AT
+UPDATED = columns.UPDATED_AT
 ENTRY_COLUMNS = (ROW_ID, FILE_PATH, POS, CREATED, UPDATED)
 INT_ENTRIES = (ROW_ID, POS, CREATED, UPDATED)
 

@@ -15,8 +15,8 @@ from pyroaring import BitMap64
 
 from lineage.arrays import member
 from lineage.errors import LineageMetadataError
-from lineage.fileio import ImmutableFileCache
-from lineage.metadata import read_tagged_parquet, write_tagged_parquet
+from lineage.storage.fileio import ImmutableFileCache
+from lineage.storage.metadata import read_tagged_parquet, write_tagged_parquet
 
 PURGED_FORMAT = "purged-rows"
 _CACHE: ImmutableFileCache[BitMap64] = ImmutableFileCache(64)

@@ -38,22 +38,24 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.types import NestedField, PrimitiveType
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
-from index.key_merge import FULL
-from lineage import duck
+from index.key_merge_policy import FULL
+import lineage.duck as duck
 from lineage.catalog import load_iceberg, resolve_catalog
-from lineage.commit import CommitRequest, commit_change
+from lineage.commits.commit import CommitRequest, commit_change
 from lineage.errors import CommitConflictError, InvalidArgumentError, KeyViolationError, UnknownColumnError
-from lineage.metadata import FileLineage, LineageList, lineage_dir, write_segment
+from lineage.maintenance.convert import convert_equality_deletes
+from lineage.storage.metadata import FileLineage, LineageList, lineage_dir, write_segment
 from lineage.outcome import Attempt, CommitLoop
-from lineage.planning import plan_snapshot
-from lineage.predicate import quote_ident
-from lineage.rle import sequence_run, value_run
-from lineage.scan import register_live_view
-from lineage.schema import arrow_schema, projection_field_ids
+from lineage.iceberg.planning import plan_snapshot
+from lineage.sql.predicate import quote_ident
+from lineage.properties import COMMIT_RETRIES, LINEAGE_ENABLED as PROP_LINEAGE
+from lineage.properties import read as read_property
+from lineage.storage.rle import sequence_run, value_run
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import TableState
 from lineage.table import Table
 
-PROP_LINEAGE = "lineage.enabled"  # lineage.table.PROP_LINEAGE
 OPERATION = "adopt"
 
 
@@ -91,8 +93,6 @@ def adopt(
     converted = [0]
 
     def convert() -> None:
-        from lineage.maintenance.convert import convert_equality_deletes
-
         converted[0] += convert_equality_deletes(ice, lambda: ice.refresh(), full).equality_files
 
     if _has_equality_deletes(ice):
@@ -140,7 +140,7 @@ def adopt(
         result = commit_change(ice, state, request, a)
         return Adoption(result.version, result.snapshot_id, len(lineages), next_row_id, tuple(names), converted[0], Table(ice, cat))
 
-    retries = int(ice.metadata.properties.get("commit.retry.num-retries", 20))
+    retries = int(read_property(ice.metadata.properties, COMMIT_RETRIES))
     loop: CommitLoop[Adoption] = CommitLoop(f"{full}: adopt", lambda: ice, lambda: ice.refresh(), retries)
     return loop.run(attempt, lambda n: CommitConflictError(f"gave up adopting {full} after {n} attempts: other writers kept committing"))
 

@@ -10,7 +10,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 
-from lineage.errors import InvalidArgumentError
+from lineage.errors import InvalidArgumentError, TableNotFoundError
 
 DEFAULT_NAMESPACE = "default"
 CATALOG_FILE = "catalog.db"
@@ -147,8 +147,6 @@ def identifier(name: str) -> tuple[str, str]:
 def load_iceberg(catalog: Catalog, name: str) -> tuple[IcebergTable, str]:
     """Load table ``name`` (``ns.table``) from ``catalog``: the pyiceberg table and its full name, or TableNotFoundError."""
     from pyiceberg.exceptions import NoSuchTableError
-
-    from lineage.errors import TableNotFoundError
 
     ns, tbl = identifier(name)
     try:

@@ -4,10 +4,10 @@ A change feed reads pre-images where they live, and the oldest, largest
 files hold most of them: every feed over recent commits decodes the same
 row groups of the bulk load again, and decoding them (zstd) is most of such a
 feed's time (a 1M-row group of five columns: about 20 ms of CPU, for 25,000
-pre-images). Data files are immutable, so :mod:`lineage.values` keeps the
+pre-images). Data files are immutable, so :mod:`lineage.read.values` keeps the
 column chunks it decoded here, keyed by file (path, size and modification
 time), row group and column, and takes the next read's rows from them; so
-does the write path's reader (:mod:`lineage.writes.positions`: a change
+does the write path's reader (:func:`lineage.read.values.values_at`: a change
 stream's strict checks, key lookups that need values), and one budget
 covers both.
 A chunk is only served for a file that still exists unchanged (the reader
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from lineage.errors import InvalidArgumentError
-from lineage.fileio import file_stamp
+from lineage.storage.fileio import file_stamp
 
 ENV_BUDGET = "LINEAGE_ROW_GROUP_CACHE_MB"
 DEFAULT_BUDGET_MB = 256
@@ -59,7 +59,7 @@ Key = tuple[str, int, str]  # (file_key(path, stamp), row group, file column)
 
 
 def file_key(path: str, stamp: str) -> str:
-    """The file part of a chunk's key: the local path and the file's stamp (:func:`lineage.fileio.file_stamp`)."""
+    """The file part of a chunk's key: the local path and the file's stamp (:func:`lineage.storage.fileio.file_stamp`)."""
     return f"{path}\0{stamp}"
 
 

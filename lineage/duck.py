@@ -90,7 +90,7 @@ def seal(con: duckdb.DuckDBPyConnection, paths: Iterable[str] = (), *, exact_flo
     evaluates a user's expression: DuckDB then refuses every other file
     (``read_csv('/etc/...')``, ``glob``, ``COPY``, ``ATTACH``), network access
     and extension loading, and no ``SET`` can lift that. Expressions are
-    validated before they reach DuckDB (:mod:`lineage.expressions`); this is
+    validated before they reach DuckDB (:mod:`lineage.sql.expressions`); this is
     the second line, for a gap in the first. The database's memory limit is
     :func:`memory_limit`; DuckDB's temp directory stays usable, so large
     queries (sorts, joins, aggregates, the temporary result tables of
@@ -136,7 +136,7 @@ def memory_limit_bytes() -> int:
     limit covers DuckDB's buffer pool (hash tables, sorts, temporary tables),
     which spills to disk when it is full; it does not cover the values a
     single function call builds, which is why functions whose cost an
-    argument sets are refused or bounded (:mod:`lineage.allowlist`).
+    argument sets are refused or bounded (:mod:`lineage.sql.allowlist`).
     """
     raw = os.environ.get(ENV_MEMORY_LIMIT, "").strip() or f"{DEFAULT_MEMORY_PERCENT}%"
     match = _SIZE.match(raw)

@@ -46,7 +46,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.metadata import TableMetadata
 
 from lineage.errors import CatalogFailedError, CommitStateUnknownError, LineageError
-from lineage.metadata import SUMMARY_LIST, CommitEntry, read_list
+from lineage.storage.metadata import SUMMARY_LIST, CommitEntry, read_list
 from lineage.state import main_branch_snapshots
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class CommitLoop(Generic[T]):
 
         ``attempt_fn`` plans against the freshly loaded table, records every
         file it writes in ``attempt.files`` and commits through
-        :func:`lineage.commit.commit_change` (or returns without committing).
+        :func:`lineage.commits.commit.commit_change` (or returns without committing).
         ``give_up(n)`` is raised after ``n`` lost races in a row.
         """
         transient: BaseException | None = None

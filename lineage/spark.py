@@ -17,22 +17,22 @@ import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 
+from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
-from lineage.fileio import local_path
-from lineage.rle import combined_breakpoints, encode_sequence, encode_values
-from lineage.schema import conform, projection_field_ids
+from lineage.storage.fileio import local_path
+from lineage.storage.rle import combined_breakpoints, encode_sequence, encode_values
+from lineage.iceberg.schema import arrow_schema, conform, projection_field_ids
 from lineage.state import LiveFile, TableState
-from lineage.values import file_columns, layout
-from lineage.writer import CREATED, ROW_ID, WrittenFile, write_data_files
+from lineage.read.values import file_columns, layout
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+from lineage.storage.writer import WrittenFile, write_data_files
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 # Data file locations as position delete files store them: plain paths or file: URIs (not percent-encoded).
 _NORMALIZE = r"^file:(//)?"
@@ -72,7 +72,7 @@ def file_index(spark: Any, df: Any, paths: list[str], numbers: list[int] | None 
     for ``/my lake/a.parquet``), so rows are matched to the table's paths
     through Spark's own listing (``inputFiles()``, no job) decoded once per
     file here, not by rewriting the URI on every row. ``__path`` is the
-    file's local path as :func:`~lineage.fileio.local_path` gives it and
+    file's local path as :func:`~lineage.storage.fileio.local_path` gives it and
     ``__file`` its index in ``paths`` (or ``numbers[index]``).
     """
     wanted: dict[str, int] = {}
@@ -101,7 +101,7 @@ def file_index(spark: Any, df: Any, paths: list[str], numbers: list[int] | None 
 def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[str, int] | None = None) -> Any:
     """Rows of ``paths`` (``schema``'s columns) with ``__path`` (local path), ``__file`` (index in ``paths``) and ``__pos`` (row index).
 
-    With ``field_ids`` (the table's schema evolved: :func:`lineage.schema.projection_field_ids`)
+    With ``field_ids`` (the table's schema evolved: :func:`lineage.iceberg.schema.projection_field_ids`)
     columns are matched by Iceberg field id, as the embedded engine does: files
     are grouped by the names their footers give the columns (one group per
     schema the table had), a column a file lacks reads as null, and older
@@ -197,8 +197,6 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
 
 def arrow_schema_of(state: TableState) -> pa.Schema:
     """The table's data columns at ``state`` as an Arrow schema."""
-    from lineage.schema import arrow_schema
-
     return arrow_schema(state.iceberg.schema())
 
 
@@ -234,7 +232,7 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
         if not batches:
             return
         data = pa.Table.from_batches(batches)
-        hidden = [c for c in (ROW_ID, CREATED) if c in data.column_names]
+        hidden = [c for c in (HIDDEN_ROW_ID, HIDDEN_CREATED) if c in data.column_names]
         body = conform(data.drop_columns(hidden), metadata.schema(), key)
         for h in hidden:
             body = body.append_column(pa.field(h, pa.int64(), False), data.column(h).cast(pa.int64()))
@@ -247,15 +245,15 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
     return write
 
 
-def write_with_executors(table: Table, df: Any) -> list[WrittenFile]:
-    """Executors write ``df`` (table columns, optionally ROW_ID/CREATED) as data files; returns their descriptors."""
+def write_with_executors(table: TableContext, df: Any) -> list[WrittenFile]:
+    """Executors write ``df`` (table columns, optionally HIDDEN_ROW_ID/HIDDEN_CREATED) as data files; returns their descriptors."""
     ice = table.iceberg
     fn = _executor_writer(ice.metadata.model_dump_json(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
     payloads = df.mapInArrow(fn, "payload binary").collect()
     return [pickle.loads(r["payload"]) for r in payloads]
 
 
-def check_spark_schema(table: Table, df: Any) -> None:
+def check_spark_schema(table: TableContext, df: Any) -> None:
     """Validate a Spark DataFrame's columns against the table on the driver (no rows read)."""
     empty = df.limit(0).toArrow()
     conform(empty, table.iceberg.schema(), table.key)
@@ -280,7 +278,7 @@ def check_spark_keys(df: Any, key: list[str]) -> str | None:
     return None
 
 
-def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tuple[list[LiveFile], pa.Table, list[WrittenFile], int, int]:
+def plan_upsert(spark: Any, table: TableContext, state: TableState, batch: Any) -> tuple[list[LiveFile], pa.Table, list[WrittenFile], int, int]:
     """Match a Spark batch with the live rows by key on executors.
 
     Returns the live files, the removed images' pointers (metadata, with
@@ -312,11 +310,11 @@ def plan_upsert(spark: Any, table: Table, state: TableState, batch: Any) -> tupl
         pointers = matched.select(
             "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", *[column(k) for k in key]
         ).toArrow()
-        images = matched.select(*[column(c) for c in columns], F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED))
+        images = matched.select(*[column(c) for c in columns], F.col("_row_id").alias(HIDDEN_ROW_ID), F.col("_row_created_at_version").alias(HIDDEN_CREATED))
         inserts = b.join(live, cond, "left_anti")
         # ~2M rows per written file; images sorted by row id so their lineage compresses into runs.
         written = (
-            write_with_executors(table, images.coalesce(max(1, pointers.num_rows // 2_000_000)).sortWithinPartitions(ROW_ID))
+            write_with_executors(table, images.coalesce(max(1, pointers.num_rows // 2_000_000)).sortWithinPartitions(HIDDEN_ROW_ID))
             if pointers.num_rows
             else []
         )
@@ -346,7 +344,7 @@ def removed_images(files: list[LiveFile], pointers: pa.Table, key: list[str]) ->
     )
 
 
-def reject_bad_batch(table: Table, df: Any, keyed: bool) -> None:
+def reject_bad_batch(table: TableContext, df: Any, keyed: bool) -> None:
     """Driver-side validation of a Spark batch (schema; null and duplicate keys when ``keyed``)."""
     check_spark_schema(table, df)
     if keyed:

@@ -22,10 +22,10 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.deletes import path_in_bounds, read_position_deletes, referenced_data_path
+from lineage.storage.deletes import path_in_bounds, read_position_deletes, referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
-from lineage.planning import PlannedFile, live_entries, plan_snapshot
-from lineage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
+from lineage.iceberg.planning import PlannedFile, live_entries, plan_snapshot
+from lineage.storage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class LiveFile:
     # added and carried without re-planning (:meth:`SnapshotFiles.advance`).
     sequence_number: int | None = None
     equality_deletes: tuple[DataFile, ...] = ()
-    # Resolved-delete files (lineage.equality) naming positions of this file that equality deletes remove.
+    # Resolved-delete files (lineage.iceberg.equality) naming positions of this file that equality deletes remove.
     # Not Iceberg files: commits never add or remove them; readers apply them like position deletes.
     resolved: tuple[str, ...] = ()
 
@@ -110,7 +110,7 @@ class SnapshotFiles:
                     files[target] = replace(live, deletes=live.deletes + (d,))
                 continue
             # Partition-scoped: it applies to every file of its partition whose path its bounds bracket (the
-            # planner's rule, lineage.planning.PositionDeleteIndex; the commit's own new files included).
+            # planner's rule, lineage.iceberg.planning.PositionDeleteIndex; the commit's own new files included).
             scope = (d.spec_id or 0, d.partition)
             for path, live in files.items():
                 f = live.data_file
@@ -227,7 +227,7 @@ def _pruned(table: IcebergTable, files: list[LiveFile], prune: BooleanExpression
     """The files pyiceberg's planning would keep for ``prune`` (partition values and column statistics).
 
     Uses the evaluators of pyiceberg's planner on files already known. The
-    expression comes from :mod:`lineage.pruning` (exact column names, so the
+    expression comes from :mod:`lineage.sql.pruning` (exact column names, so the
     binding is case sensitive); if it does not bind, every file is kept, as
     planning without a filter does.
     """

@@ -33,13 +33,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lineage.errors import InvalidArgumentError
+from lineage.table import Table, open_table
+from lineage.writes.plan import CommitInfo
 from lineage.writes.stream_position import last_stream_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog import Catalog
-
-    from lineage.table import Table
-    from lineage.writes.loop import CommitInfo
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +92,6 @@ class ChangelogSink:
 
     def table(self) -> Table:
         """The target table, opened (or refreshed) for this batch."""
-        from lineage.table import Table, open_table
-
         if isinstance(self._table, Table):
             return self._table.refresh()
         return open_table(self._table, warehouse=self._warehouse, catalog=self._catalog)

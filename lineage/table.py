@@ -18,6 +18,7 @@ needs, live in :mod:`lineage.writes`.
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,57 +32,61 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
-from lineage import duck
-from lineage.batched_scan import DEFAULT_BATCH_ROWS, DEFAULT_GROUP_BYTES, BatchedScan, plan_scan, read_all, scan_batches
-from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
-from lineage.commit_log import USER_PROPERTY_PREFIXES
+import lineage.duck as duck
+from lineage.read.batched_scan import DEFAULT_BATCH_ROWS, DEFAULT_GROUP_BYTES, BatchedScan, plan_scan, read_all, scan_batches
+import lineage.properties as properties
+from lineage.catalog import identifier, load_iceberg, resolve_catalog
+from lineage.storage.commit_log import USER_PROPERTY_PREFIXES
 from lineage.errors import (
     InvalidArgumentError,
     KeyViolationError,
     TableAlreadyExistsError,
 )
-from lineage.outcome import has_commit, is_transient, reload
-from lineage.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.context import TableContext
+import lineage.maintenance as maintenance
+import lineage.spark as spark_io
+from lineage.maintenance import MaintenanceReport, MaintenanceResult
+from lineage.maintenance.convert import ConvertResult, convert_table
+from lineage.maintenance.vacuum import DEFAULT_ORPHAN_AGE
+from lineage.outcome import has_commit
+from lineage.properties import COPY_ON_WRITE, FORMAT_VERSION, MERGE_ON_READ, capture_preimages, check_mode
+from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.reconcile import reconcile_table
-from lineage.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.schema import (
-    arrow_schema,
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import (
     conform,
     iceberg_schema,
     null_or_duplicate_keys,
     partition_spec,
-    projection_field_ids,
     to_arrow_table,
 )
 from lineage.spark import is_spark_dataframe
-from lineage.state import SnapshotFiles, TableState, carried_memo, state_at
-from lineage.writer import WrittenFile
-from lineage.writes import keyed
+from lineage.state import SnapshotFiles, TableState
+from lineage.storage.writer import WrittenFile
+from lineage.writes import key_checks
 from lineage.writes import spark as spark_writes
 from lineage.writes import spark_rewrite
 from lineage.writes.capture import old_values, split_old
+from lineage.writes.changelog import apply_changelog
 from lineage.writes.checks import check_user_properties
-from lineage.writes.loop import CommitInfo, Plan, ms_to_datetime, run_write
-from lineage.writes.merge import merge_planner
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
+from lineage.writes.merge_plan import merge_planner
 from lineage.writes.update import update_planner
-from lineage.writes.properties import (  # re-exported: the table properties keep their lineage.table names
-    COPY_ON_WRITE,
-    DEFAULT_RETRIES,
-    MERGE_ON_READ,
-    PROP_DELETE_GRANULARITY,
-    PROP_DELETE_MODE,
-    PROP_MERGE_MODE,
-    PROP_RETRIES,
-    PROP_UPDATE_MODE,
-    capture_preimages,
-    check_mode,
-)
 from lineage.writes.rows import REMOVED_COLS
+from lineage.writes.stream_position import reset_stream_position
 
-PROP_LINEAGE = "lineage.enabled"
-PROP_KEY_ENFORCE = "lineage.key.enforce"
+# The table properties keep their lineage.table names (the registry, lineage.properties, defines them).
+PROP_DELETE_MODE = properties.DELETE_MODE
+PROP_UPDATE_MODE = properties.UPDATE_MODE
+PROP_MERGE_MODE = properties.MERGE_MODE
+PROP_DELETE_GRANULARITY = properties.DELETE_GRANULARITY
+PROP_RETRIES = properties.COMMIT_RETRIES
+DEFAULT_RETRIES = properties.registry[PROP_RETRIES].default
+PROP_LINEAGE = properties.LINEAGE_ENABLED
+PROP_KEY_ENFORCE = properties.KEY_ENFORCE
+PROP_METADATA_DELETE_AFTER_COMMIT = properties.METADATA_DELETE_AFTER_COMMIT
 _APPEND_HINT = f"use upsert to update existing rows (or set table property {PROP_KEY_ENFORCE}=false to skip this check)"
-PROP_METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"  # Iceberg's
 
 __all__ = [
     "COPY_ON_WRITE",
@@ -122,14 +127,14 @@ def create_table(
     ns, tbl = identifier(name)
     ischema = iceberg_schema(schema, key)
     spec = partition_spec(ischema, partition_by)
-    props = {PROP_LINEAGE: "true", "format-version": "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ,
+    props = {PROP_LINEAGE: "true", FORMAT_VERSION: "2", PROP_DELETE_MODE: MERGE_ON_READ, PROP_UPDATE_MODE: MERGE_ON_READ, PROP_MERGE_MODE: MERGE_ON_READ,
              # Each commit writes the whole metadata JSON: keep only the last write.metadata.previous-versions-max (100)
              # of them on disk, or a table with N commits keeps O(N^2) bytes of old metadata files.
              PROP_METADATA_DELETE_AFTER_COMMIT: "true"}
     for k, v in (properties or {}).items():
         props[str(k)] = str(v)
-    if props.get("format-version") != "2":
-        raise InvalidArgumentError(f"format-version must be 2 (got {props['format-version']!r}); v1 has no delete files")
+    if props.get(FORMAT_VERSION) != "2":
+        raise InvalidArgumentError(f"format-version must be 2 (got {props[FORMAT_VERSION]!r}); v1 has no delete files")
     for prop in (PROP_DELETE_MODE, PROP_UPDATE_MODE, PROP_MERGE_MODE):
         check_mode(props[prop], prop)
     capture_preimages(props)  # refuses a value other than true/false
@@ -163,68 +168,65 @@ def _engine(engine: str) -> str:
     return engine
 
 class Table:
-    """An Iceberg table whose rows carry ``_row_id`` and created/updated versions."""
+    """An Iceberg table whose rows carry ``_row_id`` and created/updated versions.
+
+    The facade users call: it holds a :class:`lineage.context.TableContext`
+    (the pyiceberg table, its catalog, the files planned for the current
+    snapshot) and hands it to the operations it runs.
+    """
 
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
-        self._iceberg = iceberg
-        self._catalog = catalog
-        # Files of the current snapshot planned or derived by this object (lineage.state.state_at);
-        # a commit by anyone else changes the snapshot id and empties it.
-        self._memo: dict[str, Any] = {}
+        self._context = TableContext(iceberg, catalog)
 
     # ------------------------------------------------------------------ facts
     @property
+    def context(self) -> TableContext:
+        """What the operations (writes, maintenance, the change feed) get: see :class:`lineage.context.TableContext`."""
+        return self._context
+
+    @property
     def name(self) -> str:
         """The table's name, ``namespace.table``."""
-        return ".".join(self._iceberg.name()[-2:])
+        return self._context.name
 
     @property
     def iceberg(self) -> IcebergTable:
         """The underlying pyiceberg table (refreshed by :meth:`refresh`)."""
-        return self._iceberg
+        return self._context.iceberg
 
     @property
     def catalog(self) -> Catalog:
         """The catalog the table lives in."""
-        return self._catalog
+        return self._context.catalog
 
     @property
     def key(self) -> list[str]:
         """The table's key columns (its Iceberg identifier fields, in schema order)."""
-        schema = self._iceberg.schema()
-        return [schema.find_column_name(fid) for fid in schema.identifier_field_ids]
+        return self._context.key
 
     @property
     def arrow_schema(self) -> pa.Schema:
         """The data columns as a pyarrow schema."""
-        return arrow_schema(self._iceberg.schema())
+        return self._context.arrow_schema
 
     @property
     def properties(self) -> dict[str, str]:
         """The Iceberg table properties."""
-        return dict(self._iceberg.metadata.properties)
+        return self._context.properties
 
     def refresh(self) -> Table:
         """Reload the table's metadata from the catalog (only a look at the catalog's pointer when nothing moved).
 
         A transient catalog error is retried a few times.
         """
-
-        def load() -> None:
-            location = current_metadata_location(self._iceberg.catalog, self._iceberg.name())
-            if location is None or location != self._iceberg.metadata_location:
-                self._iceberg.refresh()
-
-        error = reload(load, self.name, retry=is_transient)
-        if error is not None:
-            raise error
+        self._context.refresh()
         return self
 
     @property
     def version(self) -> int:
         """The current version (0 before the first commit)."""
         self.refresh()
-        snap = self._iceberg.metadata.current_snapshot()
+        snap = self.iceberg.metadata.current_snapshot()
         return snap.sequence_number if snap else 0
 
     def has_commit(self, snapshot_id: int) -> bool:
@@ -236,25 +238,24 @@ class Table:
         if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
             raise InvalidArgumentError(f"snapshot_id must be an integer, got {snapshot_id!r}")
         self.refresh()
-        return has_commit(self._iceberg, snapshot_id)
+        return has_commit(self.iceberg, snapshot_id)
 
     def state(self, as_of: int | None = None) -> TableState:
         """The table's state at a version (current by default), for engines and tools."""
-        self.refresh()
-        return state_at(self._iceberg, as_of, memo=self._memo)
+        return self._context.state(as_of)
 
     def reconcile(self) -> list[int]:
         """Derive and store the lineage of other engines' commits (lineage.reconcile); their versions, oldest first."""
         self.refresh()
         self.state_in_hand(persist=True)  # through the memo: a snapshot this object planned is where reconciling starts
-        return reconcile_table(self._iceberg)
+        return reconcile_table(self.iceberg)
 
     def state_in_hand(self, persist: bool = False) -> TableState:
         """The state of the metadata this object holds, without asking the catalog (write loops refresh themselves).
 
         ``persist``: a writer's state, whose foreign lineage is stored under the table's location (lineage.reconcile).
         """
-        return state_at(self._iceberg, memo=self._memo, persist=persist)
+        return self._context.state_in_hand(persist)
 
     def history(self) -> list[CommitInfo]:
         """Every commit, oldest first, from the lineage commit log (survives snapshot expiry)."""
@@ -322,10 +323,10 @@ class Table:
         DataFrame, or a Spark DataFrame (executors write the files).
         """
         if is_spark_dataframe(data):
-            return spark_writes.append(self, data, check_keys=bool(self.key) and self._enforce_key())
+            return spark_writes.append(self._context, data, check_keys=bool(self.key) and self._context.enforce_key)
         key = self.key
-        batch = conform(to_arrow_table(data), self._iceberg.schema(), key, keep_offsets=True)
-        check_keys = bool(key) and self._enforce_key()
+        batch = conform(to_arrow_table(data), self.iceberg.schema(), key, keep_offsets=True)
+        check_keys = bool(key) and self._context.enforce_key
         if check_keys:
             problem = null_or_duplicate_keys(batch, key)
             if problem:
@@ -338,7 +339,7 @@ class Table:
                 # No live key to clash with (in-batch duplicates were refused above); the index is built on first use.
                 return Plan("append", inserts=batch, inserted=batch.num_rows)
             if index is not None:
-                keyed.reject_live_keys(index, batch.select(key), _APPEND_HINT)
+                key_checks.reject_live_keys(index, batch.select(key), _APPEND_HINT)
                 return Plan("append", inserts=batch, inserted=batch.num_rows, key_index=KeyIndexChange(index=index))
             files = state.live_files() if check_keys else []
             if files:  # an empty table has no key to clash with
@@ -350,7 +351,7 @@ class Table:
                     raise KeyViolationError(f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; {_APPEND_HINT}")
             return Plan("append", inserts=batch, inserted=batch.num_rows)
 
-        return run_write(self, plan, mode=MERGE_ON_READ, reuse_inserts=written)
+        return run_write(self._context, plan, mode=MERGE_ON_READ, reuse_inserts=written)
 
     def delete(self, where: str | BooleanExpression, *, mode: str | None = None, engine: str = "duckdb", spark: Any = None) -> CommitInfo:
         """Delete the live rows matching ``where`` (merge-on-read unless ``mode``/properties say otherwise).
@@ -360,7 +361,7 @@ class Table:
         if where is None:
             raise InvalidArgumentError("where is required; use where='TRUE' to delete every row")
         if _engine(engine) == "spark":
-            return spark_rewrite.delete(self, where, self._mode(mode, PROP_DELETE_MODE), spark)
+            return spark_rewrite.delete(self._context, where, self._mode(mode, PROP_DELETE_MODE), spark)
         pred = parse_predicate(where, self._probe_schema(), prunable_columns(self.arrow_schema))
         mode = self._mode(mode, PROP_DELETE_MODE)
 
@@ -370,12 +371,12 @@ class Table:
             duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()), exact_floats=pred.reads_floats)
             key = self.key if index_enabled(state.iceberg) else []
             old = old_values(schema) if self._capture() else ""
-            rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
+            rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
             removed = rows.select(REMOVED_COLS.split(", "))
             change = KeyIndexChange(removed_keys=rows.select(key)) if key else None
             return Plan("delete", files=files, removed=removed, removed_values=values, deleted=removed.num_rows, key_index=change)
 
-        return run_write(self, plan, mode=mode, isolated=True)  # the plan seals its connection
+        return run_write(self._context, plan, mode=mode, isolated=True)  # the plan seals its connection
 
     def update(
         self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None,  # noqa: A002
@@ -389,9 +390,9 @@ class Table:
         images (``spark``, or the active session).
         """
         if _engine(engine) == "spark":
-            return spark_rewrite.update(self, where, set, self._mode(mode, PROP_UPDATE_MODE), spark, self._enforce_key())
-        plan = update_planner(self, where, set, enforce_key=self._enforce_key())
-        return run_write(self, plan, mode=self._mode(mode, PROP_UPDATE_MODE), isolated=True)  # the plan seals its connection
+            return spark_rewrite.update(self._context, where, set, self._mode(mode, PROP_UPDATE_MODE), spark, self._context.enforce_key)
+        plan = update_planner(self._context, where, set, enforce_key=self._context.enforce_key)
+        return run_write(self._context, plan, mode=self._mode(mode, PROP_UPDATE_MODE), isolated=True)  # the plan seals its connection
 
     def upsert(self, data: object, *, skip_unchanged: bool = False, mode: str | None = None) -> CommitInfo:
         """Insert-or-update by the table key.
@@ -404,7 +405,7 @@ class Table:
         if not self.key:
             raise KeyViolationError(f"table {self.name} has no key; create it with key=[...] to upsert")
         if is_spark_dataframe(data):
-            return spark_writes.upsert(self, data, self._mode(mode, PROP_MERGE_MODE))
+            return spark_writes.upsert(self._context, data, self._mode(mode, PROP_MERGE_MODE))
         return self.merge(data, skip_unchanged=skip_unchanged, mode=mode, _operation="upsert")
 
     def merge(
@@ -435,7 +436,7 @@ class Table:
         if not key:
             raise KeyViolationError(f"table {self.name} has no key; create it with key=[...] to merge")
         schema = self.arrow_schema
-        batch = conform(to_arrow_table(upserts), self._iceberg.schema(), key) if upserts is not None else schema.empty_table()
+        batch = conform(to_arrow_table(upserts), self.iceberg.schema(), key) if upserts is not None else schema.empty_table()
         problem = null_or_duplicate_keys(batch, key)
         if problem:
             raise KeyViolationError(f"{_operation} batch rejected: {problem}")
@@ -451,8 +452,8 @@ class Table:
                 raise KeyViolationError(f"deletes rejected: {problem}")
         extra = check_user_properties(properties)
         mode = self._mode(mode, PROP_MERGE_MODE)
-        plan = merge_planner(self, batch, dkeys, skip_unchanged=skip_unchanged, operation=_operation, properties=extra)
-        return run_write(self, plan, mode=mode, expected_version=expected_version)
+        plan = merge_planner(self._context, batch, dkeys, skip_unchanged=skip_unchanged, operation=_operation, properties=extra)
+        return run_write(self._context, plan, mode=mode, expected_version=expected_version)
 
     def reset_stream_position(self, stream_id: str, batch_id: int | None) -> None:
         """Record that change stream ``stream_id`` has applied every batch up to ``batch_id`` (an operator's word).
@@ -462,9 +463,7 @@ class Table:
         up to ``batch_id`` are then skipped, later ones apply; ``None`` says
         the stream applied nothing yet.
         """
-        from lineage.writes.stream_position import reset_stream_position
-
-        reset_stream_position(self._iceberg, stream_id, batch_id)
+        reset_stream_position(self.iceberg, stream_id, batch_id)
         self.refresh()
 
     def apply_changelog(
@@ -492,37 +491,27 @@ class Table:
         ``properties`` and ``expected_version`` work as in :meth:`merge`.
         See :mod:`lineage.writes.changelog`.
         """
-        from lineage.writes.changelog import apply_changelog
-
         return apply_changelog(
-            self, data, op_column=op_column, upsert=upsert, order_by=order_by, mode=self._mode(mode, PROP_MERGE_MODE),
+            self._context, data, op_column=op_column, upsert=upsert, order_by=order_by, mode=self._mode(mode, PROP_MERGE_MODE),
             properties=properties, expected_version=expected_version, stream=stream,
         )
 
     # ------------------------------------------------------------------ maintenance
-    def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> Any:
+    def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> MaintenanceResult:
         """Rewrite data files with deletes or small files (lineage kept, no change events)."""
-        from lineage.maintenance import compact
+        return maintenance.compact(self._context, target_file_size_bytes, min_file_size_bytes)
 
-        return compact(self, target_file_size_bytes, min_file_size_bytes)
-
-    def rewrite_deletes(self, granularity: str | None = None) -> Any:
+    def rewrite_deletes(self, granularity: str | None = None) -> MaintenanceResult:
         """Merge position delete files into one per data file (or per partition)."""
-        from lineage.maintenance import rewrite_deletes
+        return maintenance.rewrite_deletes(self._context, granularity)
 
-        return rewrite_deletes(self, granularity)
-
-    def convert_equality_deletes(self) -> Any:
+    def convert_equality_deletes(self) -> ConvertResult:
         """CONVERT every equality delete file into position deletes (same answers; see lineage.maintenance.convert)."""
-        from lineage.maintenance.convert import convert_table
+        return convert_table(self._context)
 
-        return convert_table(self)
-
-    def expire_snapshots(self, older_than: Any = None, retain_last: int = 1) -> Any:
+    def expire_snapshots(self, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1) -> MaintenanceResult:
         """Expire old snapshots (the change feed does not need them)."""
-        from lineage.maintenance import expire_snapshots
-
-        return expire_snapshots(self, older_than, retain_last)
+        return maintenance.expire_snapshots(self._context, older_than, retain_last)
 
     def carry_files(self, snapshot_id: int, files: SnapshotFiles | None) -> None:
         """Keep the live files a commit of this object derived for its snapshot, so the next write does not plan them.
@@ -530,90 +519,63 @@ class Table:
         Called by the write loop after each commit; they are dropped as soon
         as the table's current snapshot is another one (see :func:`lineage.state.state_at`).
         """
-        self._memo = carried_memo(snapshot_id, files)
+        self._context.carry_files(snapshot_id, files)
 
-    def rewrite_manifests(self, dry_run: bool = False) -> Any:
+    def rewrite_manifests(self, dry_run: bool = False) -> MaintenanceResult:
         """Merge the current snapshot's manifests (for tables that already have many); see lineage.maintenance.upkeep."""
-        from lineage.maintenance import rewrite_manifests
+        return maintenance.rewrite_manifests(self._context, dry_run)
 
-        return rewrite_manifests(self, dry_run)
-
-    def maintain(self, dry_run: bool = False) -> Any:
+    def maintain(self, dry_run: bool = False) -> MaintenanceReport:
         """Run the upkeep a long-lived table needs, as its properties say (see lineage.maintenance.upkeep).
 
         Returns a ``MaintenanceReport`` (``print`` it for a summary). With
         ``dry_run`` nothing changes and the report says what would run.
         """
-        from lineage.maintenance import maintain
-
-        report = maintain(self, dry_run)
+        report = maintenance.maintain(self._context, dry_run)
         if not dry_run:
             self.state().files()  # plan the new snapshot's files now, not in the next write
         return report
 
-    def vacuum(self, older_than: Any = None, dry_run: bool = False) -> Any:
+    def vacuum(self, older_than: _dt.timedelta | None = None, dry_run: bool = False) -> MaintenanceResult:
         """Delete files nothing needs any more (pinned files inside the retention window are kept)."""
-        from lineage.maintenance import vacuum
-        from lineage.maintenance.vacuum import DEFAULT_ORPHAN_AGE
+        return maintenance.vacuum(self._context, DEFAULT_ORPHAN_AGE if older_than is None else older_than, dry_run)
 
-        return vacuum(self, DEFAULT_ORPHAN_AGE if older_than is None else older_than, dry_run)
-
-    def rehome(self, max_live_fraction: float = 0.1) -> Any:
+    def rehome(self, max_live_fraction: float = 0.1) -> MaintenanceResult:
         """Copy still-needed images out of sparse pinned files so vacuum can release them."""
-        from lineage.maintenance import rehome
+        return maintenance.rehome(self._context, max_live_fraction)
 
-        return rehome(self, max_live_fraction)
-
-    def reindex(self) -> Any:
+    def reindex(self) -> MaintenanceResult:
         """Rebuild the key index from a scan of the key columns (a maintenance commit; see index.key_index)."""
-        from lineage.maintenance import reindex
+        return maintenance.reindex(self._context)
 
-        return reindex(self)
-
-    def merge_key_index(self, full: bool = False) -> Any:
+    def merge_key_index(self, full: bool = False) -> MaintenanceResult:
         """Merge key index segments per the table's merge policy (all into one with ``full``)."""
-        from lineage.maintenance import merge_key_index
+        return maintenance.merge_key_index(self._context, full)
 
-        return merge_key_index(self, full)
-
-    def purge(self, where: str | BooleanExpression) -> Any:
+    def purge(self, where: str | BooleanExpression) -> MaintenanceResult:
         """Erase matching rows for good (GDPR): live data, pinned files, archives; see lineage.maintenance.purge."""
-        from lineage.maintenance import purge
-
-        return purge(self, where)
+        return maintenance.purge(self._context, where)
 
     # ------------------------------------------------------------------ Spark
     def to_spark(self, spark: Any, as_of: int | None = None, with_lineage: bool = True) -> Any:
         """The table at ``as_of`` as a Spark DataFrame with ``_row_id`` and the version columns."""
-        from lineage import spark as spark_io
-
         return spark_io.to_spark(spark, self.state(as_of), with_lineage)
 
     # ------------------------------------------------------------------ internals
     def _probe_schema(self) -> pa.Schema:
-        return pa.schema(list(self.arrow_schema) + LINEAGE_SCHEMA)
+        return self._context.probe_schema
 
     def _field_ids(self) -> dict[str, int] | None:
-        return projection_field_ids(self._iceberg.metadata)
+        return self._context.field_ids()
 
     def _capture(self) -> bool:
-        return capture_preimages(self._iceberg.metadata.properties)
-
-    def _enforce_key(self) -> bool:
-        raw = self._iceberg.metadata.properties.get(PROP_KEY_ENFORCE, "true").lower()
-        if raw not in ("true", "false"):
-            raise InvalidArgumentError(f"table property {PROP_KEY_ENFORCE} must be 'true' or 'false', got {raw!r}")
-        return raw == "true"
+        return self._context.capture_preimages
 
     def _mode(self, mode: str | None, prop: str) -> str:
-        if mode is None:
-            return check_mode(self._iceberg.metadata.properties.get(prop, MERGE_ON_READ), f"table property {prop}")
-        return check_mode(mode, "mode")
+        return self._context.mode(mode, prop)
 
 
 def _key_schema(table: Table) -> pa.Schema:
     """A schema with only the key columns, as required fields (for delete-key batches)."""
-    from lineage.schema import iceberg_schema as _to_iceberg
-
     fields = [table.arrow_schema.field(k) for k in table.key]
-    return _to_iceberg(pa.schema(fields), table.key)
+    return iceberg_schema(pa.schema(fields), table.key)

@@ -35,7 +35,7 @@ def lose_next_commit(monkeypatch, rival) -> dict:  # noqa: ANN001
     before it. Returns counters: ``winner`` (what ``rival`` returned) and ``failures`` (commits that failed)."""
     from pyiceberg.exceptions import CommitFailedException
 
-    import lineage.commit as commit_module
+    import lineage.commits.commit as commit_module
 
     real_commit = commit_module.commit_files
     seen: dict[str, object] = {"armed": True, "winner": None, "failures": 0}

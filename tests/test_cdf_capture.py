@@ -23,7 +23,7 @@ import lineage
 from conftest import SCHEMA, rename_and_add_a_column, rows
 from index import deleted_rows
 from index.deleted_rows import read_index, read_index_segment
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 
 CAPTURE = {"lineage.cdf.capture-preimages": "true"}
 ZERO = _dt.timedelta(0)

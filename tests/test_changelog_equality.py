@@ -17,7 +17,7 @@ from pyiceberg.manifest import DataFileContent
 
 import lineage
 from lineage.errors import InvalidArgumentError
-from lineage.metadata import SUMMARY_LIST, SUMMARY_OPERATION
+from lineage.storage.metadata import SUMMARY_LIST, SUMMARY_OPERATION
 
 EQ = {"write.changelog.strategy": "equality"}
 

@@ -41,7 +41,7 @@ import lineage
 from index.key_index import KeyIndex
 from lineage import duck
 from lineage.maintenance.key_index import check_key_index
-from lineage.writes.keys import live_images_for_keys
+from lineage.writes.live_images import live_images_for_keys
 
 KEYS = list(range(1, 9))
 NAMES = st.sampled_from(["x", "y", None])

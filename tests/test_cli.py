@@ -564,7 +564,7 @@ def test_demo_subcommand(tmp_path):
 def test_argument_parsers():
     import datetime as dt
 
-    from lineage.cli.parse import parse_duration, parse_schema, parse_size, parse_timestamp
+    from lineage.cli.option_values import parse_duration, parse_schema, parse_size, parse_timestamp
 
     s = parse_schema("id:int64!, price:decimal(10,2), at:timestamp[us, tz=UTC], tags:list<string>, ok:bool, n:long")
     assert [(f.name, str(f.type), f.nullable) for f in s] == [

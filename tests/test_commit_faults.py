@@ -47,7 +47,7 @@ import lineage
 import lineage.outcome
 from catalog_faults import AFTER, BEFORE, LATE, Fault, FaultyCatalog
 from lineage.catalog import default_catalog
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance import referenced_files, verify
 from lineage.outcome import find_commit
 

@@ -22,7 +22,7 @@ import pytest
 
 import lineage
 from conftest import SCHEMA, assert_interop, lose_next_commit, rows
-from lineage.metadata import SUMMARY_LIST, SUMMARY_VERSION, read_list, read_segment
+from lineage.storage.metadata import SUMMARY_LIST, SUMMARY_VERSION, read_list, read_segment
 from lineage.state import main_branch_snapshots
 
 

@@ -13,8 +13,8 @@ from test_changelog_equality import EQ, _apply, _events
 
 import lineage
 from lineage.maintenance import convert as convert_module
-from lineage.metadata import SUMMARY_OPERATION
-from lineage.planning import live_entries, sequence_of
+from lineage.storage.metadata import SUMMARY_OPERATION
+from lineage.iceberg.planning import live_entries, sequence_of
 
 
 def _spark(reference, warehouse):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import cdf
 import lineage
 from conftest import SCHEMA
-from lineage import decoded_cache, values
+from lineage import decoded_cache
+from lineage.read import values
 from lineage.decoded_cache import DecodedCache
 from lineage.errors import InvalidArgumentError
 

@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lineage
-from lineage.deletes import referenced_data_path
+from lineage.storage.deletes import referenced_data_path
 from lineage.errors import InvalidArgumentError
 from lineage.maintenance import verify
-from lineage.planning import plan_snapshot
+from lineage.iceberg.planning import plan_snapshot
 from tests.conftest import SCHEMA, assert_interop, rows
 
 

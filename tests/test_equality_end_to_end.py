@@ -285,7 +285,7 @@ def _same_feed(eq, pos, ids: _Ids, version_map: dict[int, int], batch_versions: 
 
 def _scan_resolution(t: lineage.Table) -> dict[str, list[int]]:
     """What CONVERT must write, resolved independently: a scan of the equality columns, less positions already deleted."""
-    from lineage.deletes import positions_for
+    from lineage.storage.deletes import positions_for
     from lineage.maintenance.convert import resolve_snapshot
 
     t.refresh()
@@ -299,7 +299,7 @@ def _scan_resolution(t: lineage.Table) -> dict[str, list[int]]:
 
 def _converted_positions(t: lineage.Table) -> dict[str, list[int]]:
     """Data file -> positions of the position delete files the head snapshot (a CONVERT) added."""
-    from lineage.deletes import read_position_deletes
+    from lineage.storage.deletes import read_position_deletes
 
     snap = t.iceberg.metadata.current_snapshot()
     out: dict[str, list[int]] = {}

@@ -25,7 +25,8 @@ import pyarrow as pa
 import pytest
 
 import lineage
-from lineage import BadPredicateError, LineageError, allowlist, duck, expressions
+from lineage import BadPredicateError, LineageError, duck
+from lineage.sql import allowlist, expressions
 
 SCHEMA = pa.schema([("k", pa.int64()), ("a", pa.string()), ("x", pa.float64())])
 HUGE = 2_000_000_000  # characters: 2 GB per row if it ran

@@ -2,7 +2,7 @@
 
 A ``where`` (scan, delete, update, purge), an update's ``set`` value and the
 CLI's ``--where``/``--set`` reach DuckDB only as the re-rendering of a parse
-tree that passed :mod:`lineage.expressions`. Checked here:
+tree that passed :mod:`lineage.sql.expressions`. Checked here:
 
 * the three calls of the report are refused and change nothing;
 * a table of hostile expressions (breakouts, stacked statements, subqueries
@@ -33,8 +33,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lineage
-from lineage import BadPredicateError, LineageError, UnknownColumnError, allowlist, duck, expressions
-from lineage.predicate import parse_predicate
+from lineage import BadPredicateError, LineageError, UnknownColumnError, duck
+from lineage.sql import allowlist, expressions
+from lineage.sql.predicate import parse_predicate
 from conftest import rows
 
 SCHEMA = pa.schema([("k", pa.int64()), ("a", pa.string()), ("x", pa.float64()), ("n", pa.int64())])
@@ -418,7 +419,7 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
         duck.seal(duck.connect())  # sealing the shared database would lock every other connection out
     con = duck.connect(isolated=True)
     try:
-        from lineage.scan import register_live_view
+        from lineage.read.scan import register_live_view
 
         paths = register_live_view(con, "live", t.state().live_files(), t.arrow_schema)
         duck.seal(con, paths)

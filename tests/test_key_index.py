@@ -23,7 +23,7 @@ from conftest import key_hash_mask
 from index import key_hash as kh
 from index import key_segment
 from index.key_index import KeyIndex
-from index.key_merge import FULL, MAINTENANCE, WRITER, MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import FULL, MAINTENANCE, WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     SEGMENT_FORMAT_VERSION,
     KeyField,

@@ -29,11 +29,11 @@ from conftest import SCHEMA, key_hash_mask
 from index import key_hash as kh
 from index import key_index, key_segment
 from index.key_index import KeyIndex
-from index.key_merge import MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import MergePolicy, SegmentInfo, next_merge
 from index.key_packed import prefix_bits
 from index.key_segment import KeyField, make_segment, merge_segments, read_key_segment, write_key_segment
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance import verify
 
 IO = PyArrowFileIO()

@@ -24,15 +24,15 @@ import lineage
 from conftest import SCHEMA
 from index import key_segment
 from index.key_index import PROP_DEFER_ROWS, KeyIndex
-from lineage.commit import CommitRequest, commit_change
+from lineage.commits.commit import CommitRequest, commit_change
 from lineage.outcome import Attempt
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, local_path
+from lineage.storage.fileio import ImmutableFileCache, local_path
 from lineage.maintenance import verify
 from lineage.maintenance.key_index import check_key_index
-from lineage.writer import write_data_files
+from lineage.storage.writer import write_data_files
 
-commit_module = importlib.import_module("lineage.commit")
+commit_module = importlib.import_module("lineage.commits.commit")
 
 
 def _batch(ids: list[int], name: str = "x", amount: float = 1.0) -> pa.Table:
@@ -211,7 +211,7 @@ def test_a_crash_leaves_the_commit_with_its_index_delta_or_nothing(warehouse, mo
     # A process killed right after the catalog accepted its commit: the commit stands, with its delta.
     child = (
         "import os, importlib, pyarrow as pa, lineage\n"
-        "cm = importlib.import_module('lineage.commit'); real = cm.commit_files\n"
+        "cm = importlib.import_module('lineage.commits.commit'); real = cm.commit_files\n"
         "def dies(*a, **k):\n    real(*a, **k)\n    os._exit(3)\n"
         "cm.commit_files = dies\n"
         f"t = lineage.open_table('s.t', warehouse={warehouse!r})\n"
@@ -332,7 +332,7 @@ def _events(evs: list[tuple]) -> pa.Table:
 
 
 def test_change_streams_look_keys_up_in_the_index_and_keep_it(warehouse, monkeypatch):
-    from lineage.writes import keys as key_lookup
+    from lineage.writes import live_images as key_lookup
 
     t = lineage.create_table("s.cl", SCHEMA, key=["id"], warehouse=warehouse)
     for first in (1, 11, 21):  # three data files
@@ -444,7 +444,7 @@ def test_a_writer_racing_a_deferred_bulk_append_sees_its_keys(warehouse, monkeyp
        key_type=st.sampled_from([pa.int64(), pa.int32(), pa.date32(), pa.timestamp("us")]))
 def test_the_batch_key_check_reads_chunks_and_blocks_like_one_sorted_array(chunks, block, key_type):
     """The in-order pass over a batch's key (chunk by chunk, in blocks) answers as a check of the whole column."""
-    from lineage import schema
+    from lineage.iceberg import schema
 
     old = schema._BLOCK
     schema._BLOCK = block

@@ -28,10 +28,11 @@ import cdf
 import lineage
 from conftest import SCHEMA, assert_interop, rows
 from index import deleted_rows
-from lineage import commit_log, metadata, state
-from lineage.commit_log import CHUNK_ENTRIES
-from lineage.fileio import local_path
-from lineage.metadata import SUMMARY_LIST, read_list
+from lineage import state
+from lineage.storage import commit_log, metadata
+from lineage.storage.commit_log import CHUNK_ENTRIES
+from lineage.storage.fileio import local_path
+from lineage.storage.metadata import SUMMARY_LIST, read_list
 
 MIN_COUNT = 6  # small, so that a few dozen commits exercise several merges
 

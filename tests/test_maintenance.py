@@ -83,7 +83,8 @@ def _one_iceberg_connection():
 def _drop_caches() -> None:
     """Forget parsed lineage/index files, so reads after a vacuum really go to disk."""
     from index import deleted_rows, purged
-    from lineage import commit_log, metadata, state
+    from lineage import state
+    from lineage.storage import commit_log, metadata
 
     for cache in (metadata._SEGMENT_CACHE, metadata._LIST_CACHE, commit_log._CHUNK_CACHE, deleted_rows._CACHE, purged._CACHE):
         cache.clear()

@@ -27,10 +27,11 @@ import lineage
 from conftest import SCHEMA
 from index import deleted_rows
 from index.deleted_rows import RemovedImages, read_index_segment, write_index_segment
-from lineage import commit_log, metadata, state
-from lineage.fileio import local_path
-from lineage.metadata import SUMMARY_LIST, FileLineage, read_list, read_segment, write_segment
-from lineage.rle import (
+from lineage import state
+from lineage.storage import commit_log, metadata
+from lineage.storage.fileio import local_path
+from lineage.storage.metadata import SUMMARY_LIST, FileLineage, read_list, read_segment, write_segment
+from lineage.storage.rle import (
     Runs,
     combined_breakpoints,
     decode_sequence,
@@ -240,7 +241,7 @@ def test_index_segment_round_trip(tmp_path_factory, removed):
 
 
 def test_index_segments_are_cached_within_a_byte_budget(tmp_path, monkeypatch):
-    from lineage.fileio import ImmutableFileCache
+    from lineage.storage.fileio import ImmutableFileCache
 
     rng = np.random.default_rng(7)
 

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 import cdf.mv
 import cdf.mv.view as mv_view  # where the refresh's fault hook lives
 import lineage
-import lineage.commit as commit_module
+import lineage.commits.commit as commit_module
 from cdf.mv import ViewQueryError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("qty", pa.int64()), ("amount", pa.float64())])

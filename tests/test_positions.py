@@ -1,4 +1,4 @@
-"""Values at row positions of data files (lineage.writes.positions, and the feed's reader lineage.values) against a plain read of the whole files."""
+"""Values at row positions of data files (lineage.read.values: values_at for the write path, read_at for the feed) against a plain read of the whole files."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pyiceberg.types import StringType
 
 import lineage
 from conftest import SCHEMA
-from lineage import decoded_cache, values
+from lineage import decoded_cache
+from lineage.read import values
 from lineage.errors import KeyViolationError
-from lineage.writes.positions import values_at
+from lineage.read.values import values_at
 
 TARGET = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("note", pa.string())])
 IDS = {"id": 1, "name": 2, "amount": 3, "note": 4}
@@ -197,14 +198,14 @@ def test_files_that_cannot_be_read_by_position_are_left_to_the_scan(tmp_path):
 
 
 def test_strict_change_streams_check_images_across_row_groups_and_renamed_columns(warehouse, monkeypatch):
-    from lineage.writes import keys
+    from lineage.writes import live_images as keys
 
     groups: list[int] = []  # row groups of the files read by position; -1 when left to the scan
     real = keys.values_at
 
     def spy(paths, *a, **k):
         out = real(paths, *a, **k)
-        groups.extend(pq.ParquetFile(lineage.fileio.local_path(p)).num_row_groups if out is not None else -1 for p in paths)
+        groups.extend(pq.ParquetFile(lineage.storage.fileio.local_path(p)).num_row_groups if out is not None else -1 for p in paths)
         return out
 
     monkeypatch.setattr(keys, "values_at", spy)

@@ -1,7 +1,7 @@
 """A ``where`` selects exactly the rows DuckDB selects, however the table's files are laid out.
 
 Files are skipped before they are opened by a pyiceberg expression derived
-from the checked parse tree (:mod:`lineage.pruning`); the rows of the files
+from the checked parse tree (:mod:`lineage.sql.pruning`); the rows of the files
 kept are filtered by DuckDB. A file skipped wrongly makes ``scan`` miss rows
 and ``delete`` leave rows behind, silently. The differential property test
 below draws tables of many small files and several row groups (unpartitioned,
@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import lineage
-from lineage import expressions
-from lineage.pruning import prune_expression
-from lineage.predicate import parse_predicate, prunable_columns
+from lineage.sql import expressions
+from lineage.sql.pruning import prune_expression
+from lineage.sql.predicate import parse_predicate, prunable_columns
 
 SCHEMA = pa.schema([
     ("k", pa.int64()),

@@ -324,7 +324,7 @@ def test_foreign_versions_in_every_engine_and_reader(reference, warehouse, keyed
     path = reconciled_list_path(t.iceberg, foreign.snapshot_id)
     with open(path, "w") as f:
         f.write("{\"form")
-    from lineage.metadata import _LIST_CACHE
+    from lineage.storage.metadata import _LIST_CACHE
     import lineage.reconcile as rec
 
     _LIST_CACHE.clear()

@@ -12,9 +12,9 @@ from conftest import SCHEMA, rows
 import cdf
 import lineage
 import lineage.reconcile as rec
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance import verify
-from lineage.metadata import _LIST_CACHE
+from lineage.storage.metadata import _LIST_CACHE
 
 FOREIGN = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("amount", pa.float64())])
 

@@ -122,7 +122,7 @@ def test_vacuum_keeps_reconciled_lineage(table):
     import datetime as dt
 
     import lineage.reconcile as rec
-    from lineage.metadata import _LIST_CACHE, _SEGMENT_CACHE
+    from lineage.storage.metadata import _LIST_CACHE, _SEGMENT_CACHE
 
     t = table
     t.append(_batch([(1, "a", 1.0), (2, "b", 2.0)]))

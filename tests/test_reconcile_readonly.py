@@ -23,9 +23,9 @@ from conftest import SCHEMA, rows
 import cdf
 import lineage
 import lineage.reconcile as rec
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance import verify
-from lineage.metadata import _LIST_CACHE
+from lineage.storage.metadata import _LIST_CACHE
 from lineage.reconcile import reconciled_list_path
 from lineage.reconcile.scratch import is_scratch, scratch_location
 from lineage.state import forget_planned_files

@@ -23,7 +23,8 @@ from cdf.mv.view import (
     MaterializedView,
     RefreshResult,
 )
-from lineage import duck
+import lineage.duck as duck
+from lineage.properties import METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX
 from lineage.catalog import identifier, resolve_catalog
 from lineage.errors import InvalidArgumentError, LineageError, TableNotFoundError
 from lineage.table import Table, create_table, open_table
@@ -127,8 +128,8 @@ def create(
         PROP_SOURCE_UUID: str(source.iceberg.metadata.table_uuid),
         PROP_SHAPE: parsed.shape,
         # Idle checkpoints are property updates: keep the metadata log short.
-        "write.metadata.delete-after-commit.enabled": "true",
-        "write.metadata.previous-versions-max": "20",
+        METADATA_DELETE_AFTER_COMMIT: "true",
+        METADATA_PREVIOUS_VERSIONS_MAX: "20",
     }
     try:
         table = create_table(f"{ns}.{tbl}", schema, key=key, catalog=cat, properties=props)

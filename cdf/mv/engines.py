@@ -12,9 +12,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from lineage import duck
-from lineage.scan import register_live_view
-from lineage.schema import projection_field_ids
+import cdf
+import lineage.duck as duck
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.table import Table
 
 
@@ -38,8 +39,6 @@ class Engine:
         return logical
 
     def feed(self, source: Table, a: int, b: int, columns: list[str]) -> int:
-        import cdf
-
         tbl = cdf.changes(source, a, b, net=True, columns=columns)
         self.con.register("feed", tbl)
         self.purged = "_purged" in tbl.column_names
@@ -80,8 +79,6 @@ class SparkEngine(Engine):
         self.views.append(self.name(logical))
 
     def feed(self, source: Table, a: int, b: int, columns: list[str]) -> int:
-        import cdf
-
         df = cdf.changes(source, a, b, net=True, columns=columns, engine="spark", spark=self.spark)
         self._view("feed", df)
         self.purged = "_purged" in df.columns

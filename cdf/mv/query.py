@@ -29,7 +29,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, UnsupportedError
 
-from lineage import expressions
+import lineage.sql.expressions as expressions
 from lineage.errors import InvalidArgumentError
 
 SHAPES = ("projection", "aggregate")
@@ -45,7 +45,7 @@ GROUP_ROWS = "_mv_rows"  # aggregate views: COUNT(*) of the group (a group with 
 HIDDEN_PREFIX = "_mv_"
 
 # Non-deterministic functions sqlglot parses into nodes of their own (refused with a view-specific message; function names
-# are checked against lineage.allowlist when each clause goes through lineage.expressions).
+# are checked against lineage.sql.allowlist when each clause goes through lineage.sql.expressions).
 _NONDETERMINISTIC_NODES = tuple(
     getattr(exp, n)
     for n in ("Rand", "Randn", "Uuid", "CurrentTimestamp", "CurrentDate", "CurrentTime", "CurrentDatetime", "CurrentUser",
@@ -272,7 +272,7 @@ def _render(node: exp.Expression, dialect: str) -> str:
 
 
 def _checked(sql: str, columns: list[str] | tuple[str, ...], what: str) -> str:
-    """``sql`` (one clause's expression, DuckDB dialect) through the validator every user expression passes (lineage.expressions).
+    """``sql`` (one clause's expression, DuckDB dialect) through the validator every user expression passes (lineage.sql.expressions).
 
     The result is DuckDB's rendering of the checked parse tree: the text the refresh engine runs.
     """

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdf.mv.query import GROUP_ROWS, SRC_ROW_ID, ViewColumn, ViewQuery
-from lineage.predicate import sql_literal
+from lineage.sql.predicate import sql_literal
 
 
 def _q(name: str, dialect: str) -> str:

@@ -50,13 +50,15 @@ from cdf.mv.query import (
     name_problem,
 )
 from cdf.mv.sql import esc
-from lineage import duck, expressions
+import lineage.duck as duck
+from lineage.properties import MV_DEFINITION, MV_SOURCE
+import lineage.sql.expressions as expressions
 from lineage.catalog import identifier
 from lineage.errors import InvalidArgumentError, UnsupportedFormatError
-from lineage.schema import arrow_schema, iceberg_schema
+from lineage.iceberg.schema import arrow_schema, iceberg_schema
 
-PROP_DEFINITION = "mv.definition"
-PROP_SOURCE = "mv.source"
+PROP_DEFINITION = MV_DEFINITION
+PROP_SOURCE = MV_SOURCE
 
 _FIELDS = frozenset({"format", "format-version", "query", "shape", "columns", "where", "source-columns", "spark-ok", "spark-problem",
                      "types"})

@@ -30,7 +30,8 @@ from cdf.mv.sql import (
     projection_sql,
     raw_aggregate_sql,
 )
-from lineage import duck
+import lineage.duck as duck
+from lineage.properties import MV_IDLE, MV_QUERY, MV_SHAPE, MV_SOURCE_UUID
 from lineage.duck import duckdb_types
 from lineage.errors import (
     CommitConflictError,
@@ -42,8 +43,8 @@ from lineage.errors import (
     VersionMovedError,
 )
 from lineage.outcome import commit_metadata
-from lineage.scan import file_paths, register_live_view
-from lineage.schema import projection_field_ids
+from lineage.read.scan import file_paths, register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.spark import spark_session
 from lineage.table import Table, open_table
 
@@ -53,12 +54,12 @@ ENGINES = ("duckdb", "spark")
 
 # View table properties (definition; mv.definition and mv.source are defined with their check in cdf.mv.stored)
 # and commit properties (checkpoint).
-PROP_QUERY = "mv.query"
-PROP_SOURCE_UUID = "mv.source-uuid"
-PROP_SHAPE = "mv.shape"
-PROP_IDLE = "mv.idle-checkpoint"
+PROP_QUERY = MV_QUERY
+PROP_SOURCE_UUID = MV_SOURCE_UUID
+PROP_SHAPE = MV_SHAPE
+PROP_IDLE = MV_IDLE
 CHECKPOINT = "mv.source-version"
-CHECKPOINT_UUID = "mv.source-uuid"
+CHECKPOINT_UUID = MV_SOURCE_UUID  # the commit carries the source uuid under the property's name
 REFRESH_KIND = "mv.refresh"
 
 MAX_ATTEMPTS = 5

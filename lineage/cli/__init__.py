@@ -14,7 +14,7 @@ argument parser), :mod:`~lineage.cli.context` (what every command shares), one
 module per group of commands (:mod:`~lineage.cli.tables`,
 :mod:`~lineage.cli.reads`, :mod:`~lineage.cli.writes`,
 :mod:`~lineage.cli.maintenance`, :mod:`~lineage.cli.mv`), and their helpers
-:mod:`~lineage.cli.parse` (argument values), :mod:`~lineage.cli.format`
+:mod:`~lineage.cli.option_values` (argument values), :mod:`~lineage.cli.format`
 (output), :mod:`~lineage.cli.report` (``log --plot``) and :mod:`~lineage.cli.demo`.
 """
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lineage.cli.format import Output, Progress
-from lineage.cli.parse import parse_pairs
+from lineage.cli.option_values import parse_pairs
 from lineage.errors import InvalidArgumentError, LineageError, TableNotFoundError
 
 PROG = "lineage"

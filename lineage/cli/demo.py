@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import lineage
-from lineage import duck
+import lineage.duck as duck
 
 WAREHOUSE = "demo-warehouse"
 TABLE = "shop.orders"

@@ -9,7 +9,7 @@ from typing import Any
 
 from lineage.cli.context import EXIT_FAILURE, EXIT_OK, Context, VerifyFailed
 from lineage.cli.format import human_bytes
-from lineage.cli.parse import parse_duration, parse_size
+from lineage.cli.option_values import parse_duration, parse_size
 from lineage.errors import InvalidArgumentError
 
 

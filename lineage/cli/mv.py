@@ -7,6 +7,7 @@ from typing import Any
 
 from lineage.cli.context import EXIT_FAILURE, EXIT_OK, PROG, Context, first_line, iter_tables, log
 from lineage.errors import InvalidArgumentError, LineageError
+from lineage.properties import MV_DEFINITION, MV_QUERY, MV_SHAPE, MV_SOURCE
 
 
 def _mv_module() -> Any:
@@ -63,7 +64,7 @@ def cmd_mv_create(ctx: Context) -> int:
 def _view_names(ctx: Context) -> list[str]:
     names = []
     for ident, ice in iter_tables(ctx, None):
-        if "mv.definition" in ice.metadata.properties:
+        if MV_DEFINITION in ice.metadata.properties:
             names.append(".".join(ident))
     return names
 
@@ -126,10 +127,10 @@ def cmd_mv_list(ctx: Context) -> int:
     sources: dict[str, int | None] = {}
     for ident, ice in iter_tables(ctx, ctx.args.namespace):
         props = ice.metadata.properties
-        if "mv.definition" not in props:
+        if MV_DEFINITION not in props:
             continue
         name = ".".join(ident)
-        source = props.get("mv.source")
+        source = props.get(MV_SOURCE)
         try:
             checkpoint = mv.open_view(name, catalog=ctx.catalog()).checkpoint
         except LineageError as exc:
@@ -146,13 +147,13 @@ def cmd_mv_list(ctx: Context) -> int:
         rows.append(
             {
                 "view": name,
-                "shape": props.get("mv.shape"),
+                "shape": props.get(MV_SHAPE),
                 "source": source,
                 "reflects_version": checkpoint,
                 "source_version": current,
                 "behind": None if checkpoint is None or current is None else current - checkpoint,
                 "view_version": snap.sequence_number if snap else 0,
-                "query": props.get("mv.query"),
+                "query": props.get(MV_QUERY),
             }
         )
     schema = pa.schema(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lineage.cli.context import EXIT_OK, Context
-from lineage.cli.parse import parse_columns, parse_timestamp
+from lineage.cli.option_values import parse_columns, parse_timestamp
 from lineage.errors import InvalidArgumentError
 
 

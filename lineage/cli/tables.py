@@ -9,8 +9,9 @@ from typing import Any
 
 from lineage.cli.context import EXIT_OK, Context, first_line, iter_tables
 from lineage.cli.format import Progress, human_bytes, render_record
-from lineage.cli.parse import parse_columns, parse_pairs, parse_schema, split_top_level
+from lineage.cli.option_values import parse_columns, parse_pairs, parse_schema, split_top_level
 from lineage.errors import InvalidArgumentError, LineageError
+from lineage.properties import LINEAGE_ENABLED, MV_DEFINITION, MV_QUERY, MV_SHAPE, MV_SOURCE, RETENTION_DAYS, RETENTION_VERSIONS
 
 
 def type_name(t: Any) -> str:
@@ -146,9 +147,9 @@ def cmd_adopt(ctx: Context) -> int:
 def table_info(t: Any, progress: Progress) -> dict[str, Any]:
     """Everything ``lineage info`` reports about a table, as a JSON-able dict."""
     from cdf.retention import PROP_RETENTION_DAYS, PROP_RETENTION_VERSIONS, window
-    from lineage.fileio import local_path
+    from lineage.storage.fileio import local_path
     from lineage.maintenance.vacuum import pinned_files
-    from lineage.metadata import SUMMARY_LIST, index_dir, lineage_dir
+    from lineage.storage.metadata import SUMMARY_LIST, index_dir, lineage_dir
     from lineage.state import main_branch_snapshots
 
     with progress.task(f"reading {t.name}") as task:
@@ -244,15 +245,15 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             "days": props.get(PROP_RETENTION_DAYS),
             "oldest_cdf_version": win.oldest,
         },
-        "properties": {k: v for k, v in sorted(props.items()) if k not in ("mv.definition",)},
+        "properties": {k: v for k, v in sorted(props.items()) if k not in (MV_DEFINITION,)},
     }
     if rows_error:
         rec["rows_error"] = rows_error
-    if "mv.definition" in props:
+    if MV_DEFINITION in props:
         rec["materialized_view"] = {
-            "source": props.get("mv.source"),
-            "shape": props.get("mv.shape"),
-            "query": props.get("mv.query"),
+            "source": props.get(MV_SOURCE),
+            "shape": props.get(MV_SHAPE),
+            "query": props.get(MV_QUERY),
         }
         try:
             from cdf.mv import open_view
@@ -269,7 +270,7 @@ def info_text(rec: dict[str, Any]) -> str:
     d, x, li, ix, r, s = rec["data_files"], rec["delete_files"], rec["lineage"], rec["index"], rec["retention"], rec["snapshots"]
     rows = f"{rec['rows']:,}" if rec["rows"] is not None else f"unavailable ({rec.get('rows_error')})"
     retention = _retention_text(
-        {k: v for k, v in (("lineage.cdf.retention.versions", r["versions"]), ("lineage.cdf.retention.days", r["days"])) if v}
+        {k: v for k, v in ((RETENTION_VERSIONS, r["versions"]), (RETENTION_DAYS, r["days"])) if v}
     )
     snaps = f"{s['count']} (scan --as-of works for versions {s['oldest']}..{s['newest']})" if s["count"] else "none"
     lines = [
@@ -317,7 +318,7 @@ def info_text(rec: dict[str, Any]) -> str:
         lines.append(("materialized view", f"{mv['shape']} over {mv['source']}, {reflects}"))
         lines.append(("view query", mv["query"]))
     write_props = {
-        k: v for k, v in rec["properties"].items() if k.startswith(("write.", "commit.", "lineage.")) and k != "lineage.enabled"
+        k: v for k, v in rec["properties"].items() if k.startswith(("write.", "commit.", "lineage.")) and k != LINEAGE_ENABLED
     }
     lines.append(("properties", ", ".join(f"{k}={v}" for k, v in write_props.items()) or "-"))
     width = max(len(k) for k, _ in lines)
@@ -338,7 +339,7 @@ def cmd_tables(ctx: Context) -> int:
     plain = []
     for ident, ice in iter_tables(ctx, ctx.args.namespace):
         props = ice.metadata.properties
-        if props.get("lineage.enabled") != "true":
+        if props.get(LINEAGE_ENABLED) != "true":
             plain.append(".".join(ident))
             continue
         snap = ice.metadata.current_snapshot()
@@ -346,7 +347,7 @@ def cmd_tables(ctx: Context) -> int:
         rows.append(
             {
                 "table": ".".join(ident),
-                "kind": "view" if "mv.definition" in props else "table",
+                "kind": "view" if MV_DEFINITION in props else "table",
                 "version": snap.sequence_number if snap else 0,
                 "last_commit": _dt.datetime.fromtimestamp(snap.timestamp_ms / 1000, _dt.timezone.utc) if snap else None,
                 "key": ",".join(ice.schema().identifier_field_names()),
@@ -440,7 +441,7 @@ def cmd_log(ctx: Context) -> int:
 
 
 def cmd_demo(ctx: Context) -> int:
-    from lineage.cli import demo
+    import lineage.cli.demo as demo
 
     argv = ["--rows", str(ctx.args.rows)] if ctx.args.rows is not None else []
     code = demo.main(argv)

@@ -7,7 +7,7 @@ from typing import Any
 
 from lineage.cli.context import EXIT_OK, Context
 from lineage.cli.format import human_bytes
-from lineage.cli.parse import parse_columns, parse_pairs
+from lineage.cli.option_values import parse_columns, parse_pairs
 from lineage.errors import InvalidArgumentError
 
 

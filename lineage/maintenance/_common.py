@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.commit import CommitRequest, CommitResult, commit_change
-from lineage.deletes import referenced_data_path  # noqa: F401  (maintenance modules import it from here)
+from lineage.commits.commit import CommitRequest, CommitResult, commit_change
+from lineage.context import TableContext
+from lineage.storage.deletes import referenced_data_path  # noqa: F401  (maintenance modules import it from here)
 from lineage.errors import CommitConflictError
 from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState, state_at
@@ -32,7 +33,7 @@ class MaintenanceResult:
 
 
 def commit_with_retries(
-    table,  # lineage.Table  # type: ignore[no-untyped-def]
+    table: TableContext,
     plan: Callable[[TableState, list[str]], CommitRequest | None],
     operation: str,
 ) -> tuple[CommitRequest | None, CommitResult | None]:
@@ -44,7 +45,7 @@ def commit_with_retries(
     :class:`lineage.outcome.CommitLoop`: a commit that landed is reported as
     committed, files are deleted only for attempts known to be lost.
     """
-    retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    retries = table.commit_retries
 
     def attempt(a: Attempt) -> tuple[CommitRequest | None, CommitResult | None]:
         state = state_at(table.iceberg, persist=True)  # a foreign base's lineage persisted first

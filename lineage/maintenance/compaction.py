@@ -22,20 +22,22 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import TableProperties
 from pyiceberg.table.snapshots import Operation
 
-from lineage import duck
+import lineage.duck as duck
 from index.key_index import KeyIndexChange
-from index.key_merge import MAINTENANCE
-from lineage.commit import CommitRequest
-from lineage.deletes import positions_for, read_position_deletes
+from index.key_merge_policy import MAINTENANCE
+from lineage.commits.commit import CommitRequest
+from lineage.context import HasContext, TableContext, context_of
+from lineage.storage.deletes import positions_for, read_position_deletes
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, referenced_data_path, snapshot_files
-from lineage.predicate import quote_ident
-from lineage.scan import register_live_view
-from lineage.schema import projection_field_ids
-from lineage.state import LiveFile, TableState
-from lineage.writer import CREATED, ROW_ID, UPDATED, write_data_files, write_position_deletes
+from lineage.sql.predicate import quote_ident
+from lineage.properties import DELETE_GRANULARITY, TARGET_FILE_SIZE, read
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import projection_field_ids
+from lineage.state import LiveFile, TableState, state_at
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
+from lineage.storage.writer import write_data_files, write_position_deletes
 
 
 def _partition_key(f: DataFile) -> tuple:
@@ -82,7 +84,7 @@ def _delete_rewrite_plan(
     return removed, targets
 
 
-def rewrite_deletes(table, granularity: str | None = None, *, min_input_files: int | None = None, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def rewrite_deletes(table: TableContext | HasContext, granularity: str | None = None, *, min_input_files: int | None = None, dry_run: bool = False) -> MaintenanceResult:
     """Merge the position delete files of each partition into one per data file (or per partition).
 
     Delete entries that point at data files no longer in the snapshot (left by
@@ -90,11 +92,10 @@ def rewrite_deletes(table, granularity: str | None = None, *, min_input_files: i
     ``min_input_files`` a partition is left alone until some data file has
     that many delete files. ``dry_run`` only says what would be rewritten.
     """
-    granularity = granularity or table.iceberg.metadata.properties.get("write.delete.granularity", "file")
+    table = context_of(table)
+    granularity = granularity or read(table.iceberg.metadata.properties, DELETE_GRANULARITY) or "file"  # maintenance: file-scoped unless asked
     stats: dict[str, int] = {}
     if dry_run:
-        from lineage.state import state_at
-
         table.refresh()
         removed, targets = _delete_rewrite_plan(state_at(table.iceberg), granularity, min_input_files)
         detail = f"would merge {len(removed)} delete file(s) into {len(targets) if granularity == 'file' else 'one per partition'}" if removed else "nothing to rewrite"
@@ -177,16 +178,16 @@ def compaction_groups(state: TableState, rule: CompactionRule) -> list[list[Live
     return chosen
 
 
-def compaction_rule(table, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, **thresholds) -> CompactionRule:  # type: ignore[no-untyped-def]
+def compaction_rule(table: TableContext, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, **thresholds) -> CompactionRule:
     """The rule for ``table`` from arguments, falling back to ``write.target-file-size-bytes`` (small: 3/4 of the target)."""
     props = table.iceberg.metadata.properties
-    target = int(target_file_size_bytes or props.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
+    target = int(target_file_size_bytes or read(props, TARGET_FILE_SIZE))
     small = int(min_file_size_bytes if min_file_size_bytes is not None else target * 3 // 4)
     return CompactionRule(target, small, **{k: v for k, v in thresholds.items() if v is not None})
 
 
-def compact(  # type: ignore[no-untyped-def]
-    table, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *, rule: CompactionRule | None = None
+def compact(
+    table: TableContext | HasContext, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *, rule: CompactionRule | None = None
 ) -> MaintenanceResult:
     """Rewrite data files that have deletes or are small, per partition, up to the target size.
 
@@ -197,6 +198,7 @@ def compact(  # type: ignore[no-untyped-def]
     Rows keep their lineage; no change events; the CDF over any range is the
     same after.
     """
+    table = context_of(table)
     rule = rule or compaction_rule(table, target_file_size_bytes, min_file_size_bytes)
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)
@@ -215,12 +217,12 @@ def compact(  # type: ignore[no-untyped-def]
                 register_live_view(con, "g", group, schema, field_ids)
                 rows = duck.fetch_arrow(
                     con,
-                    f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
-                    f"_row_last_updated_at_version AS {UPDATED} FROM g ORDER BY __file_id, __pos",
+                    f"SELECT {names}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, "
+                    f"_row_last_updated_at_version AS {HIDDEN_UPDATED} FROM g ORDER BY __file_id, __pos",
                 )
             finally:
                 con.close()
-            hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (ROW_ID, CREATED, UPDATED)])
+            hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED)])
             new = write_data_files(table.iceberg, rows.cast(hidden))
             created.extend(w.data_file.file_path for w in new)
             written.extend(new)

@@ -33,7 +33,7 @@ resolved-delete files, which every reader of ours applies. CONVERT turns those
 into Iceberg position delete files (:func:`plan_from_resolved`): it reads no
 data file, so its cost is that of the positions it writes. A plain Iceberg
 table has no such files: :func:`plan_conversion` resolves with
-:func:`lineage.equality.resolve_equality_deletes`, scanning the equality
+:func:`lineage.iceberg.equality.resolve_equality_deletes`, scanning the equality
 columns of the data files each delete applies to.
 """
 
@@ -50,16 +50,19 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from lineage.commit import CommitRequest, commit_files
-from lineage.deletes import positions_for
-from lineage.equality import Candidate, EqualityDelete, resolve_equality_deletes
+from lineage.commits.commit import CommitRequest, commit_files
+from lineage.context import HasContext, TableContext, context_of
+from lineage.storage.deletes import positions_for
+from lineage.iceberg.equality import Candidate, EqualityDelete, resolve_equality_deletes
 from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
-from lineage.metadata import SUMMARY_OPERATION
+from lineage.storage.metadata import SUMMARY_OPERATION
 from lineage.outcome import Attempt, CommitLoop
-from lineage.planning import live_entries, sequence_of
+from lineage.iceberg.planning import live_entries, sequence_of
+from lineage.properties import COMMIT_RETRIES
+from lineage.properties import read as read_property
 from lineage.state import TableState
-from lineage.writer import write_position_deletes
+from lineage.storage.writer import write_position_deletes
 
 OPERATION = "convert-deletes"
 
@@ -90,7 +93,7 @@ def resolve_snapshot(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Re
     """The positions every live equality delete file of ``snapshot`` removes, per data file, and those delete files.
 
     Candidates are the snapshot's live data files with their data sequence
-    numbers; :func:`lineage.equality.resolve_equality_deletes` picks those each
+    numbers; :func:`lineage.iceberg.equality.resolve_equality_deletes` picks those each
     delete applies to and matches its rows against their equality columns.
     """
     unpartitioned = {spec.spec_id for spec in iceberg.metadata.partition_specs if spec.is_unpartitioned()}
@@ -230,7 +233,7 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
     commit loop calls it before every attempt); ``name`` names the table in
     messages.
     """
-    retries = int(iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    retries = int(read_property(iceberg.metadata.properties, COMMIT_RETRIES))
     table = [iceberg]
 
     def attempt(a: Attempt) -> ConvertResult:
@@ -259,12 +262,12 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
         attempt,
         lambda n: CommitConflictError(
             f"gave up after {n} attempts: other writers kept committing to {name}; nothing was converted. "
-            "Retry later or raise the table property commit.retry.num-retries"
+            f"Retry later or raise the table property {COMMIT_RETRIES}"
         ),
     )
 
 
-def convert_table(table) -> ConvertResult:  # lineage.Table  # type: ignore[no-untyped-def]
+def convert_table(table: TableContext | HasContext) -> ConvertResult:
     """CONVERT a lineage table: one ``replace`` commit of ours that carries a lineage list.
 
     The commit changes no row's lineage and makes no change event (no data
@@ -277,6 +280,7 @@ def convert_table(table) -> ConvertResult:  # lineage.Table  # type: ignore[no-u
     first, new equality deletes included, makes CONVERT plan again.
     Positions come from the resolved-delete files (:func:`plan_from_resolved`).
     """
+    table = context_of(table)
     plans: list[Conversion] = []
     attempts = [0]
 

@@ -20,15 +20,16 @@ import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
-from index.key_merge import FULL, MAINTENANCE, MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import FULL, MAINTENANCE, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import ENTRY_COLUMNS
-from lineage.commit import CommitRequest
+from lineage.commits.commit import CommitRequest
+from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.state import TableState
 
 
-def _require_index(table) -> None:  # type: ignore[no-untyped-def]
+def _require_index(table: TableContext) -> None:
     if not table.key:
         raise KeyViolationError(f"table {table.name} has no key, so it has no key index")
     if not index_enabled(table.iceberg):
@@ -37,14 +38,15 @@ def _require_index(table) -> None:  # type: ignore[no-untyped-def]
         )
 
 
-def _summary(index_paths: tuple[str, ...] | None, table) -> str:  # type: ignore[no-untyped-def]
+def _summary(index_paths: tuple[str, ...] | None, table: TableContext) -> str:
     index = KeyIndex.open(table.state(), build=False)
     entries = sum(s.entries for s in index.segments) if index else 0
     return f"key index: {len(index_paths or ())} segment(s), {entries} record(s)"
 
 
-def reindex(table) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def reindex(table: TableContext | HasContext) -> MaintenanceResult:
     """Rebuild the key index from a scan of the key columns and commit it (no change events)."""
+    table = context_of(table)
     _require_index(table)
 
     def plan(state: TableState, created: list[str]) -> CommitRequest:
@@ -56,12 +58,13 @@ def reindex(table) -> MaintenanceResult:  # type: ignore[no-untyped-def]
                              detail=f"rebuilt the {_summary(table.state().lineage.key_index, table)}")
 
 
-def merge_key_index(table, full: bool = False, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def merge_key_index(table: TableContext | HasContext, full: bool = False, dry_run: bool = False) -> MaintenanceResult:
     """Merge key index segments as the policy asks (all of them into one base with ``full``).
 
     Builds the index first when the table has none. Commits nothing when
     there is nothing to merge; ``dry_run`` only says what would be merged.
     """
+    table = context_of(table)
     _require_index(table)
     mode = FULL if full else MAINTENANCE
 
@@ -96,7 +99,7 @@ def merge_key_index(table, full: bool = False, dry_run: bool = False) -> Mainten
                              detail=f"merged the {_summary(table.state().lineage.key_index, table)}")
 
 
-def has_key_index(table) -> bool:  # type: ignore[no-untyped-def]
+def has_key_index(table: TableContext) -> bool:
     """Whether ``table`` keeps a key index (it has a key and the index is switched on)."""
     return bool(table.key) and index_enabled(table.iceberg)
 

@@ -39,24 +39,27 @@ from pyroaring import BitMap64
 
 from index.deleted_rows import RemovedImages, forget_captured_values, read_index
 from index.key_index import KeyIndexChange, index_enabled
-from index.key_merge import FULL
+from index.key_merge_policy import FULL
 from index.purged import read_purged, write_purged
-from lineage import decoded_cache, duck
-from lineage.commit import CommitRequest
-from lineage.deletes import positions_for, read_position_deletes
-from lineage.fileio import local_path, write_parquet
+import lineage.decoded_cache as decoded_cache
+import lineage.duck as duck
+from lineage.commits.commit import CommitRequest
+from lineage.context import HasContext, TableContext, context_of
+from lineage.storage.deletes import positions_for, read_position_deletes
+from lineage.storage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, snapshot_files
 from lineage.maintenance.rehome import archive_table, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
-from lineage.metadata import LineageList, index_dir
-from lineage.predicate import parse_predicate, quote_ident
-from lineage.rle import decode_sequence, decode_values
-from lineage.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.schema import projection_field_ids
+from lineage.storage.metadata import LineageList, index_dir
+from lineage.sql.predicate import parse_predicate, quote_ident
+from lineage.retention import window
+from lineage.storage.rle import decode_sequence, decode_values
+from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
-from lineage.values import read_at
-from lineage.writer import WrittenFile, write_copy, write_position_deletes
-from lineage.writes.properties import delete_granularity
+from lineage.read.values import read_at
+from lineage.storage.writer import WrittenFile, write_copy, write_position_deletes
+from lineage.properties import delete_granularity
 
 
 def _erased(field: pa.Field, n: int, donor: object = None) -> pa.Array:
@@ -119,9 +122,9 @@ def _null_rows(table: pa.Table, mask: np.ndarray, donors: dict[str, object] | No
     return pa.Table.from_arrays(cols, schema=table.schema)
 
 
-def purge(table, where: str | BooleanExpression) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> MaintenanceResult:
     """Erase the live rows matching ``where`` and every earlier image of them (see the module docstring)."""
-    from cdf.retention import window
+    table = context_of(table)
 
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)

@@ -22,13 +22,15 @@ import pyarrow.parquet as pq
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import read_index, read_index_segment, write_index_segment
-from lineage.commit import CommitRequest
+from lineage.commits.commit import CommitRequest
+from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import InvalidArgumentError
-from lineage.fileio import local_path, write_parquet
+from lineage.storage.fileio import local_path, write_parquet
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
-from lineage.metadata import LineageList, index_dir
+from lineage.storage.metadata import LineageList, index_dir
+from lineage.retention import window
 from lineage.state import TableState
-from lineage.values import read_at, with_field_ids
+from lineage.read.values import read_at, with_field_ids
 
 ARCHIVE_FORMAT = "deleted-rows-archive"
 
@@ -95,9 +97,9 @@ def _null_rows(values: pa.Table, mask: np.ndarray) -> pa.Table:
     return pa.Table.from_arrays([pc.if_else(keep, c, pa.nulls(len(mask), c.type)) for c in values.columns], names=values.column_names)
 
 
-def rehome(table, max_live_fraction: float = 0.1, max_files: int = 64) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def rehome(table: TableContext | HasContext, max_live_fraction: float = 0.1, max_files: int = 64) -> MaintenanceResult:
     """Move still-needed images out of pinned files where they are at most ``max_live_fraction`` of the rows."""
-    from cdf.retention import window
+    table = context_of(table)
 
     if not 0 < max_live_fraction <= 1:
         raise InvalidArgumentError(f"max_live_fraction must be in (0, 1], got {max_live_fraction!r}")

@@ -3,8 +3,8 @@
 A table that takes a small commit every few seconds grows in four places:
 snapshots in the Iceberg metadata file (rewritten whole at each commit),
 small data and delete files, manifests (bounded by merge-on-commit, see
-:mod:`lineage.merging`) and the commit log (chunked, see
-:mod:`lineage.commit_log`). :func:`maintain` runs, in this order, what keeps
+:mod:`lineage.commits.merge_rule`) and the commit log (chunked, see
+:mod:`lineage.storage.commit_log`). :func:`maintain` runs, in this order, what keeps
 each of them bounded, each step only when the table's properties say it is
 due:
 
@@ -40,43 +40,38 @@ nothing.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table.snapshots import Operation
 
-from lineage.commit import CommitRequest
-from lineage.commit_log import CHUNK_ENTRIES
-from lineage.errors import CommitConflictError, InvalidArgumentError
+from lineage.commits.commit import CommitRequest
+from lineage.storage.commit_log import CHUNK_ENTRIES
+from lineage.context import HasContext, TableContext, context_of
+from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.maintenance.compaction import compact, compaction_groups, compaction_rule, rewrite_deletes
 from lineage.maintenance.key_index import has_key_index, merge_key_index
 from lineage.maintenance.vacuum import expire_snapshots, vacuum
-from lineage.merging import MergeSettings, plan_rewrite, positive_int
+from lineage.commits.merge_rule import MergeSettings, plan_rewrite
+from lineage.properties import (
+    COMPACT_DELETE_FILES,
+    COMPACT_DELETE_RATIO,
+    COMPACT_MIN_INPUT_FILES,
+    DELETES_MIN_INPUT_FILES,
+    MAINTAIN_STEPS,
+    MAX_SNAPSHOT_AGE_MS,
+    MIN_SNAPSHOTS_TO_KEEP,
+    VACUUM_MIN_AGE_MS,
+    maintain_step_enabled,
+    read,
+)
+from lineage.retention import window
 from lineage.state import TableState, state_at
 
-PROP_MAX_SNAPSHOT_AGE_MS = "history.expire.max-snapshot-age-ms"
-PROP_MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
-MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000  # Iceberg's defaults
-MIN_SNAPSHOTS_TO_KEEP_DEFAULT = 1
-
-PREFIX = "lineage.maintain."
-PROP_COMPACT_MIN_INPUT_FILES = PREFIX + "rewrite-data-files.min-input-files"
-PROP_COMPACT_DELETE_RATIO = PREFIX + "rewrite-data-files.delete-ratio-threshold"
-PROP_COMPACT_DELETE_FILES = PREFIX + "rewrite-data-files.delete-file-threshold"
-PROP_DELETES_MIN_INPUT_FILES = PREFIX + "rewrite-position-deletes.min-input-files"
-PROP_VACUUM_MIN_AGE_MS = PREFIX + "vacuum.min-age-ms"
-
-STEPS = (
-    "expire-snapshots",
-    "rewrite-data-files",
-    "rewrite-position-deletes",
-    "rewrite-manifests",
-    "merge-key-index",
-    "expire-log",
-    "vacuum",
-)
+STEPS = MAINTAIN_STEPS
 
 
 @dataclass(frozen=True)
@@ -108,38 +103,17 @@ class MaintenanceReport:
         return "\n".join([head] + [f"  {s.name:<{width}}  {s.status}" + (f": {s.detail}" if s.detail else "") for s in self.steps])
 
 
-def _enabled(props: dict[str, str], step: str) -> bool:
-    name = f"{PREFIX}{step}.enabled"
-    raw = str(props.get(name, "true")).strip().lower()
-    if raw not in ("true", "false"):
-        raise InvalidArgumentError(f"table property {name} must be 'true' or 'false', got {props.get(name)!r}")
-    return raw == "true"
-
-
-def _ratio(props: dict[str, str], name: str, default: float) -> float:
-    raw = props.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"table property {name} must be a number between 0 and 1, got {raw!r}") from None
-    if not 0 <= value <= 1:
-        raise InvalidArgumentError(f"table property {name} must be a number between 0 and 1, got {raw!r}")
-    return value
+def _enabled(props: Mapping[str, str], step: str) -> bool:
+    return bool(read(props, maintain_step_enabled(step)))
 
 
 def check_properties(props: dict[str, str]) -> None:
     """Validate every property :func:`maintain` reads (so a typo fails before anything runs)."""
     for step in STEPS:
         _enabled(props, step)
-    positive_int(props, PROP_MAX_SNAPSHOT_AGE_MS, MAX_SNAPSHOT_AGE_MS_DEFAULT)
-    positive_int(props, PROP_MIN_SNAPSHOTS_TO_KEEP, MIN_SNAPSHOTS_TO_KEEP_DEFAULT)
-    positive_int(props, PROP_COMPACT_MIN_INPUT_FILES, 5)
-    positive_int(props, PROP_COMPACT_DELETE_FILES, 1)
-    positive_int(props, PROP_DELETES_MIN_INPUT_FILES, 5)
-    positive_int(props, PROP_VACUUM_MIN_AGE_MS, 3_600_000)
-    _ratio(props, PROP_COMPACT_DELETE_RATIO, 0.3)
+    for name in (MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, COMPACT_MIN_INPUT_FILES, COMPACT_DELETE_FILES, DELETES_MIN_INPUT_FILES,
+                 VACUUM_MIN_AGE_MS, COMPACT_DELETE_RATIO):
+        read(props, name)
     MergeSettings.for_manifests(props)
     MergeSettings.for_segments(props)
 
@@ -154,7 +128,7 @@ def manifest_counts(state: TableState) -> dict[str, int]:
     return counts
 
 
-def rewrite_manifests(table, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def rewrite_manifests(table: TableContext | HasContext, dry_run: bool = False) -> MaintenanceResult:
     """Merge the current snapshot's manifests into as few as ``commit.manifest.target-size-bytes`` allows.
 
     For tables that already have many manifests (written before merge on
@@ -162,6 +136,7 @@ def rewrite_manifests(table, dry_run: bool = False) -> MaintenanceResult:  # typ
     their snapshot ids and sequence numbers, as with Iceberg's
     ``rewrite_manifests``; one commit, no change events.
     """
+    table = context_of(table)
     settings = MergeSettings.for_manifests(table.iceberg.metadata.properties)
 
     def outcome(state: TableState) -> tuple[int, int]:
@@ -192,7 +167,7 @@ def rewrite_manifests(table, dry_run: bool = False) -> MaintenanceResult:  # typ
 
 
 # ---------------------------------------------------------------------- the commit log
-def expire_log(table, dry_run: bool = False, min_entries: int = CHUNK_ENTRIES) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def expire_log(table: TableContext | HasContext, dry_run: bool = False, min_entries: int = CHUNK_ENTRIES) -> MaintenanceResult:
     """Drop commit log entries older than the change-feed retention window.
 
     Nothing happens while fewer than ``min_entries`` entries are due (a
@@ -202,7 +177,7 @@ def expire_log(table, dry_run: bool = False, min_entries: int = CHUNK_ENTRIES) -
     already. For each commit property key the newest dropped entry carrying
     it is kept (checkpoints of materialized views).
     """
-    from cdf.retention import window
+    table = context_of(table)
 
     def due(state: TableState) -> tuple[int, int]:
         oldest = window(state).oldest
@@ -231,7 +206,7 @@ def expire_log(table, dry_run: bool = False, min_entries: int = CHUNK_ENTRIES) -
 
 
 # ---------------------------------------------------------------------- the key index
-def merge_key_index_step(table, dry_run: bool = False) -> MaintenanceResult | None:  # type: ignore[no-untyped-def]
+def merge_key_index_step(table: TableContext, dry_run: bool = False) -> MaintenanceResult | None:
     """The key index's background merge under its policy (None: the table keeps no key index)."""
     if not has_key_index(table):
         return None
@@ -239,8 +214,9 @@ def merge_key_index_step(table, dry_run: bool = False) -> MaintenanceResult | No
 
 
 # ---------------------------------------------------------------------- all of it
-def maintain(table, dry_run: bool = False) -> MaintenanceReport:  # type: ignore[no-untyped-def]
+def maintain(table: TableContext | HasContext, dry_run: bool = False) -> MaintenanceReport:
     """Run every upkeep step the table's properties call for (see the module docstring)."""
+    table = context_of(table)
     table.refresh()
     props = dict(table.iceberg.metadata.properties)
     check_properties(props)
@@ -267,15 +243,15 @@ def maintain(table, dry_run: bool = False) -> MaintenanceReport:  # type: ignore
             status = "done" if result.version is not None or result.files_removed or detail.startswith("expired") else "nothing to do"
         steps.append(MaintenanceStep(name, status, detail, result))
 
-    max_age = positive_int(props, PROP_MAX_SNAPSHOT_AGE_MS, MAX_SNAPSHOT_AGE_MS_DEFAULT)
-    keep = positive_int(props, PROP_MIN_SNAPSHOTS_TO_KEEP, MIN_SNAPSHOTS_TO_KEEP_DEFAULT)
+    max_age = read(props, MAX_SNAPSHOT_AGE_MS)
+    keep = read(props, MIN_SNAPSHOTS_TO_KEEP)
     run("expire-snapshots", lambda: expire_snapshots(table, _dt.timedelta(milliseconds=max_age), keep, dry_run=dry_run))
 
     rule = compaction_rule(
         table,
-        min_input_files=positive_int(props, PROP_COMPACT_MIN_INPUT_FILES, 5),
-        delete_ratio_threshold=_ratio(props, PROP_COMPACT_DELETE_RATIO, 0.3),
-        delete_file_threshold=positive_int(props, PROP_COMPACT_DELETE_FILES, 1) if props.get(PROP_COMPACT_DELETE_FILES) else None,
+        min_input_files=read(props, COMPACT_MIN_INPUT_FILES),
+        delete_ratio_threshold=read(props, COMPACT_DELETE_RATIO),
+        delete_file_threshold=read(props, COMPACT_DELETE_FILES),
     )
 
     def compaction() -> MaintenanceResult:
@@ -290,7 +266,7 @@ def maintain(table, dry_run: bool = False) -> MaintenanceReport:  # type: ignore
 
     run("rewrite-data-files", compaction)
     run("rewrite-position-deletes",
-        lambda: rewrite_deletes(table, min_input_files=positive_int(props, PROP_DELETES_MIN_INPUT_FILES, 5), dry_run=dry_run))
+        lambda: rewrite_deletes(table, min_input_files=read(props, DELETES_MIN_INPUT_FILES), dry_run=dry_run))
 
     manifest_settings = MergeSettings.for_manifests(props)
 
@@ -304,7 +280,7 @@ def maintain(table, dry_run: bool = False) -> MaintenanceReport:  # type: ignore
     run("rewrite-manifests", manifests)
     run("merge-key-index", lambda: merge_key_index_step(table, dry_run=dry_run))
     run("expire-log", lambda: expire_log(table, dry_run=dry_run))
-    vacuum_age = _dt.timedelta(milliseconds=positive_int(props, PROP_VACUUM_MIN_AGE_MS, 3_600_000))
+    vacuum_age = _dt.timedelta(milliseconds=read(props, VACUUM_MIN_AGE_MS))
 
     def cleanup() -> MaintenanceResult:
         result = vacuum(table, vacuum_age, dry_run=dry_run)

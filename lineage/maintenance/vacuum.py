@@ -21,20 +21,22 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 
 from index.deleted_rows import read_index
-from lineage import catalog
+import lineage.catalog as catalog
+from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import CommitConflictError, InvalidArgumentError, LineageError
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance._common import MaintenanceResult, log
-from lineage.metadata import SUMMARY_LIST, read_list
+from lineage.storage.metadata import SUMMARY_LIST, read_list
 from lineage.outcome import backoff, commit_metadata
 from lineage.reconcile import foreign_list, reconcile_table, reconciled_list_path
+from lineage.retention import window
 from lineage.state import TableState, main_branch_snapshots, state_at
 
 DEFAULT_ORPHAN_AGE = _dt.timedelta(hours=1)
 
 
-def expire_snapshots(  # type: ignore[no-untyped-def]
-    table, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1, dry_run: bool = False
+def expire_snapshots(
+    table: TableContext | HasContext, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1, dry_run: bool = False
 ) -> MaintenanceResult:
     """Expire main-branch snapshots beyond the last ``retain_last`` (and older than ``older_than``).
 
@@ -43,6 +45,7 @@ def expire_snapshots(  # type: ignore[no-untyped-def]
     time-travelled to. Run :func:`vacuum` afterwards to delete the files.
     ``dry_run`` only counts them.
     """
+    table = context_of(table)
     if not isinstance(retain_last, int) or isinstance(retain_last, bool) or retain_last < 1:
         raise InvalidArgumentError(f"retain_last must be an integer >= 1, got {retain_last!r}")
     if isinstance(older_than, _dt.timedelta):
@@ -72,7 +75,7 @@ def expire_snapshots(  # type: ignore[no-untyped-def]
     return MaintenanceResult("expire", None, files_removed=0, detail=f"expired {len(expire)} snapshot(s)")
 
 
-def expire_ids(table, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+def expire_ids(table: TableContext, ids: list[int]) -> None:
     """Expire the snapshots ``ids`` of ``table`` in one commit (the ones still there on a retry).
 
     Expiry writes no file of ours and is idempotent, so a failing catalog
@@ -93,7 +96,7 @@ def expire_ids(table, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
     def landed(ice) -> bool:  # type: ignore[no-untyped-def]
         return all(ice.metadata.snapshot_by_id(i) is None for i in wanted)
 
-    retries = int(table.iceberg.metadata.properties.get("commit.retry.num-retries", 20))
+    retries = table.commit_retries
     for attempt in range(retries + 1):
         try:
             commit_metadata(table.iceberg, apply, landed, f"expiring {len(wanted)} snapshot(s) of {table.name}")
@@ -104,7 +107,7 @@ def expire_ids(table, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
     raise CommitConflictError(f"expiring snapshots gave up after {retries + 1} attempts: writers kept committing to {table.name}")
 
 
-def _snapshot_refs(table, snap: Snapshot, refs: set[str]) -> None:  # type: ignore[no-untyped-def]
+def _snapshot_refs(table: TableContext, snap: Snapshot, refs: set[str]) -> None:
     io = table.iceberg.io
     refs.add(local_path(snap.manifest_list))
     for manifest in snap.manifests(io):
@@ -141,7 +144,6 @@ def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
 
     A segment that captured its images' values pins no file.
     """
-    from cdf.retention import window  # cdf depends on lineage, not the reverse at import time
 
     oldest = window(state).oldest
     segments, files = set(), set()
@@ -154,8 +156,9 @@ def pinned_files(state: TableState) -> tuple[set[str], set[str]]:
     return segments, files
 
 
-def referenced_files(table) -> set[str]:  # type: ignore[no-untyped-def]
+def referenced_files(table: TableContext | HasContext) -> set[str]:
     """Every file the table still needs, as local paths."""
+    table = context_of(table)
     table.refresh()
     reconcile_table(table.iceberg)  # the current state below must name persisted files, not a reader's scratch copies
     meta = table.iceberg.metadata
@@ -168,8 +171,9 @@ def referenced_files(table) -> set[str]:  # type: ignore[no-untyped-def]
     return refs | segments | files
 
 
-def vacuum(table, older_than: _dt.timedelta = DEFAULT_ORPHAN_AGE, dry_run: bool = False) -> MaintenanceResult:  # type: ignore[no-untyped-def]
+def vacuum(table: TableContext | HasContext, older_than: _dt.timedelta = DEFAULT_ORPHAN_AGE, dry_run: bool = False) -> MaintenanceResult:
     """Delete files under the table that nothing needs any more (see the module docstring)."""
+    table = context_of(table)
     if not isinstance(older_than, _dt.timedelta) or older_than < _dt.timedelta(0):
         raise InvalidArgumentError(f"older_than must be a non-negative timedelta, got {older_than!r}")
     started = time.time()

@@ -10,13 +10,15 @@ import pyarrow.parquet as pq
 
 from index.deleted_rows import read_index
 from index.purged import read_purged
-from lineage.deletes import positions_for
+from lineage.context import HasContext, TableContext, context_of
+from lineage.storage.deletes import positions_for
 from lineage.errors import LineageError
-from lineage.fileio import local_path
+from lineage.storage.fileio import local_path
 from lineage.maintenance._common import snapshot_files
 from lineage.maintenance.key_index import check_key_index
-from lineage.metadata import read_segment
-from lineage.rle import decode_sequence
+from lineage.storage.metadata import read_segment
+from lineage.retention import window
+from lineage.storage.rle import decode_sequence
 from lineage.state import TableState, state_at
 
 
@@ -39,9 +41,9 @@ def _exists(path: str) -> bool:
     return os.path.exists(local_path(path))
 
 
-def verify(table, check_row_ids: bool = True) -> VerifyReport:  # type: ignore[no-untyped-def]
+def verify(table: TableContext | HasContext, check_row_ids: bool = True) -> VerifyReport:
     """Check that lineage metadata, the deleted-rows index and the snapshot agree and every pointed file exists."""
-    from cdf.retention import window
+    table = context_of(table)
 
     report = VerifyReport()
     p = report.problems

@@ -1,4 +1,4 @@
-"""Foreign commits: deriving the lineage of snapshots other engines committed (DESIGN section 8).
+"""Foreign commits: deriving the lineage of snapshots other engines committed (docs/design.md, "Foreign commits").
 
 A snapshot on ``main`` whose summary has no ``lineage.list`` was committed by
 another engine (Spark, Flink, pyiceberg, Trino). Its lineage list follows from
@@ -13,7 +13,7 @@ of a foreign snapshot into a process-private scratch directory
 cache: it writes nothing under the table's location, so a reader without
 write permission there reads foreign versions like any other. Every writer
 of ours (:func:`lineage.state.writable_state`, called before planning and by
-:func:`lineage.commit.commit_change`), ``Table.reconcile()`` and
+:func:`lineage.commits.commit.commit_change`), ``Table.reconcile()`` and
 ``lineage reconcile`` persist it: the same files, derived again under the
 table's location at paths named from the snapshot id
 (``metadata/_lineage/reconciled-<id>-list.json``, with its segment, index
@@ -33,7 +33,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from lineage.errors import LineageMetadataError
-from lineage.metadata import LineageList, read_list
+from lineage.storage.metadata import LineageList, read_list
 from lineage.reconcile.gap import last_known, reconcile_gap
 from lineage.reconcile.scratch import persisted_path, scratch_view
 from lineage.reconcile.snapshot import engine_of, reconcile_snapshot, reconciled_list_path

@@ -14,8 +14,8 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry, Manifes
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.equality import EqualityDelete
-from lineage.planning import sequence_of
+from lineage.iceberg.equality import EqualityDelete
+from lineage.iceberg.planning import sequence_of
 
 
 @dataclass

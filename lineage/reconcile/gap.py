@@ -3,7 +3,7 @@
 Another engine's ``expire_snapshots`` may remove snapshots (and, Iceberg
 Java's default, their manifests and the data files only they referenced)
 before any reader of ours derived their lineage. Their changes can then no
-longer be told apart. DESIGN section 8 (design note section 2): the chain
+longer be told apart. docs/design.md, "Foreign commits": the chain
 from the newest snapshot whose lineage is known (A) to the oldest surviving
 snapshot G is reconciled as *one* step, attributed to G and marked ``gap`` in
 its commit log entry; the change feed refuses ranges that cross it
@@ -54,17 +54,17 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from index.deleted_rows import RemovedImages, read_index
-from lineage.commit import build_lineage
-from lineage.deletes import live_positions, positions_for, read_position_deletes
-from lineage.equality import Candidate, EqualityDelete, merge_positions, resolve_equality_deletes, write_resolved_deletes
-from lineage.fileio import overwriting
-from lineage.metadata import FileLineage, LineageList, lineage_dir, read_segment
-from lineage.planning import PlannedFile, live_entries, plan_snapshot, sequence_of
+from lineage.commits.commit import build_lineage
+from lineage.storage.deletes import live_positions, positions_for, read_position_deletes
+from lineage.iceberg.equality import Candidate, EqualityDelete, merge_positions, resolve_equality_deletes, write_resolved_deletes
+from lineage.storage.fileio import overwriting
+from lineage.storage.metadata import FileLineage, LineageList, lineage_dir, read_segment
+from lineage.iceberg.planning import PlannedFile, live_entries, plan_snapshot, sequence_of
 from lineage.reconcile.images import read_positions
 from lineage.reconcile.pairing import Pairs, pair_images
 from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_tag
-from lineage.rle import decode_sequence, decode_values
-from lineage.schema import arrow_schema
+from lineage.storage.rle import decode_sequence, decode_values
+from lineage.iceberg.schema import arrow_schema
 from lineage.state import LiveFile, SnapshotFiles, TableState
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
-"""The row images one foreign snapshot removed and added (DESIGN section 8, the Iceberg v2 rules).
+"""The row images one foreign snapshot removed and added (docs/design.md, "Foreign commits": the Iceberg v2 rules).
 
 Removed images, each live at the parent P:
 (a) every live row of a data file the snapshot removed;
 (b) rows newly covered by its position delete files;
 (c) rows its equality delete files match (data files of a strictly lower
-    data sequence number, same partition or global; :mod:`lineage.equality`).
+    data sequence number, same partition or global; :mod:`lineage.iceberg.equality`).
 Added images: the rows of the data files it added, less the positions its own
 position deletes (and any equality delete that applies to them) remove.
 """
@@ -19,10 +19,10 @@ import pyarrow as pa
 from pyiceberg.manifest import DataFile
 
 from index.key_index import KeyIndex
-from lineage import values
-from lineage.deletes import live_positions, positions_for, read_position_deletes
-from lineage.equality import Candidate, EqualityDelete, applies_to, resolve_equality_deletes
-from lineage.planning import sequence_of
+import lineage.read.values as values
+from lineage.storage.deletes import live_positions, positions_for, read_position_deletes
+from lineage.iceberg.equality import Candidate, EqualityDelete, applies_to, resolve_equality_deletes
+from lineage.iceberg.planning import sequence_of
 from lineage.reconcile.changes import SnapshotChanges
 from lineage.state import LiveFile, TableState
 
@@ -128,7 +128,7 @@ def _may_apply(deletes: list[EqualityDelete], candidate: Candidate) -> bool:
 def read_positions(path: str, positions: np.ndarray, names: list[str], arrow_schema: pa.Schema) -> pa.Table:
     """The ``names`` columns of the rows at ``positions`` of the data file at ``path`` (columns it lacks read as null).
 
-    Reads only the row groups holding ``positions`` (:func:`lineage.values.read_positions`).
+    Reads only the row groups holding ``positions`` (:func:`lineage.read.values.read_positions`).
     """
     wanted = pa.schema([arrow_schema.field(n) for n in names])
     return values.read_positions(path, np.asarray(positions, np.int64), wanted)

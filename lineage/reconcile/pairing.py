@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from lineage import duck
-from lineage.predicate import quote_ident
+import lineage.duck as duck
+from lineage.sql.predicate import quote_ident
 
 _I, _J = "__i", "__j"
 

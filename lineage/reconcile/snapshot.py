@@ -3,11 +3,11 @@
 The result is exactly what this library's own writer would have written for
 the snapshot (lineage of every added data file, deleted-rows index entries,
 key-index change, a commit log entry marked foreign, the next row id), and
-it is written with the same code (:func:`lineage.commit.build_lineage`),
+it is written with the same code (:func:`lineage.commits.commit.build_lineage`),
 under names derived from the snapshot id (``reconciled-<snapshot id>``), so
 reconciling a snapshot twice, in any process, writes the same files.
 Positions that the snapshot's equality deletes remove are written as a
-resolved-delete file (:mod:`lineage.equality`) that the list names.
+resolved-delete file (:mod:`lineage.iceberg.equality`) that the list names.
 """
 
 from __future__ import annotations
@@ -24,19 +24,20 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from index.deleted_rows import RemovedImages
 from index.key_index import KeyIndexChange, index_enabled, table_key
-from lineage.commit import CommitRequest, build_lineage
-from lineage.commit_log import user_properties
-from lineage.equality import write_resolved_deletes
+from lineage.commits.commit import CommitRequest, build_lineage
+from lineage.storage.commit_log import user_properties
+from lineage.iceberg.equality import write_resolved_deletes
 from lineage.errors import KeyViolationError
-from lineage.fileio import overwriting
-from lineage.metadata import SUMMARY_OPERATION, LineageList, lineage_dir
+from lineage.storage.fileio import overwriting
+from lineage.storage.metadata import STRATEGY_EQUALITY as STRATEGY
+from lineage.storage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY, LineageList, lineage_dir
 from lineage.reconcile.changes import snapshot_changes
 from lineage.reconcile.images import derive_images, read_positions
 from lineage.reconcile.pairing import Pairs, pair_images
-from lineage.rle import decode_sequence, decode_values
-from lineage.schema import arrow_schema
+from lineage.storage.rle import decode_sequence, decode_values
+from lineage.iceberg.schema import arrow_schema
 from lineage.state import TableState, remember_files
-from lineage.writer import WrittenFile
+from lineage.storage.writer import WrittenFile
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,4 @@ def _live_resolved(lst: LineageList, parent: TableState) -> tuple[str, ...]:
 
 def _changelog_commit(snapshot: Snapshot) -> bool:
     """True for a commit of our equality change-stream strategy (lineage.writes.changelog_equality)."""
-    from lineage.writes.changelog_equality import STRATEGY, SUMMARY_STRATEGY
-
     return snapshot.summary is not None and snapshot.summary.additional_properties.get(SUMMARY_STRATEGY) == STRATEGY

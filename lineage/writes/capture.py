@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lineage.predicate import quote_ident
+from lineage.sql.predicate import quote_ident
 
 _OLD = "__old_"
 

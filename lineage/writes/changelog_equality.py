@@ -21,7 +21,7 @@ commit is the cost of writing the batch. Its snapshot summary carries
 the caller's idempotency properties (``stream=`` positions, ``lineage.user.*``)
 but **no** ``lineage.list``: the commit's lineage (which rows were inserted,
 updated or deleted, their row ids) is derived later by reconciling the
-snapshot, exactly as for a Flink commit (DESIGN section 8).
+snapshot, exactly as for a Flink commit (docs/design.md, "Foreign commits").
 
 Semantics are **upsert mode only**: without a lookup nothing can be checked
 against the table, so ``+I``/``+U``/``u`` replace the key's row whatever it
@@ -41,7 +41,6 @@ refused with InvalidArgumentError.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -49,29 +48,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
-from lineage import duck
-from lineage.commit import commit_files
+import lineage.duck as duck
+from lineage.commits.commit import commit_files
+from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
-from lineage.metadata import SUMMARY_OPERATION
+from lineage.storage.metadata import STRATEGY_EQUALITY as STRATEGY
+from lineage.storage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY
 from lineage.outcome import Attempt, CommitLoop
-from lineage.predicate import quote_ident
-from lineage.writer import ROW_ID, write_data_files, write_equality_deletes, write_position_deletes
+from lineage.sql.predicate import quote_ident
+from lineage.columns import HIDDEN_ROW_ID
+from lineage.storage.writer import write_data_files, write_equality_deletes, write_position_deletes
+from lineage.writes.changelog_batch import ChangelogBatch, check_problems
 from lineage.writes.changelog_sql import POSITIVE, Relations
-from lineage.writes.loop import CommitInfo, log, ms_to_datetime
-from lineage.writes.properties import DEFAULT_RETRIES, PROP_RETRIES
+from lineage.writes.loop import log
+from lineage.writes.plan import CommitInfo, ms_to_datetime
+from lineage.properties import COMMIT_RETRIES
 from lineage.writes.stream_position import StreamPosition, stream_digest
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
-    from lineage.writes.changelog import ChangelogBatch
-
 OPERATION = "changelog"
-SUMMARY_STRATEGY = "lineage.write-strategy"
-STRATEGY = "equality"
 _EVENT = "__event"  # an event's batch position, carried through the data writer to learn each image's file position
 
 
-def check_equality_table(table: Table) -> None:
+def check_equality_table(table: TableContext) -> None:
     """Refuse tables whose equality deletes could not be placed without a lookup (see the module docs)."""
     meta = table.iceberg.metadata
     spec = meta.spec()
@@ -98,8 +96,6 @@ def plan_batch(batch: ChangelogBatch, arrow_schema: pa.Schema, con: duckdb.DuckD
     ``images``); ``superseded`` are the row numbers of images a later event of
     the same key replaces or deletes.
     """
-    from lineage.writes.changelog import check_problems
-
     key = list(batch.key)
     if not batch.explicit_order and not any(batch.events.column(k).null_count for k in key):
         return _plan_in_arrow(batch, arrow_schema)
@@ -160,7 +156,7 @@ def _key_codes(events: pa.Table, key: list[str]) -> np.ndarray:
 
 
 def apply_equality_changelog(
-    table: Table,
+    table: TableContext,
     batch: ChangelogBatch,
     *,
     upsert: bool,
@@ -181,7 +177,7 @@ def apply_equality_changelog(
         images, keys, superseded = plan_batch(batch, table.arrow_schema, con)
     finally:
         con.close()
-    retries = int(table.iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
+    retries = table.commit_retries
     summary = {SUMMARY_OPERATION: OPERATION, SUMMARY_STRATEGY: STRATEGY, **properties}
 
     def attempt(a: Attempt) -> CommitInfo:
@@ -200,7 +196,7 @@ def apply_equality_changelog(
         if images.num_rows == 0 and keys.num_rows == 0:
             return _no_op(table)
         # Files are written per attempt: a lost race deletes them (the loop's rule), a retry writes them again.
-        written = write_data_files(ice, images.rename_columns([*images.column_names[:-1], ROW_ID]))
+        written = write_data_files(ice, images.rename_columns([*images.column_names[:-1], HIDDEN_ROW_ID]))
         a.files.extend(w.data_file.file_path for w in written)
         targets = []
         for w in written:
@@ -237,12 +233,12 @@ def apply_equality_changelog(
         attempt,
         lambda n: CommitConflictError(
             f"gave up after {n} attempts: other writers kept committing to {table.name}; nothing was committed. "
-            f"Retry later or raise the table property {PROP_RETRIES}"
+            f"Retry later or raise the table property {COMMIT_RETRIES}"
         ),
     )
 
 
-def _no_op(table: Table) -> CommitInfo:
+def _no_op(table: TableContext) -> CommitInfo:
     snap = table.iceberg.metadata.current_snapshot()
     ts = snap.timestamp_ms if snap else table.iceberg.metadata.last_updated_ms
     return CommitInfo(

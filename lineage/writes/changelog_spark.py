@@ -18,28 +18,29 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from index.key_index import KeyIndex, KeyIndexChange
-from lineage import spark as spark_io
+import lineage.spark as spark_io
+from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError
-from lineage.fileio import local_path
-from lineage.schema import conform
+from lineage.storage.fileio import local_path
+from lineage.iceberg.schema import conform
 from lineage.state import LiveFile, TableState
-from lineage.writer import CREATED, ROW_ID
-from lineage.writes.keys import hit_files, indexed_images
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+from lineage.writes.live_images import hit_files, indexed_images
+from lineage.writes.changelog_batch import OPERATION, check_batch_columns, order_columns, raise_problems, relaxed_schema
 from lineage.writes.changelog_sql import OPS, POSITIVE, UPDATE_BEFORE, Relations, net_effects_sql, problems_sql
-from lineage.writes.loop import CommitInfo, Plan, run_write
-from lineage.writes.properties import MERGE_ON_READ
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan
+from lineage.properties import MERGE_ON_READ
 from lineage.writes.rows import REMOVED_COLS
 from lineage.writes.stream_position import StreamPosition
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 ROWS_PER_FILE = 2_000_000
 
@@ -48,12 +49,10 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _events(table: Table, df: Any, op_column: str, order: Sequence[str]) -> Any:
+def _events(table: TableContext, df: Any, op_column: str, order: Sequence[str]) -> Any:
     """The batch as the collapse SQL reads it: table columns, ``__op`` codes, order columns; validated by aggregates."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
-
-    from lineage.writes.changelog import check_batch_columns, relaxed_schema
 
     check_batch_columns(table, df.columns, op_column, order)
     if dict(df.dtypes)[op_column] != "string":
@@ -123,7 +122,7 @@ def _start(spark: Any, state: TableState, files: list[LiveFile], keys: Any, key:
 
 
 def apply_spark_changelog(
-    table: Table,
+    table: TableContext,
     df: Any,
     *,
     op_column: str,
@@ -135,8 +134,6 @@ def apply_spark_changelog(
     position: StreamPosition | None,
 ) -> CommitInfo:
     """Apply a Spark DataFrame of change events in one commit (merge-on-read; ``order_by`` required)."""
-    from lineage.writes.changelog import OPERATION, order_columns, raise_problems
-
     if mode != MERGE_ON_READ:
         raise InvalidArgumentError("change streams from Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
     order = order_columns(order_by)
@@ -182,11 +179,11 @@ def apply_spark_changelog(
                 n_updates = int(pa.compute.sum(pointers.column("__end_live").cast(pa.int64())).as_py() or 0)
                 cols = [F.col(_quote(c)) for c in columns]
                 images = net.filter("__start_live AND __end_live").select(
-                    *cols, F.col("_row_id").alias(ROW_ID), F.col("_row_created_at_version").alias(CREATED)
+                    *cols, F.col("_row_id").alias(HIDDEN_ROW_ID), F.col("_row_created_at_version").alias(HIDDEN_CREATED)
                 )
                 # images sorted by row id so their lineage compresses into runs
                 written = (
-                    spark_io.write_with_executors(table, images.coalesce(max(1, n_updates // ROWS_PER_FILE)).sortWithinPartitions(ROW_ID))
+                    spark_io.write_with_executors(table, images.coalesce(max(1, n_updates // ROWS_PER_FILE)).sortWithinPartitions(HIDDEN_ROW_ID))
                     if n_updates
                     else []
                 )

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 import duckdb
 import pyarrow as pa
 
-from lineage import expressions
+import lineage.sql.expressions as expressions
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, SchemaMismatchError
-from lineage.predicate import expression_type
-from lineage.commit_log import USER_PROPERTY_PREFIXES
+from lineage.sql.predicate import expression_type
+from lineage.storage.commit_log import USER_PROPERTY_PREFIXES
 
 
 def check_user_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
@@ -52,7 +52,7 @@ def _compatible(produced: str, expected: str) -> bool:
 
 
 def check_expression(expr: str, schema: pa.Schema, column: str) -> str:
-    """The checked SQL of ``set[column] = expr`` (:mod:`lineage.expressions`), whose type fits the column.
+    """The checked SQL of ``set[column] = expr`` (:mod:`lineage.sql.expressions`), whose type fits the column.
 
     The returned text, DuckDB's rendering of the checked parse tree, is what
     the update runs; never ``expr`` itself.

@@ -7,7 +7,7 @@ Each attempt:
    which rows are new;
 2. **write** Parquet files: new data files, and either position delete files
    (merge-on-read) or rewritten data files (copy-on-write);
-3. **commit** (:func:`lineage.commit.commit_change`): the lineage segment, the
+3. **commit** (:func:`lineage.commits.commit.commit_change`): the lineage segment, the
    deleted-rows index segment and the lineage list, then one Iceberg snapshot
    whose summary points at the list.
 
@@ -19,36 +19,33 @@ attempts known not to have landed). This module never imports
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import TableProperties
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, captured_values
-from index.key_index import KeyIndexChange
-from lineage import duck
-from lineage.commit import CommitRequest, CommitResult, commit_change
+import lineage.duck as duck
+from lineage.commits.commit import CommitRequest, CommitResult, commit_change
+from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.memory import release_if_grown
-from lineage.merging import pack_from_end
+from lineage.commits.merge_rule import pack_from_end
 from lineage.outcome import Attempt, CommitLoop
-from lineage.schema import projection_field_ids
-from lineage.state import LiveFile, TableState
-from lineage.values import read_at
-from lineage.writer import CREATED, ROW_ID, UPDATED, WrittenFile, write_data_files, write_position_deletes
-from lineage.writes.properties import DEFAULT_RETRIES, MERGE_ON_READ, PROP_RETRIES, capture_preimages, delete_granularity
+from lineage.iceberg.schema import projection_field_ids
+from lineage.state import TableState
+from lineage.read.values import read_at
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
+from lineage.storage.writer import WrittenFile, write_data_files, write_position_deletes
+import lineage.properties as props
+from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, TARGET_FILE_SIZE, capture_preimages, delete_granularity
+from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed, kept_rows, with_hidden
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 # The name the write loop always logged under (operators and tests filter on it).
 log = logging.getLogger("lineage.table")
@@ -63,60 +60,8 @@ _ICEBERG_OPERATION = {
 }
 
 
-@dataclass(frozen=True)
-class CommitInfo:
-    """What one write did. ``committed`` is False for a write that matched nothing."""
-
-    version: int
-    snapshot_id: int | None
-    timestamp: _dt.datetime
-    operation: str
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    data_files_added: int = 0
-    delete_files_added: int = 0
-    data_files_removed: int = 0
-    bytes_written: int = 0
-    attempts: int = 1
-    committed: bool = True
-    properties: dict[str, str] = field(default_factory=dict)
-    foreign: str | None = None  # another engine made this commit (its name, or "unknown"); see lineage.reconcile
-    gap: bool = False  # the net change of snapshots another engine expired before we reconciled them (no feed across it)
-    ignored: int = 0  # change-stream events with no effect (upsert mode: -U/-D of an absent key)
-
-
-@dataclass
-class Plan:
-    """What a write does to the state it was planned against."""
-
-    operation: str
-    files: list[LiveFile] = field(default_factory=list)
-    removed: pa.Table | None = None  # __file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version
-    removed_values: pa.Table | None = None  # the removed images' data columns (row for row), for pre-image capture
-    new_images: pa.Table | None = None  # data columns + ROW_ID, CREATED: updated images of existing rows
-    inserts: pa.Table | None = None  # data columns: rows with fresh ids
-    prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
-    reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
-    properties: dict[str, str] = field(default_factory=dict)  # extra snapshot summary / commit log properties
-    key_index: KeyIndexChange | None = None  # keyed tables: the keys of removed images (and the index planned with)
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    ignored: int = 0  # see CommitInfo.ignored
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prewritten and not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
-
-
-def ms_to_datetime(ms: int) -> _dt.datetime:
-    """A commit timestamp (epoch milliseconds) as an aware UTC datetime."""
-    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
-
-
 def run_write(
-    table: Table,
+    table: TableContext,
     plan_fn: Callable[[TableState, duckdb.DuckDBPyConnection], Plan],
     *,
     mode: str,
@@ -136,7 +81,7 @@ def run_write(
     """
     if expected_version is not None and (not isinstance(expected_version, int) or isinstance(expected_version, bool)):
         raise InvalidArgumentError(f"expected_version must be an integer version, got {expected_version!r}")
-    retries = int(table.iceberg.metadata.properties.get(PROP_RETRIES, DEFAULT_RETRIES))
+    retries = table.commit_retries
     shared = [w.data_file.file_path for w in reuse_inserts or []]  # written once, used by every attempt
 
     def attempt(a: Attempt) -> CommitInfo:
@@ -168,14 +113,14 @@ def run_write(
             attempt,
             lambda n: CommitConflictError(
                 f"gave up after {n} attempts: other writers kept committing to {table.name}; nothing was committed. "
-                f"Retry later or raise the table property {PROP_RETRIES}"
+                f"Retry later or raise the table property {COMMIT_RETRIES}"
             ),
         )
     finally:
         release_if_grown()
 
 
-def _no_op(table: Table, state: TableState, operation: str, attempt: int, ignored: int = 0) -> CommitInfo:
+def _no_op(table: TableContext, state: TableState, operation: str, attempt: int, ignored: int = 0) -> CommitInfo:
     snap = state.snapshot
     ts = ms_to_datetime(snap.timestamp_ms) if snap else ms_to_datetime(table.iceberg.metadata.last_updated_ms)
     return CommitInfo(
@@ -185,7 +130,7 @@ def _no_op(table: Table, state: TableState, operation: str, attempt: int, ignore
 
 
 def _materialize_and_commit(
-    table: Table,
+    table: TableContext,
     state: TableState,
     plan: Plan,
     mode: str,
@@ -220,8 +165,8 @@ def _materialize_and_commit(
             # the number of files the write touches. A group holds at most one target file of Parquet and at most
             # a sixteenth of DuckDB's memory limit (decoded rows take several times their Parquet bytes).
             field_ids = projection_field_ids(ice.metadata)
-            target = with_hidden(table.arrow_schema, (ROW_ID, CREATED, UPDATED))
-            file_size = int(ice.metadata.properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
+            target = with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))
+            file_size = int(props.read(ice.metadata.properties, TARGET_FILE_SIZE))
             budget = min(file_size, duck.memory_limit_bytes() // 16)
             for chunk in pack_from_end(list(groups), lambda fid: int(plan.files[fid].data_file.file_size_in_bytes), budget):
                 kept = kept_rows(con, [plan.files[fid] for fid in chunk], {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids)
@@ -233,7 +178,7 @@ def _materialize_and_commit(
 
     # 2. new images of updated rows, then fresh inserts
     if plan.new_images is not None and plan.new_images.num_rows:
-        images = plan.new_images.sort_by(ROW_ID)
+        images = plan.new_images.sort_by(HIDDEN_ROW_ID)
         new = write_data_files(ice, images)
         created.extend(w.data_file.file_path for w in new)
         written.extend(new)
@@ -292,7 +237,7 @@ def _materialize_and_commit(
     return info(result)
 
 
-def _captured(table: Table, plan: Plan, groups: dict[int, dict]) -> pa.Table:
+def _captured(table: TableContext, plan: Plan, groups: dict[int, dict]) -> pa.Table:
     """The removed images' values (rows of ``plan.removed``), columns named by field id, for the index segment.
 
     Planners that read the removed rows pass their values; otherwise they are

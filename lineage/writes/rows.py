@@ -8,16 +8,16 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from lineage import duck
+import lineage.duck as duck
 from lineage.errors import KeyViolationError
-from lineage.predicate import quote_ident
-from lineage.scan import register_live_view
-from lineage.schema import conform
+from lineage.sql.predicate import quote_ident
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import conform
 from lineage.state import LiveFile
-from lineage.writer import CREATED, ROW_ID, UPDATED
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED, REMOVED_COLUMNS
 
 # The columns of a removed image: where it is (file id, position) and its lineage.
-REMOVED_COLS = "__file_id, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
+REMOVED_COLS = ", ".join(REMOVED_COLUMNS)  # a removed image: its file and position, its lineage
 
 
 def with_hidden(schema: pa.Schema, hidden: Sequence[str]) -> pa.Schema:
@@ -44,7 +44,7 @@ def kept_rows(
     names = ", ".join(quote_ident(c) for c in schema.names)
     return duck.fetch_arrow(
         con,
-        f"SELECT {names}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, _row_last_updated_at_version AS {UPDATED} "
+        f"SELECT {names}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, _row_last_updated_at_version AS {HIDDEN_UPDATED} "
         "FROM affected l ANTI JOIN removed_now r ON r.__file_id = l.__file_id AND r.__pos = l.__pos "
         "ORDER BY l.__file_id, l.__pos",
     )
@@ -64,11 +64,11 @@ def group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
 
 def conform_images(images: pa.Table, schema, key: Sequence[str], what: str) -> pa.Table:  # type: ignore[no-untyped-def]
     """Cast new row images to the table schema (checking required columns), keeping hidden lineage columns."""
-    data = conform(images.drop_columns([ROW_ID, CREATED]), schema, key)
+    data = conform(images.drop_columns([HIDDEN_ROW_ID, HIDDEN_CREATED]), schema, key)
     if what == "update" and key and any(images.column(k).null_count for k in key):
         raise KeyViolationError("update would set a key column to null")
-    return data.append_column(pa.field(ROW_ID, pa.int64(), False), images.column(ROW_ID).cast(pa.int64())).append_column(
-        pa.field(CREATED, pa.int64(), False), images.column(CREATED).cast(pa.int64())
+    return data.append_column(pa.field(HIDDEN_ROW_ID, pa.int64(), False), images.column(HIDDEN_ROW_ID).cast(pa.int64())).append_column(
+        pa.field(HIDDEN_CREATED, pa.int64(), False), images.column(HIDDEN_CREATED).cast(pa.int64())
     )
 
 

@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled, read_file_keys
-from lineage import spark as spark_io
+import lineage.spark as spark_io
+from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.state import TableState
-from lineage.writer import WrittenFile
-from lineage.writes import keyed
-from lineage.writes.loop import CommitInfo, Plan, run_write
-from lineage.writes.properties import MERGE_ON_READ
+from lineage.storage.writer import WrittenFile
+from lineage.writes import key_checks
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan
+from lineage.properties import MERGE_ON_READ
 from lineage.writes.rows import REMOVED_COLS
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 
-def append(table: Table, df: Any, check_keys: bool) -> CommitInfo:
+def append(table: TableContext, df: Any, check_keys: bool) -> CommitInfo:
     """Append a Spark DataFrame; with ``check_keys`` its keys must be unique and not yet in the table."""
     spark_io.reject_bad_batch(table, df, keyed=check_keys)
     cache: list[WrittenFile] = []
@@ -40,14 +40,14 @@ def append(table: Table, df: Any, check_keys: bool) -> CommitInfo:
             # Executors wrote the files; their key columns (O(batch)) are checked against the index.
             written = {w.data_file.file_path: read_file_keys(table.iceberg.io, w.data_file.file_path, table.key) for w in cache}
             if written:
-                keyed.reject_live_keys(index, pa.concat_tables(written.values()), "use upsert")
+                key_checks.reject_live_keys(index, pa.concat_tables(written.values()), "use upsert")
             change = KeyIndexChange(index=index, written_keys=written)
         return Plan("append", prewritten=list(cache), reusable=True, inserted=rows, key_index=change)
 
     return run_write(table, plan, mode=MERGE_ON_READ, reuse_inserts=cache)
 
 
-def upsert(table: Table, df: Any, mode: str) -> CommitInfo:
+def upsert(table: TableContext, df: Any, mode: str) -> CommitInfo:
     """Upsert a Spark DataFrame by the table key (``mode``, the resolved merge mode, must be merge-on-read)."""
     if mode != MERGE_ON_READ:
         raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")

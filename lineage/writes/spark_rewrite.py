@@ -1,7 +1,7 @@
 """Deletes and updates on Spark: executors find the rows a ``where`` matches and write their new images.
 
 The driver checks the ``where`` and ``set`` expressions exactly as the
-embedded path does (:func:`lineage.predicate.parse_predicate`,
+embedded path does (:func:`lineage.sql.predicate.parse_predicate`,
 :func:`lineage.writes.checks.check_expression`), keeps the files the
 ``where`` may match, and hands Spark the live rows of those files
 (:func:`lineage.spark.live_rows`). Each executor task evaluates the same
@@ -23,34 +23,32 @@ path's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 from index.key_index import KeyIndexChange, index_enabled
-from lineage import duck
-from lineage import spark as spark_io
+import lineage.duck as duck
+import lineage.spark as spark_io
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, LINEAGE_SCHEMA
+from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError
-from lineage.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
-from lineage.scan import LINEAGE_SCHEMA
+from lineage.properties import MERGE_ON_READ, capture_preimages
+from lineage.sql.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
 from lineage.state import TableState
-from lineage.writer import CREATED, ROW_ID
-from lineage.writes import keyed
+from lineage.writes import key_checks
 from lineage.writes.capture import old_values, split_old
-from lineage.writes.loop import CommitInfo, Plan, run_write
-from lineage.writes.properties import MERGE_ON_READ, capture_preimages
+from lineage.writes.loop import run_write
+from lineage.writes.plan import CommitInfo, Plan
 from lineage.writes.update import checked_set
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 # What identifies a removed image in a Spark row of live_rows: its file's local path, position and lineage.
 _POINTER = "__path, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"
 
 
-def delete(table: Table, where: str | BooleanExpression, mode: str, spark: Any) -> CommitInfo:
+def delete(table: TableContext, where: str | BooleanExpression, mode: str, spark: Any) -> CommitInfo:
     """Delete the live rows matching ``where`` with Spark executors (merge-on-read)."""
     _merge_on_read_only(mode, "delete")
     schema = table.arrow_schema
@@ -60,7 +58,7 @@ def delete(table: Table, where: str | BooleanExpression, mode: str, spark: Any) 
         files = state.live_files(pred.prune)
         key = table.key if index_enabled(state.iceberg) else []
         capture = capture_preimages(state.iceberg.metadata.properties)
-        select = f"{_POINTER}{keyed.select_list(key)}{old_values(schema) if capture else ''}"
+        select = f"{_POINTER}{key_checks.select_list(key)}{old_values(schema) if capture else ''}"
         out = pa.schema(_pointer_fields() + [schema.field(k).with_nullable(True) for k in key] + _old_fields(schema, capture))
         rows, values = split_old(_evaluate(spark, state, files, pred, select, out).toArrow(), schema)
         removed = spark_io.removed_images(files, rows, key)
@@ -70,7 +68,7 @@ def delete(table: Table, where: str | BooleanExpression, mode: str, spark: Any) 
     return run_write(table, plan, mode=MERGE_ON_READ)
 
 
-def update(table: Table, where: str | BooleanExpression | None, set_: Mapping[str, str], mode: str, spark: Any, enforce_key: bool) -> CommitInfo:
+def update(table: TableContext, where: str | BooleanExpression | None, set_: Mapping[str, str], mode: str, spark: Any, enforce_key: bool) -> CommitInfo:
     """Set columns of the rows matching ``where`` with Spark executors (merge-on-read)."""
     _merge_on_read_only(mode, "update")
     schema = table.arrow_schema
@@ -86,10 +84,10 @@ def update(table: Table, where: str | BooleanExpression | None, set_: Mapping[st
         key = table.key if index_enabled(state.iceberg) else []
         capture = capture_preimages(state.iceberg.metadata.properties)
         old_keys = "".join(f", {quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
-        images_sql = f"{select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, {_POINTER}{old_keys}{old_values(schema) if capture else ''}"
+        images_sql = f"{select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, {_POINTER}{old_keys}{old_values(schema) if capture else ''}"
         out_schema = pa.schema(
             [f.with_nullable(True) for f in schema]
-            + [pa.field(ROW_ID, pa.int64()), pa.field(CREATED, pa.int64())]
+            + [pa.field(HIDDEN_ROW_ID, pa.int64()), pa.field(HIDDEN_CREATED, pa.int64())]
             + _pointer_fields()
             + [pa.field(f"__old_key_{i}", schema.field(k).type) for i, k in enumerate(key)]
             + _old_fields(schema, capture)
@@ -102,9 +100,9 @@ def update(table: Table, where: str | BooleanExpression | None, set_: Mapping[st
             rows, values = split_old(pointers, schema)
             rows = rows.rename_columns([*rows.column_names[:5], *key])
             removed = spark_io.removed_images(files, rows, key)
-            images = matched.select(*[spark_io.column(c) for c in [*schema.names, ROW_ID, CREATED]])
+            images = matched.select(*[spark_io.column(c) for c in [*schema.names, HIDDEN_ROW_ID, HIDDEN_CREATED]])
             # about 2M rows per written file; images sorted by row id so their lineage compresses into runs
-            written = spark_io.write_with_executors(table, images.coalesce(max(1, rows.num_rows // 2_000_000)).sortWithinPartitions(ROW_ID)) if rows.num_rows else []
+            written = spark_io.write_with_executors(table, images.coalesce(max(1, rows.num_rows // 2_000_000)).sortWithinPartitions(HIDDEN_ROW_ID)) if rows.num_rows else []
         finally:
             matched.unpersist()
         change = KeyIndexChange(removed_keys=removed.select(key)) if key else None

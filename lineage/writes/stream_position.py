@@ -10,7 +10,7 @@ commit requires as its parent, so "not applied yet" and "now applied" are
 decided atomically by the Iceberg commit.
 
 Positions outlive expiry: the commit log's floor keeps the newest entry of
-every stream (:mod:`lineage.commit_log`), reconciled snapshots keep their
+every stream (:mod:`lineage.storage.commit_log`), reconciled snapshots keep their
 summaries' positions in the log, and commits without a lineage list (the
 equality strategy) carry a digest of every position above the newest list
 (:class:`StreamDigest`). Where a position cannot be known any more (another
@@ -34,20 +34,21 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
 
-from lineage import catalog
+import lineage.catalog as catalog
 
-from lineage.commit_log import PROP_STREAM_ID, CommitEntry
+from lineage.storage.commit_log import PROP_STREAM_ID, CommitEntry
 from lineage.errors import CommitConflictError, InvalidArgumentError, LineageError, StreamPositionLostError
-from lineage.metadata import SUMMARY_LIST, read_list
+from lineage.storage.metadata import SUMMARY_LIST, read_list
 from lineage.reconcile.snapshot import reconciled_list_path
+from lineage.properties import STREAM_BASE, STREAM_LOST, STREAM_POSITIONS, STREAM_RESET_PREFIX
 from lineage.state import TableState
 
 PROP_STREAM_BATCH = "lineage.user.stream-batch-id"
 # Summary properties of commits without a lineage list (StreamDigest), and the operator's reset (a table property).
-PROP_STREAM_POSITIONS = "lineage.stream-positions"
-PROP_STREAM_BASE = "lineage.stream-base-list"
-PROP_STREAM_LOST = "lineage.stream-positions-lost-below"
-PROP_STREAM_RESET = "lineage.stream-reset."  # + stream id = "<batch id>@<version>"
+PROP_STREAM_POSITIONS = STREAM_POSITIONS
+PROP_STREAM_BASE = STREAM_BASE
+PROP_STREAM_LOST = STREAM_LOST
+PROP_STREAM_RESET = STREAM_RESET_PREFIX  # + stream id = "<batch id>@<version>"
 
 
 @dataclass(frozen=True)

@@ -11,30 +11,28 @@ This module never imports :mod:`lineage.table`; the table is passed in.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 from index.key_index import KeyIndex, KeyIndexChange, index_enabled
-from lineage import duck
+import lineage.duck as duck
+from lineage.context import TableContext
 from lineage.duck import duckdb_types
 from lineage.errors import InvalidArgumentError, UnknownColumnError
-from lineage.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
-from lineage.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.schema import projection_field_ids
+from lineage.sql.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
+from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
-from lineage.writer import CREATED, ROW_ID
-from lineage.writes import keyed
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+from lineage.writes import key_checks
 from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.checks import check_expression
-from lineage.writes.loop import Plan
-from lineage.writes.properties import capture_preimages
+from lineage.writes.plan import Plan
+from lineage.properties import capture_preimages
 from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 
 def checked_set(schema: pa.Schema, where: str | BooleanExpression | None, set_: Mapping[str, str]) -> tuple[Predicate, str]:
@@ -60,7 +58,7 @@ def checked_set(schema: pa.Schema, where: str | BooleanExpression | None, set_: 
 
 
 def update_planner(
-    table: Table, where: str | BooleanExpression | None, set_: Mapping[str, str], *, enforce_key: bool
+    table: TableContext, where: str | BooleanExpression | None, set_: Mapping[str, str], *, enforce_key: bool
 ) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
     """Check the arguments of an update and return its plan function (``enforce_key``: the table's key check is on)."""
     schema = table.arrow_schema
@@ -77,16 +75,16 @@ def update_planner(
         old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
         capture = capture_preimages(state.iceberg.metadata.properties)
         con.execute(
-            f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {ROW_ID}, _row_created_at_version AS {CREATED}, "
+            f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, "
             f"{REMOVED_COLS}{old_keys}{old_values(schema, 'live.') if capture else ''} FROM live WHERE ({pred.sql})"
         )
         removed, values = split_old(con.execute(f"SELECT {REMOVED_COLS}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema)
         names = ", ".join(quote_ident(c) for c in schema.names)
-        images = con.execute(f"SELECT {names}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
+        images = con.execute(f"SELECT {names}, {HIDDEN_ROW_ID}, {HIDDEN_CREATED} FROM matched").to_arrow_table()
         images = conform_images(images, state.iceberg.schema(), table.key, "update")
         if index is not None:
-            new_keys = duck.fetch_arrow(con, f"SELECT {keyed.select_list(table.key)[2:]}, __file_id, __pos FROM matched")
-            keyed.reject_clashing_keys(index, files, new_keys)
+            new_keys = duck.fetch_arrow(con, f"SELECT {key_checks.select_list(table.key)[2:]}, __file_id, __pos FROM matched")
+            key_checks.reject_clashing_keys(index, files, new_keys)
         elif key_set:
             check_updated_keys(con, table.key)
         change = None

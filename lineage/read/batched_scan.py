@@ -22,13 +22,12 @@ import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
-from lineage import duck
-
+import lineage.duck as duck
+from lineage.columns import LINEAGE_COLUMNS, LINEAGE_SCHEMA
+from lineage.commits.merge_rule import pack_from_end
 from lineage.errors import BadPredicateError, InvalidArgumentError, LineageMetadataError, UnknownColumnError
-from lineage.merging import pack_from_end
-from lineage.predicate import parse_predicate, prunable_columns, quote_ident
-from lineage.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.schema import LINEAGE_COLUMNS
+from lineage.read.scan import register_live_view
+from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.state import LiveFile, TableState
 
 DEFAULT_GROUP_BYTES = 128 << 20

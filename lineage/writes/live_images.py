@@ -8,7 +8,7 @@ found lives in this one place:
 * through the key index (:class:`index.key_index.KeyIndex`) when the table
   keeps one: O(k log n), no table data read unless the images' column values
   are asked for, and then only the row groups that hold one of the images
-  (:mod:`lineage.writes.positions`), without their delete files;
+  (:func:`lineage.read.values.values_at`), without their delete files;
 * otherwise (``lineage.key-index.enabled=false``, ``lineage.key.enforce=false``)
   one scan of the key columns of every live file, filtered by a semi join
   with the keys inside the Parquet scan.
@@ -24,13 +24,13 @@ import numpy as np
 import pyarrow as pa
 
 from index.key_index import KeyIndex
-from lineage import duck
-from lineage.predicate import quote_ident
-from lineage.scan import register_live_view
-from lineage.schema import arrow_schema, projection_field_ids
+import lineage.duck as duck
+from lineage.sql.predicate import quote_ident
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
-from lineage.writes.keyed import removed_pointers
-from lineage.writes.positions import values_at
+from lineage.writes.key_checks import removed_pointers
+from lineage.read.values import values_at
 
 LINEAGE_AND_POINTER = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__file_id", "__pos")
 

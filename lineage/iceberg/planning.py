@@ -29,8 +29,8 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 
-from lineage.deletes import path_in_bounds, referenced_data_path
-from lineage.fileio import ImmutableFileCache
+from lineage.storage.deletes import path_in_bounds, referenced_data_path
+from lineage.storage.fileio import ImmutableFileCache
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ visible by it (the snapshot summary points at the list):
   live data files (with their sizes), the table's next row id, and the commit
   log (version, snapshot id, timestamp, operation, counts, and the commit's
   deleted-rows index file), so the log outlives snapshot expiry. The log is
-  kept in immutable chunks plus a short tail (:mod:`lineage.commit_log`), so a
+  kept in immutable chunks plus a short tail (:mod:`lineage.storage.commit_log`), so a
   list does not grow with the number of commits; small segments are merged on
-  commit (:mod:`lineage.merging`), so neither does the segment list.
+  commit (:mod:`lineage.commits.merge_rule`), so neither does the segment list.
   The list also names the key index segments of a keyed table
   (:mod:`index.key_index`).
 """
@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
-from lineage.commit_log import CommitEntry, CommitLog
+from lineage.storage.commit_log import CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
-from lineage.rle import Runs
+from lineage.storage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
+from lineage.storage.rle import Runs
 
 SEGMENT_FORMAT = "lineage-segment"
 LIST_FORMAT = "lineage-list"
@@ -66,6 +66,8 @@ SUMMARY_VERSION = "lineage.version"
 SUMMARY_NEXT_ROW_ID = "lineage.next-row-id"
 SUMMARY_OPERATION = "lineage.operation"
 SUMMARY_FORMAT_VERSION = "lineage.format-version"
+SUMMARY_STRATEGY = "lineage.write-strategy"  # the change-stream strategy of a commit (lineage.writes.changelog_equality)
+STRATEGY_EQUALITY = "equality"  # its value for an equality-delete commit
 
 _SEGMENT_SCHEMA = pa.schema(
     [
@@ -207,7 +209,7 @@ class LineageList:
 
     ``segments`` are oldest first; ``segment_bytes`` gives their sizes where
     known (format-1 lists did not record them). ``log`` is the commit log
-    (:mod:`lineage.commit_log`); ``commits`` reads all of it, the log's own
+    (:mod:`lineage.storage.commit_log`); ``commits`` reads all of it, the log's own
     methods read only what they need. Optional fields are listed in
     :data:`_OPTIONAL_FIELDS`, so a new one is one dataclass field plus one
     line there.
@@ -220,7 +222,7 @@ class LineageList:
     purged: str | None = None  # purged-rows file: row ids whose values were erased (GDPR)
     key_index: tuple[str, ...] | None = None  # key index segments, oldest first (index.key_index); None: no index
     adopted: int | None = None  # the version at which lineage.adopt made an existing Iceberg table a lineage table
-    # Resolved-delete files (lineage.equality): positions that equality deletes of reconciled snapshots remove.
+    # Resolved-delete files (lineage.iceberg.equality): positions that equality deletes of reconciled snapshots remove.
     resolved_deletes: tuple[str, ...] | None = None
     segment_bytes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
@@ -257,7 +259,7 @@ _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], An
     ("purged", "purged", str, str),
     ("key_index", "key-index", list, tuple),  # key index segments, oldest first; absent: the table has no index
     ("adopted", "adopted", int, int),  # adoption version: the change feed starts there (cdf.retention)
-    ("resolved_deletes", "resolved-deletes", list, tuple),  # resolved equality deletes (lineage.equality)
+    ("resolved_deletes", "resolved-deletes", list, tuple),  # resolved equality deletes (lineage.iceberg.equality)
 )
 
 

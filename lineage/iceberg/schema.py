@@ -30,10 +30,11 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import DoubleType, FloatType, NestedField
 
+import lineage.columns as columns
 from lineage.arrays import unique
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
 
-LINEAGE_COLUMNS = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version")
+LINEAGE_COLUMNS = columns.LINEAGE_COLUMNS  # the reserved names are defined in lineage.columns
 
 
 def iceberg_schema(arrow_schema: pa.Schema, key: Sequence[str] | None) -> Schema:

@@ -3,7 +3,7 @@
 A ``where`` predicate, an ``update`` ``set`` value or a materialized view's
 expression is data: it is typed by an operator into the CLI or stored in a
 job's configuration, and it must only compute a value from one row. The
-validator (:mod:`lineage.expressions`) walks DuckDB's parse tree of the text
+validator (:mod:`lineage.sql.expressions`) walks DuckDB's parse tree of the text
 and accepts only the constructs listed here; everything else is refused by
 name. The lists are deliberately closed: a function DuckDB adds in a later
 release is refused until someone reads what it does and adds it here.

@@ -25,13 +25,15 @@ from pyiceberg.io.pyarrow import _determine_partitions, write_file
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table import TableProperties, WriteTask
+from pyiceberg.table import WriteTask
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import LongType, StringType
 
-from lineage.deletes import PATH_FIELD_ID
-from lineage.fileio import write_bytes
-from lineage.rle import Runs
+from lineage.columns import HIDDEN_COLUMNS
+from lineage.storage.deletes import PATH_FIELD_ID
+from lineage.storage.fileio import write_bytes
+from lineage.properties import TARGET_FILE_SIZE, read
+from lineage.storage.rle import Runs
 
 POS_FIELD_ID = 2147483545
 POSITION_DELETE_SCHEMA = pa.schema(
@@ -42,10 +44,7 @@ POSITION_DELETE_SCHEMA = pa.schema(
 )
 
 # Hidden columns that carry lineage through partitioning; never written.
-ROW_ID = "__lineage_row_id"
-CREATED = "__lineage_created"
-UPDATED = "__lineage_updated"
-_HIDDEN = (ROW_ID, CREATED, UPDATED)
+_HIDDEN = HIDDEN_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class WrittenFile:
 
     ``None`` means "assigned at commit": fresh row ids for ``row_ids`` and the
     commit's version for ``created`` / ``updated``. Values are per-row arrays
-    or, when an engine encoded them already, :class:`~lineage.rle.Runs`.
+    or, when an engine encoded them already, :class:`~lineage.storage.rle.Runs`.
     """
 
     data_file: DataFile
@@ -64,7 +63,7 @@ class WrittenFile:
 
 
 def _target_rows(table: pa.Table, properties: dict[str, str]) -> int:
-    target = int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))
+    target = int(read(properties, TARGET_FILE_SIZE))
     per_row = max(1.0, table.nbytes / max(1, table.num_rows))
     return max(1, int(target / per_row))
 

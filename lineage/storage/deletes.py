@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent
 
-from lineage.fileio import ImmutableFileCache, local_path
+from lineage.storage.fileio import ImmutableFileCache, local_path
 
 PATH_FIELD_ID = 2147483546  # the spec's reserved field id of a position delete file's file_path
 

@@ -1,7 +1,7 @@
 """File pruning terms derived from a checked ``where``: never more selective than DuckDB.
 
 A ``where`` is evaluated row by row by DuckDB (the rendering of its checked
-parse tree, :mod:`lineage.expressions`). Before any file is opened, pyiceberg's
+parse tree, :mod:`lineage.sql.expressions`). Before any file is opened, pyiceberg's
 planner can skip data files whose partition values or column statistics rule
 out every row, given a pyiceberg expression. That expression is built here
 from the *same checked parse tree*, never from a second parse of the text, and
@@ -58,7 +58,7 @@ from pyiceberg.expressions import (
     StartsWith,
 )
 
-from lineage import duck
+import lineage.duck as duck
 
 _COMPARISONS = {
     "COMPARE_EQUAL": EqualTo,
@@ -85,7 +85,7 @@ def prune_expression(item: dict[str, Any], schema: pa.Schema, prunable: set[str]
     """The pyiceberg expression that keeps every file which may hold a row ``item`` selects.
 
     ``item`` is the checked parse tree of a ``where`` (DuckDB's JSON form, as
-    :attr:`lineage.expressions.Checked.tree` holds it), ``schema`` the arrow
+    :attr:`lineage.sql.expressions.Checked.tree` holds it), ``schema`` the arrow
     schema it was checked against and ``prunable`` the names of the columns
     pyiceberg can bind (the table's own top-level data columns).
     """

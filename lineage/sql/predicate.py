@@ -1,8 +1,8 @@
 """``where`` predicates: SQL text or pyiceberg expressions, checked and translated.
 
 A predicate is evaluated row by row in DuckDB as SQL: the rendering of its
-checked parse tree (:mod:`lineage.expressions`), never the caller's text.
-From the same checked tree, :mod:`lineage.pruning` derives a pyiceberg
+checked parse tree (:mod:`lineage.sql.expressions`), never the caller's text.
+From the same checked tree, :mod:`lineage.sql.pruning` derives a pyiceberg
 expression that prunes data files by partition values and column statistics
 before any file is opened; it never skips a file holding a row DuckDB would
 select.
@@ -43,9 +43,11 @@ from pyiceberg.expressions import (
     StartsWith,
 )
 
-from lineage import duck, expressions
+import lineage.duck as duck
+
+import lineage.sql.expressions as expressions
 from lineage.errors import BadPredicateError
-from lineage.pruning import prune_expression
+from lineage.sql.pruning import prune_expression
 
 
 @dataclass(frozen=True)
@@ -137,12 +139,12 @@ def expression_to_sql(expr: BooleanExpression) -> str:
 def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema, prunable: Iterable[str] = ()) -> Predicate:
     """Validate ``where`` against ``schema`` (data plus lineage columns).
 
-    SQL text goes through :func:`lineage.expressions.check` (one scalar
+    SQL text goes through :func:`lineage.sql.expressions.check` (one scalar
     expression from the allow-list, re-rendered from DuckDB's parse tree);
     the returned ``sql`` is that rendering, never the caller's text. A
     pyiceberg expression is translated to SQL by :func:`expression_to_sql`
     and checked the same way. The file filter ``prune`` is derived from the
-    same checked tree (:mod:`lineage.pruning`), over the columns named in
+    same checked tree (:mod:`lineage.sql.pruning`), over the columns named in
     ``prunable`` (the table's own data columns; none: no file is skipped).
     Raises UnknownColumnError for columns the table lacks and
     BadPredicateError for anything that is not a single boolean expression
@@ -177,7 +179,7 @@ def prunable_columns(data_schema: pa.Schema) -> tuple[str, ...]:
 def expression_type(sql: str, schema: pa.Schema) -> str:
     """DuckDB's type for the checked expression ``sql`` over rows of ``schema``, without data.
 
-    ``sql`` must come from :func:`lineage.expressions.check`. DuckDB's own
+    ``sql`` must come from :func:`lineage.sql.expressions.check`. DuckDB's own
     errors (a type mismatch) propagate as ``duckdb.Error``.
     """
     name = f"__probe_{next(_PROBES)}"

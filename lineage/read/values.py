@@ -19,7 +19,7 @@ on one thread).
 Each file's footer facts (:func:`layout`: row groups, field ids, dictionary
 columns, each column's bytes per row group, and which file column holds each
 column asked for) are read once per process and shared with the write path's
-reader (:mod:`lineage.writes.positions`); so are the decoded column chunks,
+reader (:func:`values_at`, for the images the key index names); so are the decoded column chunks,
 kept within a budget by :mod:`lineage.decoded_cache` (a feed over recent
 commits decodes the bulk load's row groups once, not at every call). A job
 whose chunks are all kept only takes rows from them: it runs in the calling
@@ -39,9 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lineage import decoded_cache
+import lineage.decoded_cache as decoded_cache
 from lineage.arrays import stable_argsort
-from lineage.fileio import ImmutableFileCache, file_stamp, local_path
+from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
 
 FIELD_ID = b"PARQUET:field_id"
 WORKERS = 2  # decoding threads; the machines we target have few cores
@@ -324,7 +324,7 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
         f = files[k] = _open(paths[k], schema, field_ids, ids_key)
         total = int(f.info.starts[-1])
         if int(upos[e - 1]) >= total:
-            raise IndexError(f"position {int(upos[e - 1])} is past the end of {paths[k]} ({total} rows)")
+            raise IndexError(f"position {int(upos[e - 1])} is out of range: past the end of {paths[k]} ({total} rows)")
         if len(f.sizes) == 1:  # most files of a table that commits often
             tasks.append(_Task(k, 0, int(s), int(e), _column_sizes(f, 0)))
             continue
@@ -433,6 +433,26 @@ def read_at(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray,
         return schema.empty_table()
     got = gather(paths, file_index, positions, schema, field_ids, cache)
     return take_rows(got.pieces, got.rows, schema)
+
+
+def values_at(paths: Sequence[str], file_ids: np.ndarray, positions: np.ndarray, schema: pa.Schema,
+              field_ids: dict[str, int] | None) -> pa.Table | None:
+    """:func:`read_at` for a caller that can fall back to a scan: None when the files cannot be read by position.
+
+    That is: a file not on the local file system, nested columns on an
+    evolved schema (``field_ids`` given), or a file without field ids when
+    ``field_ids`` asks to match by them. The write path uses it for the
+    images the key index names (strict-mode ``-U`` checks): no delete file
+    is read, the index only names live images.
+    """
+    if not all("://" not in p or p.startswith("file:") for p in paths):
+        return None
+    if field_ids is not None and any(pa.types.is_nested(f.type) for f in schema):
+        return None
+    file_ids = np.asarray(file_ids, dtype=np.int64)
+    if field_ids is not None and any(not layout(local_path(paths[i])).names for i in np.unique(file_ids)):
+        return None  # no field ids in the file: only a name mapping could read it
+    return read_at(paths, file_ids, np.asarray(positions, dtype=np.int64), schema, field_ids)
 
 
 def read_positions(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None = None) -> pa.Table:

@@ -28,21 +28,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from lineage.errors import InvalidArgumentError
+import lineage.properties as properties
+from lineage.properties import read
 
 T = TypeVar("T")
 
-PROP_MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
-PROP_MANIFEST_MIN_COUNT = "commit.manifest.min-count-to-merge"
-PROP_MANIFEST_TARGET_BYTES = "commit.manifest.target-size-bytes"
-PROP_SEGMENT_MERGE_ENABLED = "lineage.segment-merge.enabled"
-PROP_SEGMENT_MIN_COUNT = "lineage.segment.min-count-to-merge"
-PROP_SEGMENT_TARGET_BYTES = "lineage.segment.target-size-bytes"
-
-MANIFEST_MIN_COUNT_DEFAULT = 100  # Iceberg's defaults
-MANIFEST_TARGET_BYTES_DEFAULT = 8 * 1024 * 1024
-SEGMENT_MIN_COUNT_DEFAULT = 32  # a lineage list names at most about this many small segments
-SEGMENT_TARGET_BYTES_DEFAULT = 8 * 1024 * 1024
+PROP_MANIFEST_MERGE_ENABLED = properties.MANIFEST_MERGE_ENABLED
+PROP_MANIFEST_MIN_COUNT = properties.MANIFEST_MIN_COUNT
+PROP_MANIFEST_TARGET_BYTES = properties.MANIFEST_TARGET_BYTES
+PROP_SEGMENT_MERGE_ENABLED = properties.SEGMENT_MERGE_ENABLED
+PROP_SEGMENT_MIN_COUNT = properties.SEGMENT_MIN_COUNT
+PROP_SEGMENT_TARGET_BYTES = properties.SEGMENT_TARGET_BYTES
 
 
 @dataclass(frozen=True)
@@ -50,41 +46,22 @@ class MergeSettings:
     """The three knobs of merge-on-commit."""
 
     enabled: bool = True
-    min_count: int = MANIFEST_MIN_COUNT_DEFAULT
-    target_bytes: int = MANIFEST_TARGET_BYTES_DEFAULT
+    min_count: int = properties.registry[PROP_MANIFEST_MIN_COUNT].default
+    target_bytes: int = properties.registry[PROP_MANIFEST_TARGET_BYTES].default
 
     @staticmethod
     def for_manifests(properties: Mapping[str, str]) -> MergeSettings:
         """Settings from Iceberg's ``commit.manifest*`` table properties."""
-        return _settings(properties, PROP_MANIFEST_MERGE_ENABLED, PROP_MANIFEST_MIN_COUNT, PROP_MANIFEST_TARGET_BYTES,
-                         MANIFEST_MIN_COUNT_DEFAULT, MANIFEST_TARGET_BYTES_DEFAULT)
+        return _settings(properties, PROP_MANIFEST_MERGE_ENABLED, PROP_MANIFEST_MIN_COUNT, PROP_MANIFEST_TARGET_BYTES)
 
     @staticmethod
     def for_segments(properties: Mapping[str, str]) -> MergeSettings:
         """Settings from the ``lineage.segment*`` table properties."""
-        return _settings(properties, PROP_SEGMENT_MERGE_ENABLED, PROP_SEGMENT_MIN_COUNT, PROP_SEGMENT_TARGET_BYTES,
-                         SEGMENT_MIN_COUNT_DEFAULT, SEGMENT_TARGET_BYTES_DEFAULT)
+        return _settings(properties, PROP_SEGMENT_MERGE_ENABLED, PROP_SEGMENT_MIN_COUNT, PROP_SEGMENT_TARGET_BYTES)
 
 
-def _settings(properties: Mapping[str, str], enabled: str, min_count: str, target: str, min_default: int, target_default: int) -> MergeSettings:
-    raw = str(properties.get(enabled, "true")).strip().lower()
-    if raw not in ("true", "false"):
-        raise InvalidArgumentError(f"table property {enabled} must be 'true' or 'false', got {properties.get(enabled)!r}")
-    return MergeSettings(raw == "true", positive_int(properties, min_count, min_default), positive_int(properties, target, target_default))
-
-
-def positive_int(properties: Mapping[str, str], name: str, default: int) -> int:
-    """Table property ``name`` as a positive integer (``default`` when unset)."""
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise InvalidArgumentError(f"table property {name} must be a positive integer, got {raw!r}") from None
-    if value <= 0:
-        raise InvalidArgumentError(f"table property {name} must be a positive integer, got {raw!r}")
-    return value
+def _settings(props: Mapping[str, str], enabled: str, min_count: str, target: str) -> MergeSettings:
+    return MergeSettings(bool(read(props, enabled)), int(read(props, min_count)), int(read(props, target)))
 
 
 def pack_from_end(items: Sequence[T], weight: Callable[[T], int], target: int) -> list[list[T]]:

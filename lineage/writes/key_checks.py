@@ -29,8 +29,8 @@ import pyarrow.compute as pc
 from index.key_index import INPUT, KeyIndex
 from index.key_segment import CREATED, FILE_PATH, POS, ROW_ID, UPDATED
 from lineage.errors import KeyViolationError, LineageMetadataError
-from lineage.predicate import quote_ident
-from lineage.schema import null_or_duplicate_keys
+from lineage.sql.predicate import quote_ident
+from lineage.iceberg.schema import null_or_duplicate_keys
 from lineage.state import LiveFile
 
 REMOVED_SCHEMA = pa.schema(

@@ -40,11 +40,11 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.schema import Schema
 
-from lineage import duck
+import lineage.duck as duck
 from lineage.errors import LineageMetadataError
-from lineage.fileio import local_path
-from lineage.metadata import write_tagged_parquet
-from lineage.predicate import quote_ident
+from lineage.storage.fileio import local_path
+from lineage.storage.metadata import write_tagged_parquet
+from lineage.sql.predicate import quote_ident
 
 RESOLVED_FORMAT = "lineage-resolved-deletes"
 _RESOLVED_SCHEMA = pa.schema([pa.field("file_path", pa.string(), nullable=False), pa.field("pos", pa.int64(), nullable=False)])

@@ -4,7 +4,7 @@
 the planner :func:`merge_planner` returns. Each attempt plans in one of two
 ways:
 
-* through the key index (:mod:`lineage.writes.keyed`): the matched rows'
+* through the key index (:mod:`lineage.writes.key_checks`): the matched rows'
   pointers and lineage come from the index, so a plain upsert reads no table
   data (with pre-image capture the write loop reads the removed rows back by
   position); with ``skip_unchanged`` only the files holding a batch key are
@@ -17,31 +17,29 @@ This module never imports :mod:`lineage.table`; the table is passed in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange
+from lineage.context import TableContext
 from lineage.errors import KeyViolationError
-from lineage.predicate import quote_ident
-from lineage.scan import register_live_view
-from lineage.schema import projection_field_ids
+from lineage.sql.predicate import quote_ident
+from lineage.read.scan import register_live_view
+from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
-from lineage.writer import CREATED, ROW_ID
-from lineage.writes import keyed
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+from lineage.writes import key_checks
 from lineage.writes.capture import old_names, old_values, split_old
-from lineage.writes.loop import Plan
-from lineage.writes.properties import capture_preimages
+from lineage.writes.plan import Plan
+from lineage.properties import capture_preimages
 from lineage.writes.rows import REMOVED_COLS, conform_images
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lineage.table import Table
 
 
 def merge_planner(
-    table: Table, batch: pa.Table, dkeys: pa.Table | None, *, skip_unchanged: bool, operation: str, properties: dict[str, str]
+    table: TableContext, batch: pa.Table, dkeys: pa.Table | None, *, skip_unchanged: bool, operation: str, properties: dict[str, str]
 ) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
     """The plan function of a merge of ``batch`` (upserts) and ``dkeys`` (keys to delete), both checked already.
 
@@ -63,14 +61,14 @@ def merge_planner(
         skip = f" AND NOT ({same})" if skip_unchanged else ""
         capture = capture_preimages(state.iceberg.metadata.properties)
         con.execute(
-            f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {ROW_ID}, l._row_created_at_version AS {CREATED}, "
+            f"CREATE TEMP TABLE matched AS SELECT {bcols}, l._row_id AS {HIDDEN_ROW_ID}, l._row_created_at_version AS {HIDDEN_CREATED}, "
             "l.__file_id, l.__pos, l._row_id, l._row_created_at_version, l._row_last_updated_at_version"
             f"{old_values(schema, 'l.') if capture else ''} FROM batch b JOIN hits l ON {on}{skip}"
         )
         removed, values = split_old(
-            con.execute(f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema
+            con.execute(f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old_names(schema) if capture else ''} FROM matched").to_arrow_table(), schema
         )
-        images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {ROW_ID}, {CREATED} FROM matched").to_arrow_table()
+        images = con.execute(f"SELECT {', '.join(quote_ident(c) for c in schema.names)}, {HIDDEN_ROW_ID}, {HIDDEN_CREATED} FROM matched").to_arrow_table()
         inserts = con.execute(f"SELECT {bcols} FROM batch b ANTI JOIN hits l ON {on}").to_arrow_table()
         images = conform_images(images, state.iceberg.schema(), key, "upsert")
         inserts = inserts.cast(schema)
@@ -78,7 +76,7 @@ def merge_planner(
         if dkeys is not None:
             gone, gone_values = split_old(
                 con.execute(
-                    f"SELECT {REMOVED_COLS}{keyed.select_list(key)}{old_values(schema) if capture else ''} FROM hits l SEMI JOIN dkeys b ON {on}"
+                    f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old_values(schema) if capture else ''} FROM hits l SEMI JOIN dkeys b ON {on}"
                 ).to_arrow_table(), schema
             )
             deleted = gone.num_rows
@@ -107,10 +105,10 @@ def merge_planner(
             return scan_plan(state, files, con, None)
         if skip_unchanged:
             # Old values are needed to compare: scan only the files the index says hold a batch key.
-            hit = np.unique(keyed.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
+            hit = np.unique(key_checks.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
             return scan_plan(state, [files[i] for i in hit], con, index)
-        m = keyed.match_upserts(index, files, batch, dkeys)
-        images = m.images.append_column(pa.field(ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(CREATED, pa.int64(), False), m.created)
+        m = key_checks.match_upserts(index, files, batch, dkeys)
+        images = m.images.append_column(pa.field(HIDDEN_ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(HIDDEN_CREATED, pa.int64(), False), m.created)
         return Plan(
             operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
             updated=m.updated, deleted=m.deleted, properties=properties, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),

@@ -30,7 +30,7 @@ from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, write_index_segment
 from index.key_index import KeyIndexChange, next_key_index
-from lineage.metadata import (
+from lineage.storage.metadata import (
     LIST_FORMAT_VERSION,
     SUMMARY_FORMAT_VERSION,
     SUMMARY_LIST,
@@ -47,13 +47,13 @@ from lineage.metadata import (
     write_segment,
 )
 from lineage.outcome import Attempt, has_commit, send
-from lineage import catalog
-from lineage.fileio import ImmutableFileCache
-from lineage.merging import MergeSettings, plan_merge, plan_rewrite
-from lineage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
-from lineage.segment_merge import next_segments
+import lineage.catalog as catalog
+from lineage.storage.fileio import ImmutableFileCache
+from lineage.commits.merge_rule import MergeSettings, plan_merge, plan_rewrite
+from lineage.storage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
+from lineage.commits.segment_list import next_segments
 from lineage.state import SnapshotFiles, TableState, writable_state
-from lineage.writer import WrittenFile
+from lineage.storage.writer import WrittenFile
 
 
 class _ManifestWriter(ManifestWriterV2):
@@ -117,7 +117,7 @@ class _BaseMetadata:
 class _LineageSnapshotProducer(_OverwriteFiles):
     """Adds data and delete files and removes data or delete files, in one snapshot.
 
-    Manifests are merged on commit by Iceberg's rule (:mod:`lineage.merging`),
+    Manifests are merged on commit by Iceberg's rule (:mod:`lineage.commits.merge_rule`),
     data and delete manifests separately; with ``rewrite_all`` every bin of
     two or more manifests is merged (``rewrite_manifests``).
     """

@@ -32,7 +32,7 @@ from typing import Any
 from pyiceberg.io import FileIO
 
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
-from lineage.fileio import ImmutableFileCache, read_json, write_json
+from lineage.storage.fileio import ImmutableFileCache, read_json, write_json
 
 LOG_FORMAT = "lineage-log"
 LOG_FORMAT_VERSION = 1

@@ -14,7 +14,7 @@ materialized view) goes through :func:`check` before DuckDB runs anything:
 3. Every column reference is bound to one of the allowed columns (table
    and lineage columns); ``s.f`` on a struct column becomes ``s['f']``.
 4. Every node of the tree must be on the allow-list of
-   :mod:`lineage.allowlist`: literals, columns, operators, CASE, CAST, and
+   :mod:`lineage.sql.allowlist`: literals, columns, operators, CASE, CAST, and
    deterministic scalar functions. Subqueries, table functions, aggregates,
    window functions, lambdas and functions that read the environment are
    refused by name.
@@ -39,7 +39,9 @@ from typing import Any
 
 import duckdb
 
-from lineage import allowlist, duck
+import lineage.sql.allowlist as allowlist
+
+import lineage.duck as duck
 from lineage.errors import BadPredicateError, UnknownColumnError
 
 MAX_LENGTH = 1_000_000  # characters (an IN list of 100,000 keys fits); longer text is refused before it is parsed

@@ -17,16 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from lineage.duck import duckdb_types
-from lineage.fileio import local_path
-from lineage.predicate import quote_ident
-from lineage.rle import combined_breakpoints
+import lineage.columns as columns
+from lineage.storage.fileio import local_path
+from lineage.sql.predicate import quote_ident
+from lineage.storage.rle import combined_breakpoints
 from lineage.state import LiveFile
 
-LINEAGE_SCHEMA = [
-    pa.field("_row_id", pa.int64(), nullable=False),
-    pa.field("_row_created_at_version", pa.int64(), nullable=False),
-    pa.field("_row_last_updated_at_version", pa.int64(), nullable=False),
-]
+LINEAGE_SCHEMA = columns.LINEAGE_SCHEMA  # the lineage columns a scan adds (lineage.columns)
 
 
 def file_paths(files: Sequence[LiveFile]) -> list[str]:

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from lineage.errors import InvalidArgumentError
+from lineage.properties import KEY_INDEX_BASE_FRACTION, KEY_INDEX_FANOUT, KEY_INDEX_MAX_SEGMENTS, KEY_INDEX_WRITER_LIMIT, read, registry
 
-PROP_FANOUT = "lineage.key-index.merge-fanout"
-PROP_BASE_FRACTION = "lineage.key-index.base-fraction"
-PROP_WRITER_LIMIT = "lineage.key-index.writer-merge-limit"
-PROP_MAX_SEGMENTS = "lineage.key-index.max-segments"
+PROP_FANOUT = KEY_INDEX_FANOUT
+PROP_BASE_FRACTION = KEY_INDEX_BASE_FRACTION
+PROP_WRITER_LIMIT = KEY_INDEX_WRITER_LIMIT
+PROP_MAX_SEGMENTS = KEY_INDEX_MAX_SEGMENTS
 
 WRITER, MAINTENANCE, FULL = "writer", "maintenance", "full"
 
@@ -28,30 +28,20 @@ WRITER, MAINTENANCE, FULL = "writer", "maintenance", "full"
 class MergePolicy:
     """When segments merge (table properties ``lineage.key-index.*``)."""
 
-    fanout: int = 8
-    base_fraction: float = 0.25
-    writer_limit: int = 1_000_000
-    max_segments: int = 32
+    fanout: int = registry[KEY_INDEX_FANOUT].default
+    base_fraction: float = registry[KEY_INDEX_BASE_FRACTION].default
+    writer_limit: int = registry[KEY_INDEX_WRITER_LIMIT].default
+    max_segments: int = registry[KEY_INDEX_MAX_SEGMENTS].default
 
     @staticmethod
     def of(props: Mapping[str, str]) -> MergePolicy:
         """The policy a table's properties ask for (defaults where unset)."""
-        d = MergePolicy()
-        try:
-            policy = MergePolicy(
-                fanout=int(props.get(PROP_FANOUT, d.fanout)),
-                base_fraction=float(props.get(PROP_BASE_FRACTION, d.base_fraction)),
-                writer_limit=int(props.get(PROP_WRITER_LIMIT, d.writer_limit)),
-                max_segments=int(props.get(PROP_MAX_SEGMENTS, d.max_segments)),
-            )
-        except ValueError as exc:
-            raise InvalidArgumentError(f"a lineage.key-index.* table property is not a number: {exc}") from None
-        if policy.fanout < 1 or policy.base_fraction <= 0 or policy.writer_limit < 0 or policy.max_segments < 1:
-            raise InvalidArgumentError(
-                f"key index properties out of range: {PROP_FANOUT} >= 1, {PROP_BASE_FRACTION} > 0, "
-                f"{PROP_WRITER_LIMIT} >= 0, {PROP_MAX_SEGMENTS} >= 1 (got {policy})"
-            )
-        return policy
+        return MergePolicy(
+            fanout=read(props, KEY_INDEX_FANOUT),
+            base_fraction=read(props, KEY_INDEX_BASE_FRACTION),
+            writer_limit=read(props, KEY_INDEX_WRITER_LIMIT),
+            max_segments=read(props, KEY_INDEX_MAX_SEGMENTS),
+        )
 
 
 @dataclass(frozen=True)

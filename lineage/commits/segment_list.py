@@ -2,7 +2,7 @@
 
 A segment describes the data files one commit added, so without merging a
 list names one more segment per commit and planning reads them all. Segments
-are merged like Iceberg manifests (:mod:`lineage.merging`, properties
+are merged like Iceberg manifests (:mod:`lineage.commits.merge_rule`, properties
 ``lineage.segment*``): the new segment is the "first" item, the others follow
 newest first, and a merged segment holds the lineage of the bin's files that
 are still live (files removed since are dropped). Merged segments are new
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from pyiceberg.manifest import DataFile
 
-from lineage.merging import MergeSettings, plan_merge
-from lineage.metadata import FileLineage, read_segment, write_segment
+from lineage.commits.merge_rule import MergeSettings, plan_merge
+from lineage.storage.metadata import FileLineage, read_segment, write_segment
 from lineage.state import TableState
 
 
