@@ -113,8 +113,10 @@ def file_stamp(path: str) -> str:
     Caches of what was read from a data file key it by path and stamp: Iceberg
     never rewrites a data file, but one replaced by hand must not be served.
     """
-    st = os.stat(path)
-    return f"{st.st_size}/{st.st_mtime_ns}"
+    from lineage.storage import files
+
+    st = files.info(path)
+    return f"{st.size}/{st.mtime_ns}"
 
 
 T = TypeVar("T")

@@ -31,7 +31,7 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
-from lineage import duck
+from lineage import duck, storage
 from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
 from lineage.commit_log import USER_PROPERTY_PREFIXES
 from lineage.errors import (
@@ -162,6 +162,7 @@ class Table:
     """An Iceberg table whose rows carry ``_row_id`` and created/updated versions."""
 
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
+        storage.register(iceberg.metadata.location, iceberg.io.properties)
         self._iceberg = iceberg
         self._catalog = catalog
         # Files of the current snapshot planned or derived by this object (lineage.state.state_at);

@@ -29,6 +29,7 @@ from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.metadata import LineageList, index_dir
 from lineage.state import TableState
 from lineage.values import read_at, with_field_ids
+from lineage.storage import files as store
 
 ARCHIVE_FORMAT = "deleted-rows-archive"
 
@@ -118,7 +119,7 @@ def rehome(table, max_live_fraction: float = 0.1, max_files: int = 64) -> Mainte
                         needed[e.file_path].append(e.positions)
         chosen = []
         for path, parts in needed.items():
-            rows = pq.ParquetFile(local_path(path)).metadata.num_rows
+            rows = pq.ParquetFile(store.source(path)).metadata.num_rows
             count = len(np.unique(np.concatenate(parts)))
             if count <= max_live_fraction * rows and count < rows:
                 chosen.append((path, np.unique(np.concatenate(parts)), rows))
