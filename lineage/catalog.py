@@ -10,6 +10,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 
+from lineage import storage
 from lineage.errors import InvalidArgumentError
 
 DEFAULT_NAMESPACE = "default"
@@ -152,6 +153,8 @@ def load_iceberg(catalog: Catalog, name: str) -> tuple[IcebergTable, str]:
 
     ns, tbl = identifier(name)
     try:
-        return catalog.load_table((ns, tbl)), f"{ns}.{tbl}"
+        ice = catalog.load_table((ns, tbl))
     except NoSuchTableError:
         raise TableNotFoundError(f"table {ns}.{tbl} does not exist in this catalog") from None
+    storage.register(ice.metadata.location, ice.io.properties)
+    return ice, f"{ns}.{tbl}"

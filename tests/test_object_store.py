@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import cdf
+import cdf.mv
 import lineage
 from conftest import SCHEMA, assert_interop, rows
 from lineage.maintenance.verify import verify
@@ -66,3 +67,55 @@ def test_writes_feed_and_maintenance(lake, capture) -> None:
     # the feed of the versions retention kept still reads
     last = again.version
     assert cdf.changes(again, last - 1).num_rows >= 0
+
+
+def test_key_index_views_adoption_and_purge(lake) -> None:
+    cat = lake.catalog()
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], catalog=cat)
+    t.append(_batch(range(1, 21)))
+    with pytest.raises(lineage.KeyViolationError):
+        t.append(_batch([5]))  # the key index finds the live key
+    t.upsert(_batch([5, 21], ["five", "x"]))
+    view = cdf.mv.create("shop.totals", t, "SELECT name, count(*) AS n, sum(amount) AS total FROM shop.orders GROUP BY name",
+                         catalog=cat)
+    view.refresh()
+    t.delete("id <= 3")
+    result = view.refresh()
+    assert result is not None
+    got = rows(lineage.open_table("shop.totals", catalog=cat).scan(with_lineage=False), ["name", "n", "total"])
+    expected = {}
+    for r in t.scan().to_pylist():
+        n, s = expected.get(r["name"], (0, 0.0))
+        expected[r["name"]] = (n + 1, s + r["amount"])
+    assert got == sorted(((k, n, s) for k, (n, s) in expected.items()), key=repr)
+
+    # a foreign writer (pyiceberg) appends: the next open reconciles it; then an adopted plain table
+    t.iceberg.append(_batch([100, 101]).cast(t.iceberg.schema().as_arrow()))
+    again = lineage.open_table("shop.orders", catalog=cat)
+    assert {100, 101} <= set(again.scan().column("id").to_pylist())
+    plain = cat.create_table("shop.plain", schema=SCHEMA)
+    plain.append(_batch([1, 2, 3]))
+    adopted = lineage.adopt("shop.plain", key=["id"], catalog=cat)
+    assert adopted.version >= 1
+    assert sorted(lineage.open_table("shop.plain", catalog=cat).scan().column("id").to_pylist()) == [1, 2, 3]
+
+    again.purge("id = 4")
+    again.rehome(max_live_fraction=1.0)
+    assert 4 not in again.scan().column("id").to_pylist()
+    assert not verify(again).problems
+
+
+@pytest.mark.spark
+def test_spark_reads_writes_and_feeds_an_s3_table(s3, spark) -> None:
+    """Spark's executors read the table through pyarrow (this session has no hadoop-aws jar)."""
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], properties={"lineage.cdf.capture-preimages": "true"},
+                             **s3.where())
+    t.append(spark.createDataFrame(_batch(range(1, 7))))
+    t.upsert(spark.createDataFrame(_batch([2, 7], ["B", "g"])))
+    t.delete("id = 3")
+    t.update("id = 4", {"amount": "amount * 2"})
+    assert rows(t.to_spark(spark).toArrow()) == rows(t.scan())
+    for net in (False, True):
+        theirs = cdf.changes(t, 0, net=net, engine="spark", spark=spark).toArrow()
+        assert rows(theirs) == rows(cdf.changes(t, 0, net=net))
+    assert rows(cdf.deleted_rows(t, engine="spark", spark=spark).toArrow()) == rows(cdf.deleted_rows(t))
