@@ -108,6 +108,7 @@ class Lake:
         """Global options of the ``lineage`` command naming this lake."""
         if self.kind == "local" and self.catalog_uri is None:
             return ["--warehouse", self.root]
+        os.makedirs(self.root, exist_ok=True)
         uri = self.catalog_uri or f"sqlite:///{os.path.join(self.root, 'catalog.db')}"
         args = ["--warehouse", self.warehouse, "--catalog-uri", uri, "--catalog", "lineage"]
         for k, v in sorted(self.properties.items()):

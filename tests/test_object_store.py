@@ -119,3 +119,38 @@ def test_spark_reads_writes_and_feeds_an_s3_table(s3, spark) -> None:
         theirs = cdf.changes(t, 0, net=net, engine="spark", spark=spark).toArrow()
         assert rows(theirs) == rows(cdf.changes(t, 0, net=net))
     assert rows(cdf.deleted_rows(t, engine="spark", spark=spark).toArrow()) == rows(cdf.deleted_rows(t))
+
+
+def test_cli_on_an_s3_warehouse(s3, tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from lakes import SECRET_KEY
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        p = subprocess.run([sys.executable, "-m", "lineage.cli", *s3.cli(), *args], capture_output=True, text=True, timeout=300)
+        assert SECRET_KEY not in p.stdout + p.stderr  # never shown, not even with --debug
+        return p
+
+    created = run("--debug", "create", "shop.orders", "--schema", "id:long,name:string,amount:double", "--key", "id")
+    assert created.returncode == 0, created.stderr
+    (tmp_path / "a.csv").write_text("id,name,amount\n1,ann,10\n2,bob,20\n3,cy,30\n")
+    assert run("append", "shop.orders", str(tmp_path / "a.csv")).returncode == 0
+    assert run("update", "shop.orders", "--where", "id = 2", "--set", "amount=amount * 2").returncode == 0
+    assert run("delete", "shop.orders", "--where", "id = 3").returncode == 0
+    scan = json.loads(run("-f", "json", "scan", "shop.orders").stdout)
+    assert sorted((r["id"], r["amount"]) for r in scan) == [(1, 10.0), (2, 40.0)]
+    changes = json.loads(run("-f", "json", "changes", "shop.orders", "0").stdout)
+    assert sorted(r["_change_type"] for r in changes).count("update_preimage") == 1
+    info = json.loads(run("-f", "json", "info", "shop.orders").stdout)
+    assert info["location"].startswith(s3.warehouse) and info["lineage"]["files_on_disk"] > 0
+    for command in (("compact", "shop.orders"), ("vacuum", "shop.orders", "--older-than", "0s"), ("verify", "shop.orders"),
+                    ("tables",)):
+        p = run(*command)
+        assert p.returncode == 0, (command, p.stdout, p.stderr)
+    table = lineage.open_table("shop.orders", **s3.where())
+    assert rows(table.scan(), ["id", "amount"]) == [(1, 10.0), (2, 40.0)]
+    missing = subprocess.run([sys.executable, "-m", "lineage.cli", "--warehouse", s3.warehouse, "tables"], capture_output=True,
+                             text=True, timeout=300)
+    assert missing.returncode == 2 and "needs a catalog" in missing.stderr

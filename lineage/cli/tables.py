@@ -57,18 +57,27 @@ def _size_of(io: Any, path: str) -> int:
 
 def _dir_bytes(folders: list[str], keep: Callable[[str], bool] = lambda name: True) -> tuple[int, int]:
     """Number and bytes of the files under ``folders`` whose names ``keep`` accepts."""
+    from lineage.storage import files as store
+
     n = total = 0
     for folder in folders:
-        for root, _, names in os.walk(folder):
-            for name in names:
-                if not keep(name):
-                    continue
-                try:
-                    total += os.path.getsize(os.path.join(root, name))
-                    n += 1
-                except OSError:
-                    pass
+        for found in store.list_files(folder):  # through the store: an object store has no folders to walk
+            if keep(found.location.rsplit("/", 1)[-1]):
+                total += found.size
+                n += 1
     return n, total
+
+
+def _pinned_bytes(paths: list[str]) -> int:
+    from lineage.storage import files as store
+
+    total = 0
+    for p in paths:
+        try:
+            total += store.info(p).size
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def _is_key_segment(name: str) -> bool:
@@ -217,7 +226,7 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             "segments_in_window": len(in_window),
             "segment_bytes_in_window": sum(_size_of(io, p) for p in in_window),
             "pinned_files": len(pinned_only),
-            "pinned_bytes": sum(os.path.getsize(p) for p in pinned_only if os.path.exists(p)),
+            "pinned_bytes": _pinned_bytes(pinned_only),
             "files_on_disk": index_disk[0],
             "bytes_on_disk": index_disk[1],
         },
