@@ -8,14 +8,19 @@ it pickles) opens tables in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from hypothesis import Phase
 
 ACCESS_KEY = "testing-key"
 SECRET_KEY = "testing-secret"
@@ -122,3 +127,23 @@ def s3_lake(server: MotoServer, root: str, catalog_uri: str | None = None) -> La
     props = {"s3.endpoint": server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY,
              "s3.region": REGION}
     return Lake("s3", root, f"s3://{bucket}/wh", props, catalog_uri)
+
+
+S3_PROPERTY_EXAMPLES = int(os.environ.get("LINEAGE_S3_PROPERTY_EXAMPLES", "3"))  # model-based tests on S3: a smaller budget
+# ... and no shrinking by default (every step is a few requests to the server: shrinking takes many minutes);
+# LINEAGE_S3_SHRINK=1 shrinks a failing example.
+S3_PHASES = tuple(Phase) if os.environ.get("LINEAGE_S3_SHRINK") else (Phase.explicit, Phase.reuse, Phase.generate)
+
+
+@contextlib.contextmanager
+def temp_lake(server: MotoServer | None, prefix: str = "lake-") -> Iterator[Lake]:
+    """A lake in a new temporary folder (hypothesis examples cannot use function fixtures): local, or on ``server``."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        yield Lake("local", tmp, tmp) if server is None else s3_lake(server, os.path.join(tmp, "catalog"))
+
+
+def stored_files(root: str) -> set[str]:
+    """Every file under a table's location (a folder or a key prefix), as the table names its files."""
+    from lineage.storage import files
+
+    return {f.location for f in files.list_files(root)}
