@@ -238,3 +238,28 @@ def s3(moto_server, tmp_path):
     from lakes import s3_lake
 
     return s3_lake(moto_server, str(tmp_path / "catalog"))
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL cluster (``pg.PostgresServer``) for the whole session, removed at its end."""
+    import tempfile
+
+    from pg import PostgresServer
+
+    # not under pytest's temporary folder: that one is private to root, and the server runs as nobody
+    server = PostgresServer(tempfile.mkdtemp(prefix="lineage-pg-"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_lake(postgres, moto_server, tmp_path):
+    """A lake with its catalog in a new PostgreSQL database and its data in a new bucket of the moto server."""
+    import uuid
+
+    from lakes import s3_lake
+
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    postgres.psql(f"CREATE DATABASE {database}")
+    return s3_lake(moto_server, str(tmp_path / "catalog"), postgres.uri.rsplit("/", 1)[0] + f"/{database}")
