@@ -115,7 +115,7 @@ class Lake:
             return ["--warehouse", self.root]
         os.makedirs(self.root, exist_ok=True)
         uri = self.catalog_uri or f"sqlite:///{os.path.join(self.root, 'catalog.db')}"
-        args = ["--warehouse", self.warehouse, "--catalog-uri", uri, "--catalog", "lineage"]
+        args = ["--warehouse", self.warehouse, "--catalog-uri", uri]
         for k, v in sorted(self.properties.items()):
             args += ["--catalog", f"{k}={v}"]
         return args

@@ -223,3 +223,18 @@ def test_a_connection_killed_at_the_commit_point_and_a_restarted_server(pg_lake,
         rows(cdf.changes(twin, 2), ["id", "name", "amount", "_change_type", "_commit_version"])
     assert not verify(table).problems
     assert_interop(table)
+
+
+def test_the_demo_on_a_postgresql_catalog_and_an_s3_warehouse(pg_lake) -> None:
+    import subprocess
+    import sys
+
+    from lakes import SECRET_KEY
+
+    p = subprocess.run([sys.executable, "-m", "lineage.cli", *pg_lake.cli(), "demo", "--rows", "2000"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"location            {pg_lake.warehouse}/shop/orders" in p.stdout
+    assert SECRET_KEY not in p.stdout + p.stderr
+    t = lineage.open_table("shop.orders", **pg_lake.where())
+    assert t.version >= 5 and not verify(t).problems

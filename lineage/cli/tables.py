@@ -438,16 +438,19 @@ def cmd_demo(ctx: Context) -> int:
     from lineage.cli import demo
 
     argv = ["--rows", str(ctx.args.rows)] if ctx.args.rows is not None else []
-    code = demo.main(argv)
+    own = bool(ctx.args.catalog or ctx.args.catalog_uri)  # else the embedded catalog in ./demo-warehouse
+    catalog = ctx.catalog(create=True) if own else None
+    code = demo.main(argv, catalog=catalog)
     t = None
     try:
         import lineage
 
-        t = lineage.open_table(demo.TABLE, warehouse=demo.WAREHOUSE)
+        t = lineage.open_table(demo.TABLE, **({"catalog": catalog} if own else {"warehouse": demo.WAREHOUSE}))
     except LineageError:
         return code
+    where = demo_options(ctx) if own else f"--warehouse {demo.WAREHOUSE}"
     print()
-    print(f"lineage --warehouse {demo.WAREHOUSE} info {demo.TABLE}   (the same table through the CLI)")
+    print(f"lineage {where} info {demo.TABLE}   (the same table through the CLI)")
     print("".join("  " + line + "\n" for line in info_text(table_info(t, ctx.progress)).splitlines()), end="")
     v = t.version
     print()
@@ -459,5 +462,17 @@ def cmd_demo(ctx: Context) -> int:
         f"compact {demo.TABLE}",
         f"verify {demo.TABLE}",
     ):
-        print(f"  lineage --warehouse {demo.WAREHOUSE} {cmd}")
+        print(f"  lineage {where} {cmd}")
     return code
+
+
+def demo_options(ctx: Context) -> str:
+    """The catalog options the demo ran with, as a user would type them again (values of secret-looking keys hidden)."""
+    parts = [f"--warehouse {ctx.args.warehouse}"] if ctx.args.warehouse else []
+    if ctx.args.catalog_uri:
+        parts.append(f"--catalog-uri {ctx.args.catalog_uri}")
+    for entry in ctx.args.catalog or []:
+        key = entry.split("=", 1)[0]
+        secret = any(word in key.lower() for word in ("secret", "password", "token", "credential"))
+        parts.append(f"--catalog {key}=..." if secret and "=" in entry else f"--catalog {entry}")
+    return " ".join(parts)
