@@ -32,6 +32,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
 from lineage import duck, storage
+from lineage.storage.fileio import store_io
 from lineage.catalog import current_metadata_location, identifier, load_iceberg, resolve_catalog
 from lineage.commit_log import USER_PROPERTY_PREFIXES
 from lineage.errors import (
@@ -163,6 +164,7 @@ class Table:
 
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
         storage.register(iceberg.metadata.location, iceberg.io.properties)
+        iceberg.io = store_io(iceberg.io, iceberg.metadata.location)
         self._iceberg = iceberg
         self._catalog = catalog
         # Files of the current snapshot planned or derived by this object (lineage.state.state_at);

@@ -105,7 +105,9 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
 
 
 def _s3(settings: StoreSettings) -> pafs.FileSystem:
-    kwargs: dict[str, object] = {"region": settings.region, "force_virtual_addressing": settings.virtual_addressing}
+    # allow_delayed_open: a small file is one PutObject, not a multipart upload (three requests)
+    kwargs: dict[str, object] = {"region": settings.region, "force_virtual_addressing": settings.virtual_addressing,
+                                 "allow_delayed_open": True}
     if settings.endpoint is not None:
         kwargs["endpoint_override"] = settings.host
         kwargs["scheme"] = settings.scheme
@@ -213,3 +215,10 @@ def delete_many(locations: list[str]) -> None:
 def source(location: str) -> object:
     """What pyarrow's Parquet readers take for ``location``: a local path, or an object store's random-access reader."""
     return open_input(location) if is_remote(location) else local_path(location)
+
+
+def put(location: str, data: bytes) -> None:
+    """Write ``data`` as the object at ``location`` in one request (immutable files have fresh names: no existence check)."""
+    fs, path = filesystem(location)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
