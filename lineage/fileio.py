@@ -113,13 +113,15 @@ def local_path(location: str) -> str:
 
 
 def file_stamp(path: str) -> str:
-    """``"<size>/<mtime in ns>"`` of the local file ``path`` (raises ``OSError`` if it is missing).
+    """``"<size>/<mtime in ns>"`` of the local file ``path`` (raises ``OSError`` if it is missing); ``"object"`` on an object store.
 
     Caches of what was read from a data file key it by path and stamp: Iceberg
     never rewrites a data file, but one replaced by hand must not be served.
     """
     from lineage.storage import files
 
+    if files.is_remote(path):  # objects are written once under fresh names and never replaced: no HEAD request
+        return "object"
     st = files.info(path)
     return f"{st.size}/{st.mtime_ns}"
 

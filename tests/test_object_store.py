@@ -154,3 +154,42 @@ def test_cli_on_an_s3_warehouse(s3, tmp_path) -> None:
     missing = subprocess.run([sys.executable, "-m", "lineage.cli", "--warehouse", s3.warehouse, "tables"], capture_output=True,
                              text=True, timeout=300)
     assert missing.returncode == 2 and "needs a catalog" in missing.stderr
+
+
+def test_settings_come_from_properties_then_environment_then_profile(tmp_path) -> None:
+    from lineage.storage import duckdb_s3
+    from lineage.storage.settings import StoreSettings, resolve
+
+    (tmp_path / "credentials").write_text("[default]\naws_access_key_id = pk\naws_secret_access_key = ps\n"
+                                          "[other]\naws_access_key_id = ok\naws_secret_access_key = os\n")
+    (tmp_path / "config").write_text("[profile other]\nregion = eu-north-1\n")
+    files = {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"), "AWS_CONFIG_FILE": str(tmp_path / "config")}
+    assert resolve({}, files) == StoreSettings(None, "us-east-1", "pk", "ps")
+    assert resolve({}, {**files, "AWS_PROFILE": "other"}) == StoreSettings(None, "eu-north-1", "ok", "os")
+    env = {**files, "AWS_ACCESS_KEY_ID": "ek", "AWS_SECRET_ACCESS_KEY": "es", "AWS_REGION": "ap-south-1",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    assert resolve({}, env) == StoreSettings("http://127.0.0.1:9000", "ap-south-1", "ek", "es")
+    props = {"s3.endpoint": "minio:9000", "s3.access-key-id": "k", "s3.secret-access-key": "s", "s3.region": "r1"}
+    got = resolve(props, env)
+    assert got == StoreSettings("https://minio:9000", "r1", "k", "s") and got.host == "minio:9000"
+    assert "secret" not in repr(resolve(props | {"s3.secret-access-key": "secret"}, {}))
+    sql = duckdb_s3.secret_sql("b", got)
+    assert "ENDPOINT 'minio:9000'" in sql and "USE_SSL true" in sql and "URL_STYLE 'path'" in sql and "SCOPE 's3://b'" in sql
+    with pytest.raises(lineage.InvalidArgumentError):
+        resolve({"s3.access-key-id": "k"}, {})  # a key without its secret
+    with pytest.raises(lineage.InvalidArgumentError):
+        resolve({"s3.endpoint": "ftp://host"}, {})
+
+
+def test_a_missing_httpfs_wheel_names_the_package(s3, monkeypatch) -> None:
+    import importlib.util
+
+    from lineage import duck
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "duckdb_extension_httpfs" else real(name, *a))
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **s3.where())
+    with pytest.raises(lineage.LineageError, match="pip install duckdb-extension-httpfs"):
+        t.scan()  # a reader's own DuckDB database needs httpfs for the table's bucket
+    with pytest.raises(lineage.LineageError, match="pip install duckdb-extension-httpfs"):
+        duck.connect(isolated=True)
