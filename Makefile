@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test docs docs-serve venv java reference-engine bench bench-peers bench-growth bench-scaling bench-cdc bench-report bench-all clean
+.PHONY: demo test docs docs-serve venv java postgres reference-engine bench bench-peers bench-growth bench-scaling bench-cdc bench-report bench-all clean
 
 demo: $(STAMP) java
 	$(PY) -m lineage.cli demo
@@ -14,7 +14,7 @@ demo: $(STAMP) java
 # reference engine on first use. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) java reference-engine
+test: $(STAMP) java postgres reference-engine
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 venv: $(STAMP)
@@ -46,6 +46,13 @@ java:
 		echo "java not found: installing openjdk-17-jre-headless"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null \
 		|| { echo "could not install Java; install a JDK 17+ and retry" >&2; exit 1; }; }
+
+# The shared-catalog tests start a throwaway PostgreSQL cluster (initdb + pg_ctl); install Debian's server if missing.
+postgres:
+	@command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+		echo "pg_ctl not found: installing postgresql"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >/dev/null \
+		|| { echo "could not install PostgreSQL; install its server (initdb, pg_ctl) and retry" >&2; exit 1; }; }
 
 # Spark 3.5 + Iceberg 1.10, the foreign engine of the interop tests (tests/reference/): built once per machine
 # into ~/.cache/iceberg-row-lineage/ (or $$LINEAGE_REFERENCE_ENGINE); when it is there this costs nothing.

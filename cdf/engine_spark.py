@@ -32,6 +32,8 @@ from lineage.arrays import unique
 from lineage.storage.fileio import local_path
 from lineage.spark import file_index
 from lineage.state import TableState
+import lineage.storage.files as store
+import lineage.storage.spark_read as spark_read
 
 # Up to this many skeleton rows are broadcast to every executor instead of shuffling the data rows.
 BROADCAST_POINTERS = 5_000_000
@@ -83,7 +85,14 @@ def _captured_values(spark: Any, segments: list[str], data: pa.Schema, field_ids
     """Executors read the values index segments captured: one row per entry, keyed by (segment number, row, list index)."""
     from pyspark.sql import functions as F
 
-    df = spark.read.option("mergeSchema", "true").parquet(*segments)
+    if any(store.is_remote(s) for s in segments):  # executors read through pyarrow: no hadoop-aws on the cluster
+        footers = [store.parquet_file(s).schema_arrow for s in segments]
+        merged = pa.unify_schemas(footers, promote_options="permissive")
+        df = spark_read.read_files(spark, segments, merged, [[n if n in f.names else None for n in merged.names] for f in footers])
+        where, segrow = F.col(spark_read.FILE), F.col(spark_read.POS)
+    else:
+        df = spark.read.option("mergeSchema", "true").parquet(*segments)
+        where, segrow = F.col("_metadata.file_path").alias("__uri"), F.col("_metadata.row_index")
     present = set(df.columns)
     types = spark.createDataFrame(data.empty_table()).schema  # Spark's names of the columns' types
     lists = []
@@ -94,12 +103,10 @@ def _captured_values(spark: Any, segments: list[str], data: pa.Schema, field_ids
         # arrays_zip of a null list is null, which would drop the segment's entries; nulls, as in the data file
         nulls = F.array_repeat(F.lit(None).cast(typ), F.size("row_ids"))
         lists.append((F.coalesce(F.col(f"`{name}`").cast(f"array<{typ}>"), nulls) if name in present else nulls).alias(str(i)))
-    exploded = df.select(
-        F.col("_metadata.file_path").alias("__uri"),
-        F.col("_metadata.row_index").alias("__vsegrow"),
-        F.posexplode(F.arrays_zip(*lists)).alias("__vk", "__v"),
-    )
-    exploded = exploded.join(F.broadcast(file_index(spark, df, segments)), "__uri").withColumnRenamed("__file", "__vseg")
+    exploded = df.select(where, segrow.alias("__vsegrow"), F.posexplode(F.arrays_zip(*lists)).alias("__vk", "__v"))
+    if "__uri" in exploded.columns:
+        exploded = exploded.join(F.broadcast(file_index(spark, df, segments)), "__uri")
+    exploded = exploded.withColumnRenamed("__file", "__vseg")
     values = [F.col(f"__v.`{i}`").alias(c) for i, c in enumerate(data.names)]
     return exploded.select("__vseg", "__vsegrow", "__vk", *values)
 
@@ -150,7 +157,7 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
         mine = skel.filter(pc.greater_equal(skel.column("__file"), 0))
         mine = mine.take(pa.array(np.lexsort((mine.column("__pos").to_numpy(), mine.column("__file").to_numpy()))))
         out = spark.createDataFrame(pa.Table.from_batches([], schema=pa.schema(list(data) + list(mine.schema)))).schema
-        fn = _value_reader([local_path(p.files[int(i)]) for i in read], data, field_ids)
+        fn = spark_read.with_settings(_value_reader([local_path(p.files[int(i)]) for i in read], data, field_ids))
         parts.append(spark.createDataFrame(mine).mapInArrow(fn, out).select(*data.names, *meta, timestamp))
     if len(captured):
         wanted = spark.createDataFrame(skel.filter(pc.greater_equal(skel.column("__seg"), 0)))

@@ -10,6 +10,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 
+import lineage.storage.files as storage_files
 from lineage.errors import InvalidArgumentError, TableNotFoundError
 
 DEFAULT_NAMESPACE = "default"
@@ -150,6 +151,8 @@ def load_iceberg(catalog: Catalog, name: str) -> tuple[IcebergTable, str]:
 
     ns, tbl = identifier(name)
     try:
-        return catalog.load_table((ns, tbl)), f"{ns}.{tbl}"
+        ice = catalog.load_table((ns, tbl))
     except NoSuchTableError:
         raise TableNotFoundError(f"table {ns}.{tbl} does not exist in this catalog") from None
+    storage_files.register(ice.metadata.location, ice.io.properties)
+    return ice, f"{ns}.{tbl}"

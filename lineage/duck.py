@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import duckdb
 
 from lineage.errors import InvalidArgumentError, LineageError
+import lineage.storage.duckdb_s3 as duckdb_s3
 
 
 def extension_path(name: str) -> str:
@@ -50,19 +51,27 @@ def connect(*extensions: str, isolated: bool = False) -> duckdb.DuckDBPyConnecti
         needed.insert(0, "avro")  # the iceberg extension reads manifests through avro
     if isolated:
         con = _open(tuple(needed))
+        duckdb_s3.attach(con, load_extension)
         _ISOLATED.add(con)
     else:
-        con = _database(tuple(needed)).cursor()
+        db = _database(tuple(needed))
+        duckdb_s3.attach(db, load_extension)
+        con = db.cursor()
     # DuckDB 1.5 runs small-looking ASOF joins as nested loops (rows x runs); lineage runs need the sort-merge plan.
     con.execute("SET asof_loop_join_threshold = 0")
     return con
+
+
+def load_extension(db: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Load the ``name`` extension into ``db`` from its wheel (:func:`extension_path`)."""
+    db.execute(f"LOAD '{extension_path(name)}'")
 
 
 def _open(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
     """A new in-memory database that loads extensions only from their wheels."""
     db = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     for name in extensions:
-        db.execute(f"LOAD '{extension_path(name)}'")
+        load_extension(db, name)
     return db
 
 

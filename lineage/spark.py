@@ -28,6 +28,8 @@ from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetad
 from lineage.storage.fileio import local_path
 from lineage.storage.rle import combined_breakpoints, encode_sequence, encode_values
 from lineage.iceberg.schema import arrow_schema, conform, projection_field_ids
+import lineage.storage.files as store
+import lineage.storage.spark_read as spark_read
 from lineage.state import LiveFile, TableState
 from lineage.read.values import file_columns, layout
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
@@ -109,6 +111,8 @@ def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[
     """
     from pyspark.sql import functions as F
 
+    if any(store.is_remote(p) for p in paths):  # executors read through pyarrow: no hadoop-aws on the cluster
+        return remote_files(spark, paths, schema, field_ids)
     groups: dict[tuple[str | None, ...], list[int]] = {}
     for i, p in enumerate(paths):
         sources = tuple(schema.names) if field_ids is None else tuple(file_columns(layout(local_path(p)).arrow, schema, field_ids))
@@ -130,6 +134,18 @@ def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[
     return out
 
 
+def remote_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[str, int] | None = None) -> Any:
+    """:func:`read_files` of files on an object store: Spark's Python workers read them (:mod:`lineage.storage.spark_read`)."""
+    from pyspark.sql import functions as F
+
+    sources = [file_columns(layout(local_path(p)).arrow, schema, field_ids) if field_ids is not None else list(schema.names)
+               for p in paths]
+    rows = spark_read.read_files(spark, paths, schema, sources)
+    names = spark.createDataFrame(pa.table({"__file": pa.array(range(len(paths)), pa.int32()),
+                                            "__path": pa.array([local_path(p) for p in paths], pa.string())}))
+    return rows.join(F.broadcast(names), "__file")
+
+
 def live_rows(spark: Any, state: TableState, columns: list[str], files: list[LiveFile] | None = None) -> Any:
     """Live images with lineage (and ``__path``/``__pos``) as a Spark DataFrame."""
     from pyspark.sql import functions as F
@@ -148,7 +164,9 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
 
     deletes = sorted({local_path(d) for f in files for d in f.delete_paths})
     if deletes:
-        dels = spark.read.parquet(*deletes).select(
+        found = (spark_read.read_files(spark, deletes, pa.schema([("file_path", pa.string()), ("pos", pa.int64())]))
+                 if any(store.is_remote(d) for d in deletes) else spark.read.parquet(*deletes))
+        dels = found.select(
             F.regexp_replace(F.col("file_path"), _NORMALIZE, "").alias("__dpath"), F.col("pos").alias("__dpos")
         )
         rows = rows.join(dels, (rows["__path"] == dels["__dpath"]) & (rows["__pos"] == dels["__dpos"]), "left_anti")

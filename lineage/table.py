@@ -36,7 +36,9 @@ import lineage.duck as duck
 from lineage.read.batched_scan import DEFAULT_BATCH_ROWS, DEFAULT_GROUP_BYTES, BatchedScan, plan_scan, read_all, scan_batches
 import lineage.properties as properties
 from lineage.catalog import identifier, load_iceberg, resolve_catalog
+import lineage.storage.files as storage_files
 from lineage.storage.commit_log import USER_PROPERTY_PREFIXES
+from lineage.storage.store_fileio import store_io
 from lineage.errors import (
     InvalidArgumentError,
     KeyViolationError,
@@ -176,6 +178,8 @@ class Table:
     """
 
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
+        storage_files.register(iceberg.metadata.location, iceberg.io.properties)
+        iceberg.io = store_io(iceberg.io, iceberg.metadata.location)
         self._context = TableContext(iceberg, catalog)
 
     # ------------------------------------------------------------------ facts

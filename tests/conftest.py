@@ -210,3 +210,56 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "reference" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.reference)
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory):
+    """A real S3 HTTP server (moto) on a free 127.0.0.1 port for the whole session, stopped at its end."""
+    from lakes import MotoServer
+
+    server = MotoServer(str(tmp_path_factory.mktemp("moto") / "server.log"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake(request, tmp_path):
+    """A fresh lake, once on a local warehouse and once on a bucket of the moto server (``lakes.Lake``)."""
+    from lakes import Lake, s3_lake
+
+    if request.param == "local":
+        return Lake("local", str(tmp_path / "wh"), str(tmp_path / "wh"))
+    return s3_lake(request.getfixturevalue("moto_server"), str(tmp_path / "catalog"))
+
+
+@pytest.fixture
+def s3(moto_server, tmp_path):
+    """A fresh lake on a new bucket of the moto server."""
+    from lakes import s3_lake
+
+    return s3_lake(moto_server, str(tmp_path / "catalog"))
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL cluster (``pg.PostgresServer``) for the whole session, removed at its end."""
+    import tempfile
+
+    from pg import PostgresServer
+
+    # not under pytest's temporary folder: that one is private to root, and the server runs as nobody
+    server = PostgresServer(tempfile.mkdtemp(prefix="lineage-pg-"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_lake(postgres, moto_server, tmp_path):
+    """A lake with its catalog in a new PostgreSQL database and its data in a new bucket of the moto server."""
+    import uuid
+
+    from lakes import s3_lake
+
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    postgres.psql(f"CREATE DATABASE {database}")
+    return s3_lake(moto_server, str(tmp_path / "catalog"), postgres.uri.rsplit("/", 1)[0] + f"/{database}")

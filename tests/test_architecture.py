@@ -27,6 +27,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "lineage.errors", "lineage.properties", "lineage.properties_page", "lineage.columns", "lineage.arrays", "lineage.memory",
         "lineage.catalog", "lineage.duck", "lineage.decoded_cache",
         "lineage.storage", "lineage.storage.fileio", "lineage.storage.rle",
+        # the object store: settings, file systems, pyiceberg FileIO, DuckDB and Spark-worker access
+        "lineage.storage.settings", "lineage.storage.files", "lineage.storage.store_fileio", "lineage.storage.duckdb_s3",
+        "lineage.storage.spark_read",
         "lineage.iceberg", "lineage.iceberg.schema",
         "lineage.commits", "lineage.commits.merge_rule",
         "lineage.read", "lineage.sql", "lineage.sql.allowlist",

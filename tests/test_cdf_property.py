@@ -25,7 +25,6 @@ version form. A few focused examples follow the property.
 from __future__ import annotations
 
 import datetime as _dt
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from hypothesis import strategies as st
 
 import cdf
 import lineage
+from lakes import S3_PHASES, S3_PROPERTY_EXAMPLES, temp_lake
 
 SCHEMA = pa.schema([("id", pa.int64()), ("qty", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
 DATA_COLS = SCHEMA.names
@@ -426,13 +426,13 @@ PROPERTY_SETTINGS = dict(
 )
 
 
-def _run_property(data: st.DataObject, partition_by: list[str] | None) -> None:
+def _run_property(data: st.DataObject, partition_by: list[str] | None, server=None) -> None:  # noqa: ANN001
     # Half the tables capture pre-images in the deleted-rows index; the feed must be the same either way.
     capture = data.draw(st.booleans(), label="capture pre-images")
     event("pre-image capture" if capture else "pointers only")
-    with tempfile.TemporaryDirectory(prefix="cdf-prop-", ignore_cleanup_errors=True) as wh:
-        table = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=wh, partition_by=partition_by,
-                                     properties={"lineage.cdf.capture-preimages": str(capture).lower()})
+    with temp_lake(server, "cdf-prop-") as lake:
+        table = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=partition_by,
+                                     properties={"lineage.cdf.capture-preimages": str(capture).lower()}, **lake.where())
         model = Model()
         for i in range(data.draw(st.integers(4, 10), label="steps")):
             _step(data, table, model, first=i == 0)
@@ -466,6 +466,12 @@ def test_cdf_matches_model(data: st.DataObject) -> None:
 @given(data=st.data())
 def test_cdf_matches_model_partitioned(data: st.DataObject) -> None:
     _run_property(data, ["bucket(4, id)"])
+
+
+@settings(max_examples=S3_PROPERTY_EXAMPLES, phases=S3_PHASES, **PROPERTY_SETTINGS)
+@given(data=st.data())
+def test_cdf_matches_model_on_s3(moto_server, data: st.DataObject) -> None:  # noqa: ANN001
+    _run_property(data, None, moto_server)
 
 
 # ------------------------------------------------------------------ focused examples

@@ -45,6 +45,9 @@ import conftest
 import lineage
 import test_cdf_property as P
 from conftest import assert_interop
+from lakes import S3_PHASES, S3_PROPERTY_EXAMPLES, Lake, stored_files, temp_lake
+import lineage.storage.duckdb_s3 as duckdb_s3
+import lineage.storage.files as store
 from lineage import duck
 from index.deleted_rows import read_index
 from lineage.maintenance import referenced_files
@@ -72,6 +75,7 @@ def _one_iceberg_connection():
     class _Duck:
         @staticmethod
         def connect(*extensions: str):  # noqa: ANN205
+            duckdb_s3.attach(shared, duck.load_extension)  # the buckets registered since (tables on S3)
             return shared.cursor()
 
     with pytest.MonkeyPatch.context() as mpatch:
@@ -96,8 +100,7 @@ def _root(t: lineage.Table) -> str:
 
 
 def _files_on_disk(t: lineage.Table) -> set[str]:
-    root = _root(t)
-    return {os.path.join(d, f) for d, _, names in os.walk(root) for f in names}
+    return stored_files(_root(t))
 
 
 def _assert_only_referenced_files(t: lineage.Table) -> None:
@@ -121,7 +124,7 @@ def _snapshot_files(t: lineage.Table) -> tuple[list, list]:
 
 
 def _deleted_paths(delete_file) -> set[str]:  # noqa: ANN001
-    return set(pq.read_table(delete_file.file_path.removeprefix("file://"), columns=["file_path"]).column("file_path").to_pylist())
+    return set(pq.read_table(store.source(delete_file.file_path), columns=["file_path"]).column("file_path").to_pylist())
 
 
 def _state(t: lineage.Table) -> dict[int, tuple]:
@@ -169,12 +172,13 @@ def _assert_partitions_hold(t: lineage.Table) -> None:
     bucket = BucketTransform(4).transform(LongType())
     data, _ = _snapshot_files(t)
     for f in data:
-        ids = pq.read_table(f.file_path.removeprefix("file://"), columns=["id"]).column("id").to_pylist()
+        ids = pq.read_table(store.source(f.file_path), columns=["id"]).column("id").to_pylist()
         assert {bucket(i) for i in ids} <= {f.partition[0]}, f"{f.file_path} (partition {f.partition}) holds ids {ids}"
 
 
-def _create(warehouse: str, partition_by: list[str] | None = None, **props: str) -> lineage.Table:
-    return lineage.create_table(NAME, P.SCHEMA, key=["id"], warehouse=warehouse, partition_by=partition_by, properties=props)
+def _create(warehouse: str | Lake, partition_by: list[str] | None = None, **props: str) -> lineage.Table:
+    where = warehouse.where() if isinstance(warehouse, Lake) else {"warehouse": warehouse}
+    return lineage.create_table(NAME, P.SCHEMA, key=["id"], partition_by=partition_by, properties=props, **where)
 
 
 def _rows(start: int, n: int, qty: int = 1) -> pa.Table:
@@ -255,13 +259,21 @@ def _check_window(t: lineage.Table, model: P.Model, pairs: list[tuple[int, int]]
 @settings(max_examples=15, **P.PROPERTY_SETTINGS)
 @given(data=st.data())
 def test_cdf_with_random_maintenance_matches_model(data: st.DataObject) -> None:
-    import tempfile
+    _maintenance_matches_model(data, None)
 
+
+@settings(max_examples=S3_PROPERTY_EXAMPLES, phases=S3_PHASES, **P.PROPERTY_SETTINGS)
+@given(data=st.data())
+def test_cdf_with_random_maintenance_matches_model_on_s3(moto_server, data: st.DataObject) -> None:  # noqa: ANN001
+    _maintenance_matches_model(data, moto_server)
+
+
+def _maintenance_matches_model(data: st.DataObject, server) -> None:  # noqa: ANN001
     partition_by = data.draw(st.sampled_from([None, None, BUCKETED]), label="partition_by")
     capture = data.draw(st.booleans(), label="capture pre-images")  # captured values must survive every operation too
     event("pre-image capture" if capture else "pointers only")
-    with tempfile.TemporaryDirectory(prefix="maint-prop-", ignore_cleanup_errors=True) as wh:
-        t = _create(wh, partition_by, **{"lineage.cdf.retention.versions": str(RETAIN), "lineage.cdf.capture-preimages": str(capture).lower()})
+    with temp_lake(server, "maint-prop-") as lake:
+        t = _create(lake, partition_by, **{"lineage.cdf.retention.versions": str(RETAIN), "lineage.cdf.capture-preimages": str(capture).lower()})
         model = P.Model()
         steps = data.draw(st.integers(6, 14), label="steps")
         for i in range(steps):
@@ -955,7 +967,7 @@ CHILD_OPS = {
 }
 
 
-def _crash_child(warehouse: str, name: str, op: str, kill_at: int | str | None, conn) -> None:  # noqa: ANN001
+def _crash_child(warehouse: str | Lake, name: str, op: str, kill_at: int | str | None, conn) -> None:  # noqa: ANN001
     """Run one maintenance operation; SIGKILL ourselves at the ``kill_at``-th file write / removal / catalog commit.
 
     ``kill_at`` is a count of events, or the name of one (``"commit"``: just before the catalog
@@ -966,7 +978,7 @@ def _crash_child(warehouse: str, name: str, op: str, kill_at: int | str | None, 
         from pyiceberg.catalog.sql import SqlCatalog
         from pyiceberg.io.pyarrow import PyArrowFileIO
 
-        t = lineage.open_table(name, warehouse=warehouse)
+        t = lineage.open_table(name, **(warehouse.where() if isinstance(warehouse, Lake) else {"warehouse": warehouse}))
         events: list[str] = []
 
         def tick(what: str) -> None:
@@ -1016,7 +1028,7 @@ def _forkserver():  # noqa: ANN202
     return ctx
 
 
-def _run_killed(ctx, warehouse: str, name: str, op: str, kill_at: int | str | None = None, delay: float | None = None) -> str:  # noqa: ANN001
+def _run_killed(ctx, warehouse: str | Lake, name: str, op: str, kill_at: int | str | None = None, delay: float | None = None) -> str:  # noqa: ANN001
     """Run ``op`` in a child process that is SIGKILLed at an event or after ``delay`` seconds: 'killed' or 'finished'."""
     parent, child = ctx.Pipe()
     p = ctx.Process(target=_crash_child, args=(warehouse, name, op, kill_at, child), daemon=True)
@@ -1041,7 +1053,8 @@ def _run_killed(ctx, warehouse: str, name: str, op: str, kill_at: int | str | No
     return "finished"
 
 
-def test_crash_during_compaction_leaves_a_readable_table(warehouse) -> None:
+def test_crash_during_compaction_leaves_a_readable_table(lake) -> None:
+    warehouse = lake if lake.kind == "s3" else lake.root
     t = _create(warehouse)
     model = P.Model()
     rng = random.Random(11)

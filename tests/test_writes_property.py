@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io as _io
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -36,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import SCHEMA, assert_interop
+from lakes import S3_PHASES, S3_PROPERTY_EXAMPLES, temp_lake
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from pyiceberg.manifest import DataFileContent, ManifestContent
@@ -433,6 +433,17 @@ def _step(data: st.DataObject, table: lineage.Table, model: Model) -> None:
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_writes_match_model(config: str, data: st.DataObject) -> None:
+    _writes_match_model(config, data, None)
+
+
+@pytest.mark.parametrize("config", ["unpartitioned", "bucket"])
+@settings(PROPERTY_SETTINGS, max_examples=S3_PROPERTY_EXAMPLES, phases=S3_PHASES)
+@given(data=st.data())
+def test_writes_match_model_on_s3(moto_server, config: str, data: st.DataObject) -> None:  # noqa: ANN001
+    _writes_match_model(config, data, moto_server)
+
+
+def _writes_match_model(config: str, data: st.DataObject, server) -> None:  # noqa: ANN001
     partition_by, granularities = CONFIGS[config]
     properties = {}
     granularity = data.draw(st.sampled_from(granularities), label="write.delete.granularity")
@@ -446,15 +457,16 @@ def test_writes_match_model(config: str, data: st.DataObject) -> None:
     if target is not None:
         properties["write.target-file-size-bytes"] = target
     note(f"table: partition_by={partition_by} properties={properties}")
-    with tempfile.TemporaryDirectory(prefix="lineage-prop-", ignore_cleanup_errors=True) as wh:
-        table = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=wh, partition_by=partition_by, properties=properties)
+    with temp_lake(server, "lineage-prop-") as lake:
+        table = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=partition_by, properties=properties,
+                                     **lake.where())
         model = Model()
         for _ in range(data.draw(st.integers(3, 7), label="steps")):
             _step(data, table, model)
         history = [(c.version, c.operation, c.inserted, c.updated, c.deleted) for c in table.history()]
         assert history == model.commits
         # A freshly opened handle sees the same table.
-        again = lineage.open_table("shop.orders", warehouse=wh)
+        again = lineage.open_table("shop.orders", **lake.where())
         assert again.version == model.version
         _check_scan(again, model)
 

@@ -16,6 +16,7 @@ from typing import Any
 from lineage.cli.format import Output, Progress
 from lineage.cli.option_values import parse_pairs
 from lineage.errors import InvalidArgumentError, LineageError, TableNotFoundError
+from lineage.storage.files import is_remote
 
 PROG = "lineage"
 DEFAULT_WAREHOUSE = "warehouse"
@@ -109,6 +110,9 @@ def resolve_cli_catalog(args: argparse.Namespace, create: bool) -> Any:
         props["uri"] = args.catalog_uri
     warehouse = warehouse_path(args)
     if not names and not props:
+        if is_remote(warehouse):
+            raise InvalidArgumentError(f"a warehouse on an object store ({warehouse}) needs a catalog: pass --catalog-uri "
+                                       "(postgresql+psycopg2://..., sqlite:///...) or --catalog")
         if not create and not os.path.exists(os.path.join(warehouse, CATALOG_FILE)):
             raise TableNotFoundError(
                 f"no warehouse at {os.path.abspath(warehouse)} (it has no {CATALOG_FILE}); "
@@ -125,9 +129,12 @@ def resolve_cli_catalog(args: argparse.Namespace, create: bool) -> Any:
     except Exception:  # pyiceberg raises ValueError for a URI scheme it cannot place
         kind = None
     if (kind or "").lower() == "sql" and "warehouse" not in props:
-        path = os.path.abspath(warehouse)
-        os.makedirs(path, exist_ok=True)
-        props["warehouse"] = path
+        if is_remote(warehouse):  # s3://bucket/prefix: the store's settings come from --catalog s3.*=... or AWS_*
+            props["warehouse"] = warehouse
+        else:
+            path = os.path.abspath(warehouse)
+            os.makedirs(path, exist_ok=True)
+            props["warehouse"] = path
     try:
         return load_catalog(name, **props)
     except ValueError as exc:

@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -136,7 +137,21 @@ def upsert_batch(table: lineage.Table, rng: np.random.Generator, next_id: int, n
     return pa.concat_tables([matched, fresh])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _drop_table(catalog: Any, name: str) -> None:
+    """Drop ``name`` from ``catalog`` if it is there (its files stay: a vacuum before, or the store's lifecycle rules, remove them)."""
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+
+    try:
+        catalog.drop_table(name)
+    except NoSuchTableError:
+        pass
+    try:
+        catalog.create_namespace(name.rsplit(".", 1)[0])
+    except NamespaceAlreadyExistsError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None, catalog: Any = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lineage.cli.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the generated dataset (default 1,000,000)")
     args = parser.parse_args(argv)
@@ -145,17 +160,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     rng = np.random.default_rng(SEED)
 
-    if os.path.exists(WAREHOUSE):
+    if catalog is None and os.path.exists(WAREHOUSE):
         shutil.rmtree(WAREHOUSE)
+    if catalog is not None:  # a catalog of the user's (--catalog-uri): the demo's table is replaced there
+        _drop_table(catalog, TABLE)
     table = lineage.create_table(
         TABLE,
         SCHEMA,
         key=["order_id"],
         partition_by=["bucket(8, customer_id)"],
-        warehouse=WAREHOUSE,
+        **({"warehouse": WAREHOUSE} if catalog is None else {"catalog": catalog}),
     )
     print("Row lineage demo")
-    print(f"  warehouse  {os.path.abspath(WAREHOUSE)}  (embedded SQLite catalog: {WAREHOUSE}/catalog.db)")
+    if catalog is None:
+        print(f"  warehouse  {os.path.abspath(WAREHOUSE)}  (embedded SQLite catalog: {WAREHOUSE}/catalog.db)")
+    else:
+        print(f"  location   {table.iceberg.metadata.location}  (catalog {type(catalog).__name__} {getattr(catalog, 'name', '')})")
     print(f"  table      {table.name}  key {table.key}  partitioned by bucket(8, customer_id)")
     print(f"  columns    {', '.join(f'{f.name} {f.type}' for f in SCHEMA)}")
     print("  default write mode: merge-on-read (table properties write.delete.mode / write.update.mode / write.merge.mode)")

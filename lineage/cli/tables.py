@@ -58,18 +58,27 @@ def _size_of(io: Any, path: str) -> int:
 
 def _dir_bytes(folders: list[str], keep: Callable[[str], bool] = lambda name: True) -> tuple[int, int]:
     """Number and bytes of the files under ``folders`` whose names ``keep`` accepts."""
+    import lineage.storage.files as store
+
     n = total = 0
     for folder in folders:
-        for root, _, names in os.walk(folder):
-            for name in names:
-                if not keep(name):
-                    continue
-                try:
-                    total += os.path.getsize(os.path.join(root, name))
-                    n += 1
-                except OSError:
-                    pass
+        for found in store.list_files(folder):  # through the store: an object store has no folders to walk
+            if keep(found.location.rsplit("/", 1)[-1]):
+                total += found.size
+                n += 1
     return n, total
+
+
+def _pinned_bytes(paths: list[str]) -> int:
+    import lineage.storage.files as store
+
+    total = 0
+    for p in paths:
+        try:
+            total += store.info(p).size
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def _is_key_segment(name: str) -> bool:
@@ -228,7 +237,7 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
             "segments_in_window": len(in_window),
             "segment_bytes_in_window": sum(_size_of(io, p) for p in in_window),
             "pinned_files": len(pinned_only),
-            "pinned_bytes": sum(os.path.getsize(p) for p in pinned_only if os.path.exists(p)),
+            "pinned_bytes": _pinned_bytes(pinned_only),
             "files_on_disk": index_disk[0],
             "bytes_on_disk": index_disk[1],
         },
@@ -444,16 +453,19 @@ def cmd_demo(ctx: Context) -> int:
     import lineage.cli.demo as demo
 
     argv = ["--rows", str(ctx.args.rows)] if ctx.args.rows is not None else []
-    code = demo.main(argv)
+    own = bool(ctx.args.catalog or ctx.args.catalog_uri)  # else the embedded catalog in ./demo-warehouse
+    catalog = ctx.catalog(create=True) if own else None
+    code = demo.main(argv, catalog=catalog)
     t = None
     try:
         import lineage
 
-        t = lineage.open_table(demo.TABLE, warehouse=demo.WAREHOUSE)
+        t = lineage.open_table(demo.TABLE, **({"catalog": catalog} if own else {"warehouse": demo.WAREHOUSE}))
     except LineageError:
         return code
+    where = demo_options(ctx) if own else f"--warehouse {demo.WAREHOUSE}"
     print()
-    print(f"lineage --warehouse {demo.WAREHOUSE} info {demo.TABLE}   (the same table through the CLI)")
+    print(f"lineage {where} info {demo.TABLE}   (the same table through the CLI)")
     print("".join("  " + line + "\n" for line in info_text(table_info(t, ctx.progress)).splitlines()), end="")
     v = t.version
     print()
@@ -465,5 +477,17 @@ def cmd_demo(ctx: Context) -> int:
         f"compact {demo.TABLE}",
         f"verify {demo.TABLE}",
     ):
-        print(f"  lineage --warehouse {demo.WAREHOUSE} {cmd}")
+        print(f"  lineage {where} {cmd}")
     return code
+
+
+def demo_options(ctx: Context) -> str:
+    """The catalog options the demo ran with, as a user would type them again (values of secret-looking keys hidden)."""
+    parts = [f"--warehouse {ctx.args.warehouse}"] if ctx.args.warehouse else []
+    if ctx.args.catalog_uri:
+        parts.append(f"--catalog-uri {ctx.args.catalog_uri}")
+    for entry in ctx.args.catalog or []:
+        key = entry.split("=", 1)[0]
+        secret = any(word in key.lower() for word in ("secret", "password", "token", "credential"))
+        parts.append(f"--catalog {key}=..." if secret and "=" in entry else f"--catalog {entry}")
+    return " ".join(parts)

@@ -54,6 +54,7 @@ from lineage.storage.rle import Runs, encode_sequence, encode_values, sequence_r
 from lineage.commits.segment_list import next_segments
 from lineage.state import SnapshotFiles, TableState, writable_state
 from lineage.storage.writer import WrittenFile
+import lineage.storage.files as store
 
 
 class _ManifestWriter(ManifestWriterV2):
@@ -539,7 +540,9 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
     timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
     tag = f"{version:09d}-{uuid.uuid4()}"
-    built = build_lineage(iceberg, state, req, version=version, snapshot_id=snapshot_id, timestamp_ms=timestamp_ms, tag=tag, created=attempt.files)
+    with store.parallel_puts():  # the lineage files of a commit do not depend on each other: one round trip, not five
+        built = build_lineage(iceberg, state, req, version=version, snapshot_id=snapshot_id, timestamp_ms=timestamp_ms, tag=tag,
+                              created=attempt.files)
     properties = {
         SUMMARY_LIST: built.list_path,
         SUMMARY_VERSION: str(version),

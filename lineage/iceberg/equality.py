@@ -45,6 +45,7 @@ from lineage.errors import LineageMetadataError
 from lineage.storage.fileio import local_path
 from lineage.storage.metadata import write_tagged_parquet
 from lineage.sql.predicate import quote_ident
+import lineage.storage.files as store
 
 RESOLVED_FORMAT = "lineage-resolved-deletes"
 _RESOLVED_SCHEMA = pa.schema([pa.field("file_path", pa.string(), nullable=False), pa.field("pos", pa.int64(), nullable=False)])
@@ -93,7 +94,7 @@ def equality_columns(schema: Schema, delete_file: DataFile) -> list[str]:
 
 def read_delete_rows(delete_file: DataFile, names: Sequence[str]) -> pa.Table:
     """The equality columns of an equality delete file (distinct rows)."""
-    table = pq.ParquetFile(local_path(delete_file.file_path)).read(columns=list(names), use_threads=False)
+    table = pq.ParquetFile(store.source(delete_file.file_path)).read(columns=list(names), use_threads=False)
     return table.group_by(list(names)).aggregate([]) if table.num_rows else table
 
 

@@ -60,6 +60,7 @@ from lineage.state import TableState
 from lineage.read.values import read_at
 from lineage.storage.writer import WrittenFile, write_copy, write_position_deletes
 from lineage.properties import delete_granularity
+import lineage.storage.files as store
 
 
 def _erased(field: pa.Field, n: int, donor: object = None) -> pa.Array:
@@ -171,7 +172,7 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> M
             mask = np.isin(row_ids, purged_arr)
             if not mask.any():
                 continue
-            data = pq.read_table(local_path(f.path), columns=schema.names)
+            data = pq.read_table(store.source(f.path), columns=schema.names)
             donors = _partition_donors(state.iceberg, f.data_file) if mask.all() else None
             copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file)
             created.append(copy.file_path)

@@ -31,6 +31,7 @@ from lineage.storage.metadata import LineageList, index_dir
 from lineage.retention import window
 from lineage.state import TableState
 from lineage.read.values import read_at, with_field_ids
+import lineage.storage.files as store
 
 ARCHIVE_FORMAT = "deleted-rows-archive"
 
@@ -120,7 +121,7 @@ def rehome(table: TableContext | HasContext, max_live_fraction: float = 0.1, max
                         needed[e.file_path].append(e.positions)
         chosen = []
         for path, parts in needed.items():
-            rows = pq.ParquetFile(local_path(path)).metadata.num_rows
+            rows = pq.ParquetFile(store.source(path)).metadata.num_rows
             count = len(np.unique(np.concatenate(parts)))
             if count <= max_live_fraction * rows and count < rows:
                 chosen.append((path, np.unique(np.concatenate(parts)), rows))

@@ -13,7 +13,6 @@ under the table's location is removed.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import time
 
 from pyiceberg.exceptions import CommitFailedException
@@ -25,6 +24,7 @@ import lineage.catalog as catalog
 from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import CommitConflictError, InvalidArgumentError, LineageError
 from lineage.storage.fileio import local_path
+import lineage.storage.files as store
 from lineage.maintenance._common import MaintenanceResult, log
 from lineage.storage.metadata import SUMMARY_LIST, read_list
 from lineage.outcome import backoff, commit_metadata
@@ -181,24 +181,13 @@ def vacuum(table: TableContext | HasContext, older_than: _dt.timedelta = DEFAULT
     root = local_path(table.iceberg.metadata.location)
     cutoff = started - older_than.total_seconds()
     removed, removed_bytes = [], 0
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            if path in refs:
-                continue
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                continue
-            if st.st_mtime > cutoff:
-                continue
-            removed.append(path)
-            removed_bytes += st.st_size
-            if not dry_run:
-                try:
-                    os.remove(path)
-                except FileNotFoundError:
-                    pass
+    for found in store.list_files(root):  # through the store: an object store has no folders to walk
+        if found.location in refs or found.mtime_ns / 1e9 > cutoff:
+            continue
+        removed.append(found.location)
+        removed_bytes += found.size
+    if not dry_run:
+        store.delete_many(removed)
     log.info("vacuum removed %d files (%d bytes)%s", len(removed), removed_bytes, " (dry run)" if dry_run else "")
     return MaintenanceResult("vacuum", None, files_removed=len(removed), bytes_removed=removed_bytes,
                              detail="\n".join(sorted(removed)) if dry_run else f"removed {len(removed)} file(s)")

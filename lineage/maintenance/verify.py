@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,13 +12,13 @@ from index.purged import read_purged
 from lineage.context import HasContext, TableContext, context_of
 from lineage.storage.deletes import positions_for
 from lineage.errors import LineageError
-from lineage.storage.fileio import local_path
 from lineage.maintenance._common import snapshot_files
 from lineage.maintenance.key_index import check_key_index
 from lineage.storage.metadata import read_segment
 from lineage.retention import window
 from lineage.storage.rle import decode_sequence
 from lineage.state import TableState, state_at
+import lineage.storage.files as store
 
 
 @dataclass
@@ -38,7 +37,7 @@ class VerifyReport:
 
 
 def _exists(path: str) -> bool:
-    return os.path.exists(local_path(path))
+    return store.exists(path)
 
 
 def verify(table: TableContext | HasContext, check_row_ids: bool = True) -> VerifyReport:
@@ -137,7 +136,7 @@ def verify(table: TableContext | HasContext, check_row_ids: bool = True) -> Veri
                     f"data file lost: {e.file_path} is missing, but the deleted-rows index of version {c.version} points "
                     f"at row images in it; change-feed ranges including version {c.version} raise LostFileError"
                 )
-            elif len(e.positions) and int(e.positions.max()) >= pq.ParquetFile(local_path(e.file_path)).metadata.num_rows:
+            elif len(e.positions) and int(e.positions.max()) >= pq.ParquetFile(store.source(e.file_path)).metadata.num_rows:
                 p.append(f"index of version {c.version} points past the end of {e.file_path}")
     report.checked.update(pinned_files=len(pointed))
     if lst.purged:

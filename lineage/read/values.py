@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 import lineage.decoded_cache as decoded_cache
 from lineage.arrays import stable_argsort
 from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
+import lineage.storage.files as store
 
 FIELD_ID = b"PARQUET:field_id"
 WORKERS = 2  # decoding threads; the machines we target have few cores
@@ -144,7 +145,7 @@ _LAYOUTS: ImmutableFileCache[FileLayout] = ImmutableFileCache(4096)
 
 
 def _layout(path: str, stamp: str) -> FileLayout:
-    metadata = pq.read_metadata(path)
+    metadata = pq.read_metadata(store.source(path))
     sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
     arrow = metadata.schema.to_arrow_schema()
     names = {int(f.metadata[FIELD_ID]): f.name for f in arrow if f.metadata and FIELD_ID in f.metadata}
@@ -246,7 +247,7 @@ def row_group_columns(path: str, info: FileLayout, row_group: int, columns: Sequ
     missing = [c for c in columns if c not in got]
     if missing:
         strings = [c for c in info.dictionary if c in missing]
-        pf = pq.ParquetFile(path, metadata=info.metadata, read_dictionary=strings or None)
+        pf = pq.ParquetFile(store.source(path), metadata=info.metadata, read_dictionary=strings or None)
         table = pf.read_row_group(row_group, columns=missing, use_threads=False)
         for name, col in zip(table.column_names, table.columns, strict=True):
             got[name] = col

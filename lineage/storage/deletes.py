@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent
 
-from lineage.storage.fileio import ImmutableFileCache, local_path
+from lineage.storage.fileio import ImmutableFileCache
+import lineage.storage.files as store
 
 PATH_FIELD_ID = 2147483546  # the spec's reserved field id of a position delete file's file_path
 
@@ -32,7 +33,7 @@ def read_position_deletes(path: str) -> dict[str, np.ndarray]:
 
 def _read(path: str) -> dict[str, np.ndarray]:
     # Read synchronously (no dataset scanner): these files are small and many.
-    table = pq.ParquetFile(local_path(path)).read(columns=["file_path", "pos"], use_threads=False)
+    table = pq.ParquetFile(store.source(path)).read(columns=["file_path", "pos"], use_threads=False)
     paths = table.column("file_path").to_numpy(zero_copy_only=False)
     pos = table.column("pos").to_numpy()
     if len(paths) == 0:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
+
+import lineage.storage.files as files
+from lineage.storage.files import local_path  # noqa: F401 - re-exported: callers read paths through this module
 
 
 _OVERWRITE: ContextVar[bool] = ContextVar("lineage_overwrite", default=False)
@@ -60,6 +62,9 @@ def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
                 f.write(data)
             os.replace(aside, local)
             return len(data)
+    if files.is_remote(path):  # one PUT: no HEAD first (the name is new), no multipart upload
+        files.put(path, data)
+        return len(data)
     with fileio.new_output(path).create(overwrite=_OVERWRITE.get()) as out:
         out.write(data)
     return len(data)
@@ -100,21 +105,16 @@ def read_json(fileio: FileIO, path: str) -> Any:
     return json.loads(read_bytes(fileio, path))
 
 
-def local_path(location: str) -> str:
-    """Turn a ``file:`` URI or plain path into a local filesystem path for DuckDB."""
-    if location.startswith("file:"):
-        return urlparse(location).path
-    return location
-
-
 def file_stamp(path: str) -> str:
-    """``"<size>/<mtime in ns>"`` of the local file ``path`` (raises ``OSError`` if it is missing).
+    """``"<size>/<mtime in ns>"`` of the local file ``path`` (raises ``OSError`` if it is missing); ``"object"`` on an object store.
 
     Caches of what was read from a data file key it by path and stamp: Iceberg
     never rewrites a data file, but one replaced by hand must not be served.
     """
-    st = os.stat(path)
-    return f"{st.st_size}/{st.st_mtime_ns}"
+    if files.is_remote(path):  # objects are written once under fresh names and never replaced: no HEAD request
+        return "object"
+    st = files.info(path)
+    return f"{st.size}/{st.mtime_ns}"
 
 
 T = TypeVar("T")

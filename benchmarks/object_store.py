@@ -1,0 +1,284 @@
+"""Tables on an object store, measured as the store bills them: requests by kind, bytes read, latency per request.
+
+A moto S3 server on 127.0.0.1 sits behind benchmarks/s3_proxy.py, which counts requests (GET with bytes, PUT,
+LIST, HEAD, DELETE, POST) and adds a fixed latency to each (default 20 ms, like a same-region store). Every
+system runs on the same proxy, each in a bucket of its own, in this process one after the other:
+
+- ``lineage`` and ``lineage-capture`` (pre-image capture): this project, SQLite catalog, data on the store;
+- ``delta``: delta-rs with the change data feed on;
+- ``ducklake``: DuckLake (catalog in a local DuckDB file, data on the store through httpfs);
+- ``pyiceberg``: pyiceberg's own upsert (no change feed).
+
+Per system: a table of ``--rows`` rows loaded in one commit; ``--commits`` small upserts (5 updates, 5 inserts)
+by one long-lived writer, each timed (p50, p99) with its requests counted; the change feed of the last 5 and the
+last 25 of those commits (time, bytes read, rows returned, and the bytes of the rows returned); a full scan.
+
+    python benchmarks/object_store.py [--rows 1000000] [--commits 200] [--latency-ms 20] [--systems ...] [--publish]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import record  # noqa: E402
+from lakes import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, free_port  # noqa: E402
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("customer_id", pa.int64()),
+                    pa.field("status", pa.string()), pa.field("amount", pa.float64())])
+SYSTEMS = ("lineage", "lineage-capture", "delta", "ducklake", "pyiceberg")
+FEEDS = (5, 25)
+
+
+class Proxy:
+    """benchmarks/s3_proxy.py in a child process."""
+
+    def __init__(self, target: str, latency_ms: float) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "s3_proxy.py"), "--target", target, "--port",
+                                      str(self.port), "--latency-ms", str(latency_ms)])
+        for _ in range(200):
+            try:
+                self.counts()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("the proxy did not start")
+
+    def counts(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.endpoint}/__counts", timeout=10) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/__reset", method="POST"), timeout=10).read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    n = len(ids)
+    return pa.table({"id": ids.astype(np.int64), "customer_id": rng.integers(0, 50_000, n),
+                     "status": np.array(["new", "paid", "shipped"])[rng.integers(0, 3, n)],
+                     "amount": np.round(rng.uniform(1, 1000, n), 2)}, schema=SCHEMA)
+
+
+# --------------------------------------------------------------------------- systems
+class Lineage:
+    def __init__(self, endpoint: str, bucket: str, work: str, capture: bool) -> None:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        import lineage
+
+        props = {"s3.endpoint": endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
+        cat = SqlCatalog("lineage", uri=f"sqlite:///{work}/catalog.db", warehouse=f"s3://{bucket}/wh", **props)
+        self.t = lineage.create_table("shop.orders", SCHEMA, key=["id"], catalog=cat,
+                                      properties={"lineage.cdf.capture-preimages": str(capture).lower()})
+
+    def load(self, data: pa.Table) -> None:
+        self.t.append(data)
+
+    def upsert(self, batch: pa.Table) -> None:
+        self.t.upsert(batch)
+
+    def feed(self, last: int) -> pa.Table:
+        import cdf
+
+        return cdf.changes(self.t, self.t.version - last)
+
+    def scan(self) -> int:
+        return self.t.scan(with_lineage=False).num_rows
+
+
+class Delta:
+    def __init__(self, endpoint: str, bucket: str, work: str) -> None:
+        from deltalake import DeltaTable
+
+        self.opts = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                     "AWS_REGION": REGION, "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+        self.uri = f"s3://{bucket}/orders"
+        self.t = DeltaTable.create(self.uri, SCHEMA, configuration={"delta.enableChangeDataFeed": "true"}, storage_options=self.opts)
+
+    def load(self, data: pa.Table) -> None:
+        from deltalake import write_deltalake
+
+        write_deltalake(self.t, data, mode="append")
+        self.t.update_incremental()
+
+    def upsert(self, batch: pa.Table) -> None:
+        (self.t.merge(batch, predicate="t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_update_all().when_not_matched_insert_all().execute())
+
+    def feed(self, last: int) -> pa.Table:
+        v = self.t.version()
+        return pa.table(self.t.load_cdf(starting_version=v - last + 1, ending_version=v).read_all())
+
+    def scan(self) -> int:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.uri, storage_options=self.opts).to_pyarrow_table().num_rows
+
+
+class DuckLake:
+    def __init__(self, endpoint: str, bucket: str, work: str) -> None:
+        from lineage import duck
+
+        self.con = duck.connect("ducklake", "httpfs", isolated=True)
+        host = endpoint.split("://", 1)[1]
+        self.con.execute(f"CREATE SECRET s (TYPE s3, KEY_ID '{ACCESS_KEY}', SECRET '{SECRET_KEY}', REGION '{REGION}', "
+                         f"ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)")
+        self.con.execute(f"ATTACH 'ducklake:{work}/lake.ducklake' AS lake (DATA_PATH 's3://{bucket}/dl/')")
+        self.con.execute("CREATE TABLE lake.orders (id BIGINT, customer_id BIGINT, status VARCHAR, amount DOUBLE)")
+
+    def load(self, data: pa.Table) -> None:
+        self.con.register("src", data)
+        self.con.execute("INSERT INTO lake.orders SELECT * FROM src")
+        self.con.unregister("src")
+
+    def upsert(self, batch: pa.Table) -> None:
+        self.con.register("src", batch)
+        self.con.execute("BEGIN")
+        self.con.execute("UPDATE lake.orders t SET customer_id = s.customer_id, status = s.status, amount = s.amount FROM src s "
+                         "WHERE t.id = s.id")
+        self.con.execute("INSERT INTO lake.orders SELECT * FROM src WHERE id NOT IN (SELECT id FROM lake.orders)")
+        self.con.execute("COMMIT")
+        self.con.unregister("src")
+
+    def feed(self, last: int) -> pa.Table:
+        v = self.con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0]
+        return self.con.execute(f"SELECT * FROM lake.table_changes('orders', {v - last + 1}, {v})").to_arrow_table()
+
+    def scan(self) -> int:
+        return self.con.execute("SELECT * FROM lake.orders").to_arrow_table().num_rows
+
+
+class PyIceberg:
+    def __init__(self, endpoint: str, bucket: str, work: str) -> None:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        props = {"s3.endpoint": endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
+        cat = SqlCatalog("pyiceberg", uri=f"sqlite:///{work}/catalog.db", warehouse=f"s3://{bucket}/wh", **props)
+        cat.create_namespace("shop")
+        self.t = cat.create_table("shop.orders", schema=SCHEMA, properties={"format-version": "2"})
+
+    def load(self, data: pa.Table) -> None:
+        self.t.append(data)
+
+    def upsert(self, batch: pa.Table) -> None:
+        self.t.upsert(batch, join_cols=["id"])
+
+    def feed(self, last: int) -> pa.Table:
+        raise NotImplementedError("pyiceberg has no change feed")
+
+    def scan(self) -> int:
+        return self.t.scan().to_arrow().num_rows
+
+
+def make(system: str, endpoint: str, bucket: str, work: str) -> Any:
+    if system.startswith("lineage"):
+        return Lineage(endpoint, bucket, work, capture=system == "lineage-capture")
+    return {"delta": Delta, "ducklake": DuckLake, "pyiceberg": PyIceberg}[system](endpoint, bucket, work)
+
+
+# --------------------------------------------------------------------------- measurement
+def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Namespace) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    bucket = server.new_bucket()
+    work = tempfile.mkdtemp(prefix=f"objstore-{system}-")
+    try:
+        t = make(system, proxy.endpoint, bucket, work)
+        proxy.reset()
+        t0 = time.perf_counter()
+        t.load(rows(np.arange(args.rows), rng))
+        out: dict[str, Any] = {"load": {"seconds": round(time.perf_counter() - t0, 3), **proxy.counts()}}
+        times, requests = [], []
+        next_id = args.rows
+        for _ in range(args.commits):
+            updated = rng.choice(args.rows, 5, replace=False)
+            batch = rows(np.concatenate([updated, np.arange(next_id, next_id + 5)]), rng)
+            next_id += 5
+            proxy.reset()
+            t0 = time.perf_counter()
+            t.upsert(batch)
+            times.append(time.perf_counter() - t0)
+            requests.append(proxy.counts())
+        ms = sorted(x * 1000 for x in times)
+        out["small_upsert"] = {
+            "commits": len(ms), "p50_ms": round(statistics.median(ms), 1), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 1),
+            "requests_per_commit_median": statistics.median(r["total"] for r in requests),
+            "requests_per_commit_max": max(r["total"] for r in requests),
+            "requests_by_kind_last": requests[-1]["requests"],
+        }
+        for last in FEEDS:
+            proxy.reset()
+            t0 = time.perf_counter()
+            try:
+                got = t.feed(min(last, args.commits))
+            except NotImplementedError as exc:
+                out[f"feed_last_{last}"] = {"na": str(exc)}
+                continue
+            seconds = time.perf_counter() - t0
+            counts = proxy.counts()
+            out[f"feed_last_{last}"] = {"seconds": round(seconds, 3), "rows": got.num_rows, "result_bytes": got.nbytes,
+                                        "get_bytes": counts["get_bytes"], "requests": counts["requests"],
+                                        "bytes_read_per_result_byte": round(counts["get_bytes"] / max(got.nbytes, 1), 2)}
+        proxy.reset()
+        t0 = time.perf_counter()
+        n = t.scan()
+        out["full_scan"] = {"seconds": round(time.perf_counter() - t0, 3), "rows": n, **proxy.counts()}
+        return out
+    except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the others still run
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--commits", type=int, default=200)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    rec = record.Recorder("object_store", scale=args.rows, argv=argv, settings=vars(args),
+                          peers=["deltalake", "duckdb-extension-ducklake", "pyiceberg", "moto"])
+    work = tempfile.mkdtemp(prefix="objstore-")
+    server = MotoServer(os.path.join(work, "moto.log"))
+    proxy = Proxy(server.endpoint, args.latency_ms)
+    results: dict[str, Any] = {"latency_ms": args.latency_ms, "systems": {}}
+    try:
+        for system in systems:
+            print(f"{system} ...", flush=True)
+            results["systems"][system] = rec.step(system, lambda s=system: run_system(s, proxy, server, args))
+            print(json.dumps(results["systems"][system], indent=1), flush=True)
+    finally:
+        proxy.stop()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(rec.finish(results, publish=args.publish, out=args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""Files on the local file system or an object store, through pyarrow's file systems.
+
+A table's files are named by URIs (``s3://bucket/key``) or local paths. The
+settings of each bucket are registered once (:func:`register`, from the
+catalog's properties when a table is opened) and every reader of this
+process (and Spark's Python workers, which get :func:`registered`) finds
+them by the bucket's name; a bucket nobody registered uses the AWS
+environment and profile. Nothing here renames a file or relies on the
+order of a listing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from lineage.errors import InvalidArgumentError
+from lineage.storage.settings import StoreSettings, resolve
+
+REMOTE_SCHEMES = ("s3", "s3a", "s3n")
+_LOCK = threading.Lock()
+_BUCKETS: dict[str, StoreSettings] = {}
+_SYSTEMS: dict[StoreSettings, pafs.FileSystem] = {}
+_generation = 0
+
+
+def is_remote(location: str) -> bool:
+    """Whether ``location`` names an object in an object store (``s3://``), not a local file."""
+    return isinstance(location, str) and location.split("://", 1)[0].lower() in REMOTE_SCHEMES and "://" in location
+
+
+def local_path(location: str) -> str:
+    """A ``file:`` URI or plain path as a local path (object-store URIs are returned unchanged)."""
+    if location.startswith("file:"):
+        return urlparse(location).path
+    return location
+
+
+def bucket_of(location: str) -> str:
+    """The bucket an ``s3://bucket/key`` URI names."""
+    bucket = urlparse(location).netloc
+    if not bucket:
+        raise InvalidArgumentError(f"{location!r} names no bucket (expected s3://bucket/path)")
+    return bucket
+
+
+def register(location: str, properties: Mapping[str, str] | None = None) -> StoreSettings | None:
+    """Remember how to reach the bucket of ``location`` (a table's or warehouse's location); None for a local one.
+
+    ``properties`` are a catalog's or FileIO's (``s3.*`` names); what they
+    leave out comes from the AWS environment and profile.
+    """
+    if not is_remote(location):
+        return None
+    settings = resolve(properties)
+    register_settings({bucket_of(location): settings})
+    return settings
+
+
+def register_settings(buckets: Mapping[str, StoreSettings]) -> None:
+    """Remember the settings of several buckets at once (what :func:`registered` returned in another process)."""
+    global _generation
+    with _LOCK:
+        for bucket, settings in buckets.items():
+            if _BUCKETS.get(bucket) != settings:
+                _BUCKETS[bucket] = settings
+                _generation += 1
+
+
+def registered() -> dict[str, StoreSettings]:
+    """The buckets this process knows, with their settings."""
+    with _LOCK:
+        return dict(_BUCKETS)
+
+
+def generation() -> int:
+    """A number that changes whenever a bucket's settings change (DuckDB databases re-create their secrets)."""
+    return _generation
+
+
+def settings_for(location: str) -> StoreSettings:
+    """The settings of the bucket of ``location``: registered, or from the AWS environment and profile."""
+    with _LOCK:
+        known = _BUCKETS.get(bucket_of(location))
+    return known if known is not None else resolve()
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system holding ``location`` and the path of ``location`` inside it."""
+    if not is_remote(location):
+        return pafs.LocalFileSystem(), local_path(location)
+    settings = settings_for(location)
+    with _LOCK:
+        fs = _SYSTEMS.get(settings)
+        if fs is None:
+            fs = _SYSTEMS[settings] = _s3(settings)
+    parsed = urlparse(location)
+    return fs, f"{parsed.netloc}{parsed.path}"
+
+
+def _s3(settings: StoreSettings) -> pafs.FileSystem:
+    # allow_delayed_open: a small file is one PutObject, not a multipart upload (three requests)
+    kwargs: dict[str, object] = {"region": settings.region, "force_virtual_addressing": settings.virtual_addressing,
+                                 "allow_delayed_open": True}
+    if settings.endpoint is not None:
+        kwargs["endpoint_override"] = settings.host
+        kwargs["scheme"] = settings.scheme
+    if settings.access_key_id:
+        kwargs.update(access_key=settings.access_key_id, secret_key=settings.secret_access_key)
+        if settings.session_token:
+            kwargs["session_token"] = settings.session_token
+    return pafs.S3FileSystem(**kwargs)
+
+
+def open_input(location: str) -> object:
+    """A random-access reader of the file at ``location`` (a pyarrow ``NativeFile``)."""
+    fs, path = filesystem(location)
+    return fs.open_input_file(path)
+
+
+def parquet_file(location: str) -> pq.ParquetFile:
+    """The Parquet file at ``location`` (only its footer is read now; column chunks are read by byte range)."""
+    if not is_remote(location):
+        return pq.ParquetFile(local_path(location))
+    return pq.ParquetFile(open_input(location))
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A listed file: its location (as the table names it), size and modification time."""
+
+    location: str
+    size: int
+    mtime_ns: int
+
+
+def info(location: str) -> FileInfo:
+    """Size and modification time of the file at ``location`` (``FileNotFoundError`` when it is missing)."""
+    if not is_remote(location):
+        st = os.stat(local_path(location))
+        return FileInfo(location, st.st_size, st.st_mtime_ns)
+    fs, path = filesystem(location)
+    got = fs.get_file_info(path)
+    if got.type != pafs.FileType.File:
+        raise FileNotFoundError(location)
+    return FileInfo(location, int(got.size or 0), int(got.mtime_ns or 0))
+
+
+def exists(location: str) -> bool:
+    """Whether a file is at ``location``."""
+    try:
+        info(location)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def delete(location: str) -> None:
+    """Delete the file at ``location`` (a missing file is not an error)."""
+    if not is_remote(location):
+        try:
+            os.remove(local_path(location))
+        except FileNotFoundError:
+            pass
+        return
+    fs, path = filesystem(location)
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def list_files(root: str) -> list[FileInfo]:
+    """Every file under the folder (or key prefix) ``root``, named as ``root`` names them, sorted by name.
+
+    An object store's listing order is not relied on: the result is sorted here.
+    """
+    fs, path = filesystem(root)
+    if not is_remote(root) and not os.path.isdir(path):
+        return []
+    selector = pafs.FileSelector(path.rstrip("/"), recursive=True, allow_not_found=True)
+    out = []
+    prefix = root.rstrip("/")
+    base = path.rstrip("/")
+    for got in fs.get_file_info(selector):
+        if got.type != pafs.FileType.File:
+            continue
+        out.append(FileInfo(prefix + got.path[len(base):], int(got.size or 0), int(got.mtime_ns or 0)))
+    out.sort(key=lambda f: f.location)
+    return out
+
+
+PARALLEL_REQUESTS = 16  # independent object-store requests in flight at once (each one costs a round trip)
+
+
+def delete_many(locations: list[str]) -> None:
+    """Delete the files at ``locations`` (missing ones are not an error); an object store's in parallel."""
+    remote = [loc for loc in locations if is_remote(loc)]
+    for loc in locations:
+        if not is_remote(loc):
+            delete(loc)
+    if remote:
+        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(remote))) as pool:
+            list(pool.map(delete, remote))
+
+
+def source(location: str) -> object:
+    """What pyarrow's Parquet readers take for ``location``: a local path, or an object store's random-access reader."""
+    return open_input(location) if is_remote(location) else local_path(location)
+
+
+def put(location: str, data: bytes) -> None:
+    """Write ``data`` as the object at ``location`` in one request (immutable files have fresh names: no existence check).
+
+    Inside :func:`parallel_puts` the request is sent in the background.
+    """
+    pending = _PENDING.get()
+    if pending is not None:
+        pending.append(_pool().submit(_put, location, data))
+        return
+    _put(location, data)
+
+
+def _put(location: str, data: bytes) -> None:
+    fs, path = filesystem(location)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+_PENDING: ContextVar[list[Future] | None] = ContextVar("lineage_pending_puts", default=None)
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    with _LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(PARALLEL_REQUESTS, thread_name_prefix="lineage-put"))
+        return _POOL[0]
+
+
+@contextmanager
+def parallel_puts() -> Iterator[None]:
+    """Send the :func:`put` requests made in this block at once; the block ends when every one has landed.
+
+    For files that do not depend on each other (a commit's lineage segment,
+    deleted-rows segment, key-index segment and list): each request is a
+    round trip to the store, so sending them one after the other costs a
+    round trip each. Nothing in the block may read a file it wrote. The
+    first failed request is raised at the end of the block.
+    """
+    pending: list[Future] = []
+    token = _PENDING.set(pending)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        _PENDING.reset(token)
+        errors = []
+        for f in pending:
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001 - every request is waited for before any error is raised
+                errors.append(exc)
+        if errors and not failed:
+            raise errors[0]
+
+
+def _forget_pool() -> None:  # a forked child must not use the parent's threads
+    _POOL.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
