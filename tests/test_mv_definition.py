@@ -258,7 +258,7 @@ _CHILD = textwrap.dedent(
         out.append({"case": case.id, "seconds": time.perf_counter() - started, "error": error, "growth_mb": peak_mb() - base})
         T._set(views, case.view, json.dumps(stored[case.view]), sources[case.view])
     before = peak_mb()
-    duckdb.connect().execute("SELECT length(lpad('a', 300000000, 'x'))").fetchone()
+    duckdb.connect().execute("SELECT length(lpad('a', 600000000, 'x'))").fetchone()
     print(json.dumps({"calls": out, "unguarded_growth_mb": peak_mb() - before}))
     """
 )
@@ -276,7 +276,7 @@ def test_tampered_definitions_are_refused_fast_with_bounded_memory(views: Views)
         assert call["error"] == "ViewQueryError", call
         assert call["seconds"] < 1.0, call
         assert call["growth_mb"] < 50, call
-    assert report["unguarded_growth_mb"] > 150, report  # the measurement sees a 300 MB allocation (peak over the earlier peak: not all of it)
+    assert report["unguarded_growth_mb"] > 150, report  # the measurement sees a 600 MB allocation (peak over the earlier peak: not all of it; 300 MB showed as 146-147 MB under load)
 
 
 def test_the_untouched_definitions_still_refresh(views: Views):
