@@ -1,4 +1,4 @@
-"""Values at row positions of data files (lineage.read.values.values_at and lineage.read.positions.values_at, the write path's reader) against a plain read of the whole files."""
+"""Values at row positions of data files (lineage.read.values: values_at, the write path's reader, and read_at, the feed's) against a plain read of the whole files."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from conftest import SCHEMA
 from lineage import decoded_cache
 from lineage.read import values
 from lineage.errors import KeyViolationError
-from lineage.read.positions import values_at as write_path_values_at
 from lineage.read.values import values_at
 
 TARGET = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("note", pa.string())])
@@ -71,10 +70,9 @@ def test_values_at_positions_equal_a_full_read(tmp_path, data):
     decoded_cache.clear()
     try:
         for _ in range(2):  # cold, then from the cache
-            for reader in (values_at, write_path_values_at):
-                got = reader(paths, file_ids, pos, TARGET, IDS if by_id else None)
-                assert got is not None and got.schema == TARGET
-                assert got.to_pylist() == want
+            got = values_at(paths, file_ids, pos, TARGET, IDS if by_id else None)
+            assert got is not None and got.schema == TARGET
+            assert got.to_pylist() == want
     finally:
         if old_budget is None:
             del os.environ[decoded_cache.ENV_BUDGET]

@@ -55,12 +55,7 @@ class _Task:
     row_group: int
     start: int  # slice of the sorted positions this task returns
     end: int
-    sizes: dict[str, int]  # uncompressed bytes of each file column it decodes (what decoding costs, roughly)
-
-    @property
-    def cost(self) -> int:
-        """Uncompressed bytes the task decodes: the largest tasks start first."""
-        return sum(self.sizes.values())
+    cost: int  # uncompressed bytes of the file columns it decodes (what decoding costs, roughly): the largest start first
 
 
 @dataclass(frozen=True)
@@ -126,7 +121,8 @@ class FileLayout:
     column_bytes: dict[str, list[int]]  # uncompressed bytes of each top-level column, per row group
     # per (schema, field ids) asked for, file_columns() and the file columns read: a feed opens every file it
     # reads at each call
-    columns_for: dict[tuple[object, ...], tuple[list[str | None], list[str]]] = field(default_factory=dict, compare=False, repr=False)
+    columns_for: dict[tuple[object, ...], tuple[list[str | None], list[str], list[int]]] = field(default_factory=dict, compare=False,
+                                                                                                   repr=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +134,7 @@ class _File:
     wanted: list[str]  # the file columns read (sorted, each once)
     starts: np.ndarray  # first position of each row group
     sizes: np.ndarray  # rows of each row group
+    costs: list[int]  # uncompressed bytes of the wanted columns in each row group
 
 
 # Data files are immutable and uniquely named; the stamp guards against a file replaced by hand.
@@ -187,8 +184,11 @@ def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None, ids_ke
     known = info.columns_for.get(key)
     if known is None:
         sources = file_columns(info.arrow, schema, field_ids)
-        known = info.columns_for[key] = (sources, sorted({s for s in sources if s is not None}))
-    return _File(path, local, info, *known, info.starts[:-1], np.diff(info.starts))
+        wanted = sorted({s for s in sources if s is not None})
+        costs = [sum(info.column_bytes[c][g] for c in wanted) for g in range(len(info.starts) - 1)]
+        known = info.columns_for[key] = (sources, wanted, costs)
+    sources, wanted, costs = known
+    return _File(path, local, info, sources, wanted, info.starts[:-1], np.diff(info.starts), costs)
 
 
 def _kept(f: _File, row_group: int, columns: Sequence[str]) -> bool:
@@ -220,7 +220,7 @@ def _jobs(tasks: list[_Task], files: dict[int, _File]) -> list[_Job]:
             continue
         parts: list[list[str]] = [[] for _ in range(min(WORKERS, len(f.wanted)))]
         loads = [0] * len(parts)
-        for name, size in sorted(t.sizes.items(), key=lambda kv: -kv[1]):
+        for name, size in sorted(_column_sizes(f, t.row_group).items(), key=lambda kv: -kv[1]):
             k = loads.index(min(loads))  # greedy: the largest column left goes to the lightest part
             parts[k].append(name)
             loads[k] += size
@@ -281,15 +281,20 @@ class Gathered:
     rows: np.ndarray
 
 
+class _NoFieldIds(Exception):
+    """A file records no field ids while the caller asked to match columns by them only."""
+
+
 def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, schema: pa.Schema,
-           field_ids: dict[str, int] | None = None, cache: bool = True) -> Gathered:
+           field_ids: dict[str, int] | None = None, cache: bool = True, *, by_id_only: bool = False) -> Gathered:
     """Read the values of ``schema``'s columns at ``(paths[file_index[i]], positions[i])`` for every i.
 
     ``field_ids`` maps column names to Iceberg field ids; files that record
     field ids are matched by them (else by name). Pairs may repeat; each
     distinct pair is read once. ``cache``: use and fill the decoded-chunk
     cache (:mod:`lineage.decoded_cache`); one-off bulk reads (maintenance,
-    Spark executors) pass False.
+    Spark executors) pass False. ``by_id_only``: a file without field ids
+    raises ``_NoFieldIds`` instead of being matched by name.
     """
     n = len(positions)
     if n == 0:
@@ -323,17 +328,19 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     for s, e in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(upos)])), strict=True):
         k = int(ufile[s])
         f = files[k] = _open(paths[k], schema, field_ids, ids_key)
+        if by_id_only and field_ids is not None and not f.info.names:
+            raise _NoFieldIds(paths[k])
         total = int(f.info.starts[-1])
         if int(upos[e - 1]) >= total:
             raise IndexError(f"position {int(upos[e - 1])} is out of range: past the end of {paths[k]} ({total} rows)")
         if len(f.sizes) == 1:  # most files of a table that commits often
-            tasks.append(_Task(k, 0, int(s), int(e), _column_sizes(f, 0)))
+            tasks.append(_Task(k, 0, int(s), int(e), f.costs[0]))
             continue
         rg = np.searchsorted(f.starts, upos[s:e], side="right") - 1
         rg_bounds = np.flatnonzero(np.diff(rg)) + 1
         for rs, re_ in zip(np.concatenate(([0], rg_bounds)), np.concatenate((rg_bounds, [e - s])), strict=True):
             row_group = int(rg[rs])
-            tasks.append(_Task(k, row_group, int(s + rs), int(s + re_), _column_sizes(f, row_group)))
+            tasks.append(_Task(k, row_group, int(s + rs), int(s + re_), f.costs[row_group]))
 
     jobs = _jobs(tasks, files)
     with decoded_cache.CACHE.read() if cache else nullcontext() as number:
@@ -406,14 +413,15 @@ def take_rows(pieces: list[pa.Table], rows: np.ndarray, schema: pa.Schema, decod
         return schema.empty_table()
     indices = pa.array(rows, pa.int64())
     identity = len(rows) == sum(p.num_rows for p in pieces) and (len(rows) == 0 or (rows[0] == 0 and bool((np.diff(rows) == 1).all())))
-    cols = []
-    for f in schema:
-        chunks = [c for p in pieces for c in p.column(f.name).chunks]
-        for i, p in enumerate(pieces):
-            pieces[i] = p.drop_columns([f.name])
-        cols.append(_ordered(chunks, None if identity else indices, len(rows), f, decode))
-        del chunks
+    # The pieces' chunks by column, the pieces dropped: each column's chunks are freed once its output is built.
+    by_column: list[list[pa.Array]] = [[] for _ in schema]
+    for p in pieces:
+        for chunks, f in zip(by_column, schema, strict=True):
+            chunks.extend(p.column(f.name).chunks)
     pieces.clear()
+    cols = []
+    for i, f in enumerate(schema):
+        cols.append(_ordered(by_column[i], None if identity else indices, len(rows), f, decode))
     if not decode and any(pa.types.is_dictionary(c.type) for c in cols):
         return pa.Table.from_arrays(cols, names=schema.names)
     return pa.Table.from_arrays(cols, schema=schema)
@@ -450,10 +458,14 @@ def values_at(paths: Sequence[str], file_ids: np.ndarray, positions: np.ndarray,
         return None
     if field_ids is not None and any(pa.types.is_nested(f.type) for f in schema):
         return None
-    file_ids = np.asarray(file_ids, dtype=np.int64)
-    if field_ids is not None and any(not layout(local_path(paths[i])).names for i in np.unique(file_ids)):
-        return None  # no field ids in the file: only a name mapping could read it
-    return read_at(paths, file_ids, np.asarray(positions, dtype=np.int64), schema, field_ids)
+    if len(positions) == 0:
+        return schema.empty_table()
+    try:
+        got = gather(paths, np.asarray(file_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64), schema, field_ids,
+                     by_id_only=True)
+    except _NoFieldIds:
+        return None  # only a name mapping could read that file
+    return take_rows(got.pieces, got.rows, schema)
 
 
 def read_positions(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None = None) -> pa.Table:

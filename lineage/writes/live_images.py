@@ -8,7 +8,7 @@ found lives in this one place:
 * through the key index (:class:`index.key_index.KeyIndex`) when the table
   keeps one: O(k log n), no table data read unless the images' column values
   are asked for, and then only the row groups that hold one of the images
-  (:func:`lineage.read.positions.values_at`), without their delete files;
+  (:func:`lineage.read.values.values_at`), without their delete files;
 * otherwise (``lineage.key-index.enabled=false``, ``lineage.key.enforce=false``)
   one scan of the key columns of every live file, filtered by a semi join
   with the keys inside the Parquet scan.
@@ -30,7 +30,7 @@ from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.writes.key_checks import removed_pointers
-from lineage.read.positions import values_at
+from lineage.read.values import values_at
 
 LINEAGE_AND_POINTER = ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__file_id", "__pos")
 
