@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -216,67 +214,3 @@ def delete_many(locations: list[str]) -> None:
 def source(location: str) -> object:
     """What pyarrow's Parquet readers take for ``location``: a local path, or an object store's random-access reader."""
     return open_input(location) if is_remote(location) else local_path(location)
-
-
-def put(location: str, data: bytes) -> None:
-    """Write ``data`` as the object at ``location`` in one request (immutable files have fresh names: no existence check).
-
-    Inside :func:`parallel_puts` the request is sent in the background.
-    """
-    pending = _PENDING.get()
-    if pending is not None:
-        pending.append(_pool().submit(_put, location, data))
-        return
-    _put(location, data)
-
-
-def _put(location: str, data: bytes) -> None:
-    fs, path = filesystem(location)
-    with fs.open_output_stream(path) as out:
-        out.write(data)
-
-
-_PENDING: ContextVar[list[Future] | None] = ContextVar("lineage_pending_puts", default=None)
-_POOL: list[ThreadPoolExecutor] = []
-
-
-def _pool() -> ThreadPoolExecutor:
-    with _LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(PARALLEL_REQUESTS, thread_name_prefix="lineage-put"))
-        return _POOL[0]
-
-
-@contextmanager
-def parallel_puts() -> Iterator[None]:
-    """Send the :func:`put` requests made in this block at once; the block ends when every one has landed.
-
-    For files that do not depend on each other (a commit's lineage segment,
-    deleted-rows segment, key-index segment and list): each request is a
-    round trip to the store, so sending them one after the other costs a
-    round trip each. Nothing in the block may read a file it wrote. The
-    first failed request is raised at the end of the block.
-    """
-    pending: list[Future] = []
-    token = _PENDING.set(pending)
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        _PENDING.reset(token)
-        errors = []
-        for f in pending:
-            try:
-                f.result()
-            except Exception as exc:  # noqa: BLE001 - every request is waited for before any error is raised
-                errors.append(exc)
-        if errors and not failed:
-            raise errors[0]
-
-
-def _forget_pool() -> None:  # a forked child must not use the parent's threads
-    _POOL.clear()
-
-
-os.register_at_fork(after_in_child=_forget_pool)

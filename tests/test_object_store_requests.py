@@ -1,0 +1,98 @@
+"""Requests an object store bills for a table's work, counted by a proxy in front of the moto server.
+
+The proxy is the benchmark's (benchmarks/s3_proxy.py, no added latency here):
+it counts requests by kind and logs each one. A long-lived writer's small
+commit must stay within :data:`SMALL_COMMIT_BUDGET` requests, all writes:
+what a commit reads of its own earlier files comes from memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lineage
+import lineage.storage.puts as puts
+from conftest import SCHEMA
+from lakes import Lake, s3_lake
+
+SMALL_COMMIT_BUDGET = 10  # data file, delete file, 4 lineage files, 2 manifests, manifest list, metadata file
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from s3_proxy import Running  # noqa: E402 - the benchmark's proxy
+
+
+@pytest.fixture
+def counted(moto_server, tmp_path):
+    """A lake on a new bucket of the moto server, reached through a counting proxy: ``(lake, proxy)``."""
+    proxy = Running(moto_server.endpoint, latency_ms=0)
+    base = s3_lake(moto_server, str(tmp_path / "catalog"))
+    lake = Lake("s3", base.root, base.warehouse, {**base.properties, "s3.endpoint": proxy.endpoint})
+    try:
+        yield lake, proxy
+    finally:
+        proxy.stop()
+
+
+def _rows(ids: np.ndarray, tag: str) -> pa.Table:
+    return pa.table({"id": ids.astype(np.int64), "name": [f"{tag}{i}" for i in ids], "amount": ids.astype(np.float64)}, schema=SCHEMA)
+
+
+def test_a_small_commit_of_a_long_lived_writer_is_ten_puts(counted) -> None:
+    lake, proxy = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    rng = np.random.default_rng(3)
+    next_id = 1000
+    per_commit = []
+    for i in range(6):
+        batch = _rows(np.concatenate([rng.choice(1000, 5, replace=False), np.arange(next_id, next_id + 5)]), f"u{i}")
+        next_id += 5
+        proxy.reset()
+        info = t.upsert(batch)
+        got = proxy.counts(log=True)
+        assert (info.inserted, info.updated) == (5, 5)
+        per_commit.append(got)
+    for got in per_commit[1:]:  # the first commit of a writer opens the key index
+        kinds = got["requests"]
+        assert got["total"] <= SMALL_COMMIT_BUDGET, [e[:2] for e in got["log"]]
+        assert set(kinds) == {"PUT"}, kinds  # no HEAD after a write, no GET of a file this writer wrote
+    table = lineage.open_table("shop.orders", **lake.where()).scan()
+    assert table.num_rows == 1030 and len(set(table.column("_row_id").to_pylist())) == 1030
+
+
+def test_updated_images_and_inserts_share_a_data_file(counted) -> None:
+    lake, _ = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(10), "a"))
+    before = {r["id"]: r for r in t.scan().to_pylist()}
+    info = t.upsert(_rows(np.array([2, 7, 10, 11]), "b"))
+    assert (info.inserted, info.updated, info.data_files_added) == (2, 2, 1)
+    after = {r["id"]: r for r in t.scan().to_pylist()}
+    for k in (2, 7):  # updated: same row id, created version kept, updated now
+        assert after[k]["_row_id"] == before[k]["_row_id"]
+        assert after[k]["_row_created_at_version"] == before[k]["_row_created_at_version"]
+        assert after[k]["_row_last_updated_at_version"] == t.version and after[k]["name"] == f"b{k}"
+    fresh = sorted(after[k]["_row_id"] for k in (10, 11))
+    assert fresh[0] > max(r["_row_id"] for r in before.values()) and fresh[1] == fresh[0] + 1
+    assert all(after[k]["_row_created_at_version"] == t.version for k in (10, 11))
+
+
+def test_a_failed_background_put_fails_the_block(moto_server) -> None:
+    missing = f"s3://no-such-bucket-{os.getpid()}/x/file.bin"
+    ok = f"s3://{moto_server.new_bucket()}/x/file.bin"
+    import lineage.storage.files as files
+    from lakes import ACCESS_KEY, REGION, SECRET_KEY
+
+    props = {"s3.endpoint": moto_server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
+    files.register(missing, props)
+    files.register(ok, props)
+    with pytest.raises(OSError):
+        with puts.parallel_puts():
+            puts.put(ok, b"fine")
+            puts.put(missing, b"lost")
+    assert puts.known(missing) is None  # a failed request is not remembered
+    assert files.exists(ok) and puts.read(ok) == b"fine"
