@@ -96,3 +96,62 @@ def test_a_failed_background_put_fails_the_block(moto_server) -> None:
             puts.put(missing, b"lost")
     assert puts.known(missing) is None  # a failed request is not remembered
     assert files.exists(ok) and puts.read(ok) == b"fine"
+
+
+def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
+    import cdf
+
+    lake, proxy = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    for i in range(4):
+        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
+    expected = t.scan().sort_by("id")
+    files = t.state().live_files()
+    data_and_deletes = {f.path for f in files} | {d for f in files for d in f.delete_paths}
+    reader = lineage.open_table("shop.orders", **lake.where())
+    puts.forget()
+    proxy.reset()
+    got = reader.scan().sort_by("id")
+    counts = proxy.counts(log=True)
+    assert got.equals(expected)
+    assert set(counts["requests"]) == {"GET"}, counts["requests"]  # sizes come from the manifests: no HEAD
+    read = [path for _, path, *_ in counts["log"] if "/data/" in path]
+    assert sorted(read) == sorted("/" + p.split("://", 1)[1] for p in data_and_deletes), read  # one GET each
+    puts.forget()
+    proxy.reset()
+    feed = cdf.changes(reader, t.version - 3)
+    counts = proxy.counts()
+    assert feed.num_rows == 9  # 3 commits: an update (pre- and post-image) and an insert each
+    assert "HEAD" not in counts["requests"], counts["requests"]
+
+
+def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    import lineage.storage.files as files
+    import lineage.storage.s3_reader as s3_reader
+    from lakes import ACCESS_KEY, REGION, SECRET_KEY
+
+    bucket = moto_server.new_bucket()
+    props = {"s3.endpoint": moto_server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
+    files.register(f"s3://{bucket}/", props)
+    big = pa.table({"a": np.arange(300_000), "s": [str(i) for i in range(300_000)]})
+    sink = io.BytesIO()
+    pq.write_table(big, sink, row_group_size=100_000)
+    location = f"s3://{bucket}/t/big.parquet"
+    puts.put(location, sink.getvalue())
+    puts.forget()
+    pf = files.parquet_file(location)
+    assert pf.metadata.num_row_groups == 3 and pf.read_row_group(1).equals(big.slice(100_000, 100_000))
+    assert pf.read().equals(big)
+    reader = s3_reader.ObjectReader(location, files.settings_for(location))
+    assert reader.size() == len(sink.getvalue())
+    reader.seek(10)
+    assert reader.read(20) == sink.getvalue()[10:30] and reader.tell() == 30
+    reader.seek(-5, io.SEEK_END)
+    assert reader.read() == sink.getvalue()[-5:] and reader.read(3) == b""
+    with pytest.raises(FileNotFoundError):
+        files.open_input(f"s3://{bucket}/t/missing.parquet")

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from lineage.errors import InvalidArgumentError
+import lineage.storage.s3_reader as s3_reader
 from lineage.storage.settings import StoreSettings, resolve
 
 REMOTE_SCHEMES = ("s3", "s3a", "s3n")
@@ -120,9 +122,25 @@ def _s3(settings: StoreSettings) -> pafs.FileSystem:
 
 
 def open_input(location: str) -> object:
-    """A random-access reader of the file at ``location`` (a pyarrow ``NativeFile``)."""
+    """A random-access reader of the file at ``location`` (a pyarrow ``NativeFile``).
+
+    On an object store the reader asks no HEAD: opening reads the object's
+    tail (a Parquet footer; all of a small file) in one GET, and any other
+    range is one GET (:class:`lineage.storage.s3_reader.ObjectReader`).
+    ``FileNotFoundError`` when there is no such file.
+    """
+    if is_remote(location):
+        reader = s3_reader.ObjectReader(location, settings_for(location))
+        reader.size()
+        return pa.PythonFile(reader, mode="r")
     fs, path = filesystem(location)
     return fs.open_input_file(path)
+
+
+def warm(locations: Sequence[str]) -> None:
+    """Fetch the footers (all of a small file) of the object-store files among ``locations`` at once, before a reader
+    opens them one after another (:func:`lineage.storage.s3_reader.warm`); nothing for local files."""
+    s3_reader.warm([loc for loc in locations if is_remote(loc)], settings_for)
 
 
 def parquet_file(location: str) -> pq.ParquetFile:

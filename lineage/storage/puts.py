@@ -12,16 +12,16 @@ A file this process wrote is served from memory while its request is in
 flight (a commit may read back what it just wrote, e.g. the keys of its new
 data files or a manifest it merges) and, when small, for a while after
 (the next commit of a long-lived writer reads the key index segment the last
-one wrote): :func:`known` gives its bytes, :func:`read` reads a whole object
-with one GET (no HEAD) when it is not known. Objects are never rewritten
-under the same name, so a remembered copy cannot go stale.
+one wrote), through :mod:`lineage.storage.objects`: :func:`known` gives its
+bytes, :func:`read` reads a whole object with one GET (no HEAD) when it is
+not known. Objects are never rewritten under the same name, so a copy held
+in memory cannot go stale.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,15 +29,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import lineage.storage.files as files
+import lineage.storage.objects as objects
+import lineage.storage.s3_get as s3_get
+import lineage.storage.s3_reader as s3_reader
 
 PARALLEL_REQUESTS = 16  # independent object-store requests in flight at once (each one costs a round trip)
-RECENT_BYTES = 64 << 20  # written objects kept in memory after they landed (least recently used dropped first)
-RECENT_MAX_OBJECT = 4 << 20  # larger objects are not kept once they landed
 
 _LOCK = threading.Lock()
-_IN_FLIGHT: dict[str, bytes] = {}
-_RECENT: OrderedDict[str, bytes] = OrderedDict()
-_recent_held = 0
 
 
 @dataclass
@@ -94,10 +92,9 @@ def put(location: str, data: bytes, block: PutBlock | None = None) -> None:
     block = block if block is not None else _BLOCK.get()
     if block is None:
         _put(location, data)
-        _remember(location, data)
+        objects.remember(location, data)
         return
-    with _LOCK:
-        _IN_FLIGHT[location] = data
+    objects.pin(location, data)
     future = _pool().submit(_put, location, data)
     future.add_done_callback(lambda f: _landed(location, data, f))
     block.add(future)
@@ -110,52 +107,30 @@ def _put(location: str, data: bytes) -> None:
 
 
 def _landed(location: str, data: bytes, future: Future) -> None:
-    with _LOCK:
-        _IN_FLIGHT.pop(location, None)
     if future.exception() is None:
-        _remember(location, data)
-
-
-def _remember(location: str, data: bytes) -> None:
-    global _recent_held
-    if len(data) > RECENT_MAX_OBJECT:
-        return
-    with _LOCK:
-        old = _RECENT.pop(location, None)
-        _recent_held += len(data) - (len(old) if old is not None else 0)
-        _RECENT[location] = data
-        while _recent_held > RECENT_BYTES:
-            _, dropped = _RECENT.popitem(last=False)
-            _recent_held -= len(dropped)
+        objects.remember(location, data)
+    objects.unpin(location)
 
 
 def known(location: str) -> bytes | None:
-    """The bytes of the object at ``location`` when this process wrote it (in flight, or recently), else None."""
-    with _LOCK:
-        data = _IN_FLIGHT.get(location)
-        if data is None:
-            data = _RECENT.get(location)
-            if data is not None:
-                _RECENT.move_to_end(location)
-        return data
+    """The bytes of the object at ``location`` when this process holds them (see :mod:`lineage.storage.objects`), else None."""
+    return objects.known(location)
 
 
 def forget() -> None:
-    """Drop the remembered bytes of landed objects (a benchmark measuring a fresh reader calls it)."""
-    global _recent_held
-    with _LOCK:
-        _RECENT.clear()
-        _recent_held = 0
+    """Drop the landed objects and footers held in memory (a benchmark measuring a fresh reader calls it)."""
+    objects.forget()
+    s3_reader.forget_tails()
 
 
 def read(location: str) -> bytes:
     """The whole object at ``location``: from memory when :func:`known`, else one GET (no HEAD first)."""
-    data = known(location)
+    data = objects.known(location)
     if data is not None:
         return data
-    fs, path = files.filesystem(location)
-    with fs.open_input_stream(path) as f:
-        return f.read()
+    data = s3_get.get(location, files.settings_for(location))
+    objects.remember(location, data)
+    return data
 
 
 @contextmanager

@@ -130,6 +130,27 @@ class _KnownObject(InputFile):
         return pa.BufferReader(self._data)
 
 
+class _StoredObject(InputFile):
+    """An object on the store, read without a HEAD request (:func:`lineage.storage.files.open_input`)."""
+
+    def __len__(self) -> int:
+        stream = files.open_input(self.location)
+        try:
+            return int(stream.size())  # type: ignore[attr-defined]
+        finally:
+            stream.close()  # type: ignore[attr-defined]
+
+    def exists(self) -> bool:
+        try:
+            files.open_input(self.location).close()  # type: ignore[attr-defined]
+        except FileNotFoundError:
+            return False
+        return True
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return files.open_input(self.location)  # type: ignore[return-value]
+
+
 class StoreFileIO(PyArrowFileIO):
     """A ``PyArrowFileIO`` whose S3 buckets are reached through :mod:`lineage.storage.files` (same settings)."""
 
@@ -149,6 +170,7 @@ class StoreFileIO(PyArrowFileIO):
             data = puts.known(location)
             if data is not None:
                 return _KnownObject(location, data)
+            return _StoredObject(location)
         return super().new_input(location)
 
     def _initialize_fs(self, scheme: str, netloc: str | None = None) -> FileSystem:
