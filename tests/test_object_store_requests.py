@@ -126,6 +126,29 @@ def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
     assert "HEAD" not in counts["requests"], counts["requests"]
 
 
+def test_background_puts_keep_at_most_the_budget_in_memory(moto_server, monkeypatch) -> None:
+    import lineage.storage.files as files
+    from lakes import ACCESS_KEY, REGION, SECRET_KEY
+
+    bucket = moto_server.new_bucket()
+    props = {"s3.endpoint": moto_server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
+    files.register(f"s3://{bucket}/", props)
+    monkeypatch.setattr(puts, "MAX_IN_FLIGHT_BYTES", 3000)
+    peak = []
+    real = puts._put
+
+    def counting(location: str, data: bytes) -> None:
+        peak.append(puts._in_flight)
+        real(location, data)
+
+    monkeypatch.setattr(puts, "_put", counting)
+    with puts.parallel_puts():
+        for i in range(12):
+            puts.put(f"s3://{bucket}/p/{i}.bin", bytes([i]) * 1000)
+    assert max(peak) <= 3000 and puts._in_flight == 0
+    assert all(puts.read(f"s3://{bucket}/p/{i}.bin") == bytes([i]) * 1000 for i in range(12))
+
+
 def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> None:
     import io
 

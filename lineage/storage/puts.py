@@ -35,7 +35,11 @@ import lineage.storage.s3_reader as s3_reader
 
 PARALLEL_REQUESTS = 16  # independent object-store requests in flight at once (each one costs a round trip)
 
+MAX_IN_FLIGHT_BYTES = 256 << 20  # a writer sending more waits for earlier requests to land (memory stays bounded)
+
 _LOCK = threading.Lock()
+_FLIGHT = threading.Condition()
+_in_flight = 0
 
 
 @dataclass
@@ -94,10 +98,20 @@ def put(location: str, data: bytes, block: PutBlock | None = None) -> None:
         _put(location, data)
         objects.remember(location, data)
         return
+    _reserve(len(data))
     objects.pin(location, data)
     future = _pool().submit(_put, location, data)
     future.add_done_callback(lambda f: _landed(location, data, f))
     block.add(future)
+
+
+def _reserve(size: int) -> None:
+    """Count ``size`` bytes in flight, first waiting while others keep more than :data:`MAX_IN_FLIGHT_BYTES` in memory."""
+    global _in_flight
+    with _FLIGHT:
+        while _in_flight > 0 and _in_flight + size > MAX_IN_FLIGHT_BYTES:
+            _FLIGHT.wait()
+        _in_flight += size
 
 
 def _put(location: str, data: bytes) -> None:
@@ -107,9 +121,13 @@ def _put(location: str, data: bytes) -> None:
 
 
 def _landed(location: str, data: bytes, future: Future) -> None:
+    global _in_flight
     if future.exception() is None:
         objects.remember(location, data)
     objects.unpin(location)
+    with _FLIGHT:
+        _in_flight -= len(data)
+        _FLIGHT.notify_all()
 
 
 def known(location: str) -> bytes | None:
@@ -179,8 +197,10 @@ def wait() -> None:
             raise errors[0]
 
 
-def _forget_pool() -> None:  # a forked child must not use the parent's threads
+def _forget_pool() -> None:  # a forked child must not use the parent's threads (nor wait for their requests)
+    global _FLIGHT, _in_flight
     _POOL.clear()
+    _FLIGHT, _in_flight = threading.Condition(), 0
 
 
 os.register_at_fork(after_in_child=_forget_pool)
