@@ -42,7 +42,8 @@ class Counts:
 
     def add(self, kind: str, path: str, got: int, sent: int, arrived: float) -> None:
         with self.lock:
-            self.log.append([kind, path, got, round((arrived - self.t0) * 1000, 1), round((time.monotonic() - self.t0) * 1000, 1)])
+            ms = [round((t - self.t0) * 1000, 1) for t in (arrived, time.monotonic())]
+            self.log.append([kind, path, got, *ms])
             self.requests[kind] = self.requests.get(kind, 0) + 1
             self.bytes_in += got
             self.bytes_out += sent

@@ -38,7 +38,18 @@ def counted(moto_server, tmp_path):
 
 
 def _rows(ids: np.ndarray, tag: str) -> pa.Table:
-    return pa.table({"id": ids.astype(np.int64), "name": [f"{tag}{i}" for i in ids], "amount": ids.astype(np.float64)}, schema=SCHEMA)
+    names = [f"{tag}{i}" for i in ids]
+    return pa.table({"id": ids.astype(np.int64), "name": names, "amount": ids.astype(np.float64)}, schema=SCHEMA)
+
+
+def _bucket(moto_server) -> str:  # noqa: ANN001
+    """``s3://bucket`` of a new bucket of the moto server, registered with its settings."""
+    import lineage.storage.files as files
+
+    lake = s3_lake(moto_server, "unused")
+    root = lake.warehouse.rsplit("/", 1)[0]
+    files.register(root + "/", lake.properties)
+    return root
 
 
 def test_a_small_commit_of_a_long_lived_writer_is_ten_puts(counted) -> None:
@@ -82,14 +93,11 @@ def test_updated_images_and_inserts_share_a_data_file(counted) -> None:
 
 
 def test_a_failed_background_put_fails_the_block(moto_server) -> None:
-    missing = f"s3://no-such-bucket-{os.getpid()}/x/file.bin"
-    ok = f"s3://{moto_server.new_bucket()}/x/file.bin"
     import lineage.storage.files as files
-    from lakes import ACCESS_KEY, REGION, SECRET_KEY
 
-    props = {"s3.endpoint": moto_server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
-    files.register(missing, props)
-    files.register(ok, props)
+    ok = f"{_bucket(moto_server)}/x/file.bin"
+    missing = f"s3://no-such-bucket-{os.getpid()}/x/file.bin"
+    files.register(missing, s3_lake(moto_server, "unused").properties)
     with pytest.raises(OSError):
         with puts.parallel_puts():
             puts.put(ok, b"fine")
@@ -127,12 +135,7 @@ def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
 
 
 def test_background_puts_keep_at_most_the_budget_in_memory(moto_server, monkeypatch) -> None:
-    import lineage.storage.files as files
-    from lakes import ACCESS_KEY, REGION, SECRET_KEY
-
-    bucket = moto_server.new_bucket()
-    props = {"s3.endpoint": moto_server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
-    files.register(f"s3://{bucket}/", props)
+    root = _bucket(moto_server)
     monkeypatch.setattr(puts, "MAX_IN_FLIGHT_BYTES", 3000)
     peak = []
     real = puts._put
@@ -144,9 +147,9 @@ def test_background_puts_keep_at_most_the_budget_in_memory(moto_server, monkeypa
     monkeypatch.setattr(puts, "_put", counting)
     with puts.parallel_puts():
         for i in range(12):
-            puts.put(f"s3://{bucket}/p/{i}.bin", bytes([i]) * 1000)
+            puts.put(f"{root}/p/{i}.bin", bytes([i]) * 1000)
     assert max(peak) <= 3000 and puts._in_flight == 0
-    assert all(puts.read(f"s3://{bucket}/p/{i}.bin") == bytes([i]) * 1000 for i in range(12))
+    assert all(puts.read(f"{root}/p/{i}.bin") == bytes([i]) * 1000 for i in range(12))
 
 
 def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> None:
@@ -156,15 +159,12 @@ def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> 
 
     import lineage.storage.files as files
     import lineage.storage.s3_reader as s3_reader
-    from lakes import ACCESS_KEY, REGION, SECRET_KEY
 
-    bucket = moto_server.new_bucket()
-    props = {"s3.endpoint": moto_server.endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
-    files.register(f"s3://{bucket}/", props)
+    root = _bucket(moto_server)
     big = pa.table({"a": np.arange(300_000), "s": [str(i) for i in range(300_000)]})
     sink = io.BytesIO()
     pq.write_table(big, sink, row_group_size=100_000)
-    location = f"s3://{bucket}/t/big.parquet"
+    location = f"{root}/t/big.parquet"
     puts.put(location, sink.getvalue())
     puts.forget()
     pf = files.parquet_file(location)
@@ -177,4 +177,4 @@ def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> 
     reader.seek(-5, io.SEEK_END)
     assert reader.read() == sink.getvalue()[-5:] and reader.read(3) == b""
     with pytest.raises(FileNotFoundError):
-        files.open_input(f"s3://{bucket}/t/missing.parquet")
+        files.open_input(f"{root}/t/missing.parquet")

@@ -254,7 +254,9 @@ def test_reads_and_writes_after_a_server_restart_and_while_it_is_down(pg_lake, p
     assert lineage.open_table(NAME, catalog=catalog).scan().num_rows == 11
     postgres.stop("immediate")
     try:
-        for step in (lambda: table.scan(), lambda: table.upsert(_batch([2], "down")), lambda: lineage.open_table(NAME, catalog=catalog)):
+        steps = (lambda: table.scan(), lambda: table.upsert(_batch([2], "down")),
+                 lambda: lineage.open_table(NAME, catalog=catalog))
+        for step in steps:
             with pytest.raises(lineage.CatalogUnavailableError, match="could not be reached.*nothing was changed.*retry"):
                 step()
     finally:

@@ -127,7 +127,8 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
 
 
 def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Table:
-    sized = [(f.path, f.data_file.file_size_in_bytes) for f in group] + [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
+    sized = [(f.path, f.data_file.file_size_in_bytes) for f in group]
+    sized += [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
     with prefetch.local_copies(sized) as copies:  # small files on an object store: fetched at once, one GET each
         return _query_group(plan, group, select, copies)
 

@@ -29,7 +29,9 @@ MAX_FILE_BYTES = 8 << 20  # a remote file up to this size is fetched whole
 MAX_TOTAL_BYTES = 512 << 20  # at most this much per block (the smallest files first)
 
 
-def chosen(sized: Iterable[tuple[str, int | None]], max_file: int = MAX_FILE_BYTES, max_total: int = MAX_TOTAL_BYTES) -> list[str]:
+def chosen(
+    sized: Iterable[tuple[str, int | None]], max_file: int = MAX_FILE_BYTES, max_total: int = MAX_TOTAL_BYTES
+) -> list[str]:
     """The remote locations among ``(location, size)`` worth fetching whole: known size up to ``max_file``, smallest first,
     at most ``max_total`` bytes in all (each location once)."""
     seen: dict[str, int] = {}
