@@ -178,3 +178,15 @@ def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> 
     assert reader.read() == sink.getvalue()[-5:] and reader.read(3) == b""
     with pytest.raises(FileNotFoundError):
         files.open_input(f"{root}/t/missing.parquet")
+
+
+def test_a_deleted_object_is_not_served_from_memory(moto_server) -> None:
+    import lineage.storage.files as files
+
+    location = f"{_bucket(moto_server)}/d/file.bin"
+    puts.put(location, b"soon gone")
+    assert puts.known(location) == b"soon gone"
+    files.delete(location)
+    assert puts.known(location) is None and not files.exists(location)
+    with pytest.raises(FileNotFoundError):
+        puts.read(location)

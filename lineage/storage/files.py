@@ -189,6 +189,7 @@ def delete(location: str) -> None:
             pass
         return
     fs, path = filesystem(location)
+    s3_reader.discard(location)  # a deleted object is not served from memory either
     try:
         fs.delete_file(path)
     except FileNotFoundError:

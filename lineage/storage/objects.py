@@ -58,6 +58,15 @@ def known(location: str) -> bytes | None:
         return data
 
 
+def discard(location: str) -> None:
+    """Stop holding ``location``'s bytes (the object was deleted)."""
+    global _held
+    with _LOCK:
+        old = _RECENT.pop(location, None)
+        if old is not None:
+            _held -= len(old)
+
+
 def forget() -> None:
     """Drop every landed object held (a benchmark measuring a fresh reader calls it); pinned ones stay."""
     global _held

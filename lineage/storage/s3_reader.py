@@ -56,6 +56,13 @@ def _fetch_tail(location: str, settings: StoreSettings) -> tuple[int, int, bytes
     return size, size - len(data), data
 
 
+def discard(location: str) -> None:
+    """Forget what is held of the object at ``location`` (it was deleted): its bytes and its tail."""
+    objects.discard(location)
+    with _TAILS_LOCK:
+        _TAILS.pop(location, None)
+
+
 def forget_tails() -> None:
     """Drop the tails kept (a benchmark measuring a fresh reader calls it)."""
     with _TAILS_LOCK:

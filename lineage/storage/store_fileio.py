@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyarrow.fs import FileSystem
-from pyiceberg.io import InputFile, InputStream, OutputStream
+from pyiceberg.io import InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import BUFFER_SIZE, ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 
 import lineage.storage.files as files
@@ -164,6 +164,13 @@ class StoreFileIO(PyArrowFileIO):
                          buffer_size=int(self.properties.get(BUFFER_SIZE, ONE_MEGABYTE)))
         out._block = self._block
         return out
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        path = location if isinstance(location, str) else location.location
+        if files.is_remote(path):
+            files.delete(path)  # and forget what this process holds of it
+            return
+        super().delete(location)
 
     def new_input(self, location: str) -> InputFile:
         if files.is_remote(location):
