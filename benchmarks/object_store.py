@@ -23,11 +23,9 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import record  # noqa: E402
-from lakes import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, free_port  # noqa: E402
+import s3_proxy  # noqa: E402
+from lakes import ACCESS_KEY, REGION, SECRET_KEY, MotoServer  # noqa: E402
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("customer_id", pa.int64()),
                     pa.field("status", pa.string()), pa.field("amount", pa.float64())])
@@ -47,32 +46,7 @@ SYSTEMS = ("lineage", "lineage-capture", "delta", "ducklake", "pyiceberg")
 FEEDS = (5, 25)
 
 
-class Proxy:
-    """benchmarks/s3_proxy.py in a child process."""
-
-    def __init__(self, target: str, latency_ms: float) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "s3_proxy.py"), "--target", target, "--port",
-                                      str(self.port), "--latency-ms", str(latency_ms)])
-        for _ in range(200):
-            try:
-                self.counts()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("the proxy did not start")
-
-    def counts(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.endpoint}/__counts", timeout=10) as r:
-            return json.loads(r.read())
-
-    def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/__reset", method="POST"), timeout=10).read()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+Proxy = s3_proxy.Running  # benchmarks/s3_proxy.py in a child process
 
 
 def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
@@ -102,10 +76,15 @@ class Lineage:
 
     def feed(self, last: int) -> pa.Table:
         import cdf
+        import lineage.storage.puts as puts
 
+        puts.forget()  # measured as a reader in another process would read: not from the files this writer remembers
         return cdf.changes(self.t, self.t.version - last)
 
     def scan(self) -> int:
+        import lineage.storage.puts as puts
+
+        puts.forget()
         return self.t.scan(with_lineage=False).num_rows
 
 

@@ -2,7 +2,8 @@
 
 Run: ``python benchmarks/s3_proxy.py --target http://127.0.0.1:9000 --port 9100 --latency-ms 20``. Kinds: GET
 (with the response bytes), PUT, LIST, HEAD, DELETE, POST (multipart uploads, batch deletes). ``GET /__counts``
-returns the counts as JSON; ``POST /__reset`` zeroes them. Each request waits ``latency`` before it is
+returns the counts as JSON (with ``?log=1``, also each request's kind, path, bytes and arrival and answer times);
+``POST /__reset`` zeroes them. Each request waits ``latency`` before it is
 forwarded, like a same-region object store's first byte.
 """
 
@@ -11,8 +12,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
@@ -31,17 +37,24 @@ class Counts:
             self.requests: dict[str, int] = {}
             self.bytes_in = 0  # response bytes of GETs (what a reader downloads)
             self.bytes_out = 0  # request bodies (what a writer uploads)
+            self.log: list[list] = []  # [kind, path, response bytes of a GET, arrived ms, answered ms] per request
+            self.t0 = time.monotonic()
 
-    def add(self, kind: str, got: int, sent: int) -> None:
+    def add(self, kind: str, path: str, got: int, sent: int, arrived: float) -> None:
         with self.lock:
+            ms = [round((t - self.t0) * 1000, 1) for t in (arrived, time.monotonic())]
+            self.log.append([kind, path, got, *ms])
             self.requests[kind] = self.requests.get(kind, 0) + 1
             self.bytes_in += got
             self.bytes_out += sent
 
-    def snapshot(self) -> dict:
+    def snapshot(self, log: bool = False) -> dict:
         with self.lock:
-            return {"requests": dict(self.requests), "total": sum(self.requests.values()), "get_bytes": self.bytes_in,
-                    "put_bytes": self.bytes_out}
+            out = {"requests": dict(self.requests), "total": sum(self.requests.values()), "get_bytes": self.bytes_in,
+                   "put_bytes": self.bytes_out}
+            if log:
+                out["log"] = list(self.log)
+            return out
 
 
 def kind_of(method: str, path: str) -> str:
@@ -85,9 +98,10 @@ def make_handler(target: str, latency: float, counts: Counts) -> type[BaseHTTPRe
                 self.wfile.write(body)
 
         def _forward(self) -> None:
-            if self.path == "/__counts":
+            if self.path.startswith("/__counts"):
                 self._body()
-                self._reply(200, json.dumps(counts.snapshot()).encode(), [("Content-Type", "application/json")])
+                snap = counts.snapshot(log="log=1" in self.path)
+                self._reply(200, json.dumps(snap).encode(), [("Content-Type", "application/json")])
                 return
             if self.path == "/__reset":
                 self._body()
@@ -95,6 +109,7 @@ def make_handler(target: str, latency: float, counts: Counts) -> type[BaseHTTPRe
                 self._reply(200, b"{}")
                 return
             body = self._body()
+            arrived = time.monotonic()
             time.sleep(latency)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
             for attempt in range(2):
@@ -111,13 +126,50 @@ def make_handler(target: str, latency: float, counts: Counts) -> type[BaseHTTPRe
                     if attempt:
                         raise
             kind = kind_of(self.command, self.path)
-            counts.add(kind, len(data) if self.command == "GET" else 0, len(body))
+            counts.add(kind, self.path, len(data) if self.command == "GET" else 0, len(body), arrived)
             self._reply(resp.status, data, [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP | {"content-length"}],
                         resp.getheader("Content-Length"))
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
     return Handler
+
+
+class Running:
+    """This proxy in a child process on a free 127.0.0.1 port, in front of ``target`` (``stop`` ends it)."""
+
+    def __init__(self, target: str, latency_ms: float) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--target", target, "--port", str(self.port),
+                                      "--latency-ms", str(latency_ms)])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.counts()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("the proxy did not start") from None
+                time.sleep(0.05)
+
+    def counts(self, log: bool = False) -> dict:
+        """Requests by kind and bytes since the last reset (with ``log``, each request too)."""
+        with urllib.request.urlopen(f"{self.endpoint}/__counts{'?log=1' if log else ''}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        """Zero the counts."""
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/__reset", method="POST"), timeout=10).read()
+
+    def stop(self) -> None:
+        """End the proxy process."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
 
 
 def main() -> None:

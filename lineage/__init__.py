@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.errors import (
     BadPredicateError,
     CatalogFailedError,
+    CatalogUnavailableError,
     CommitConflictError,
     CommitStateUnknownError,
     FeedSchemaChangedError,
@@ -79,6 +80,7 @@ __all__ = [
     "BadPredicateError",
     "COPY_ON_WRITE",
     "CatalogFailedError",
+    "CatalogUnavailableError",
     "CommitConflictError",
     "CommitStateUnknownError",
     "FeedSchemaChangedError",

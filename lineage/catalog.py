@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import quote
 
 from pyiceberg.catalog import Catalog
@@ -11,7 +14,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 
 import lineage.storage.files as storage_files
-from lineage.errors import InvalidArgumentError, TableNotFoundError
+from lineage.errors import CatalogUnavailableError, InvalidArgumentError, TableNotFoundError
 
 DEFAULT_NAMESPACE = "default"
 CATALOG_FILE = "catalog.db"
@@ -146,13 +149,66 @@ def identifier(name: str) -> tuple[str, str]:
 
 
 def load_iceberg(catalog: Catalog, name: str) -> tuple[IcebergTable, str]:
-    """Load table ``name`` (``ns.table``) from ``catalog``: the pyiceberg table and its full name, or TableNotFoundError."""
+    """Load table ``name`` (``ns.table``) from ``catalog``: the pyiceberg table and its full name, or TableNotFoundError.
+
+    An unreachable catalog is :class:`~lineage.errors.CatalogUnavailableError` (see :func:`read_catalog`).
+    """
     from pyiceberg.exceptions import NoSuchTableError
 
     ns, tbl = identifier(name)
     try:
-        ice = catalog.load_table((ns, tbl))
+        ice = read_catalog(catalog, f"open {ns}.{tbl}", lambda: catalog.load_table((ns, tbl)))
     except NoSuchTableError:
         raise TableNotFoundError(f"table {ns}.{tbl} does not exist in this catalog") from None
     storage_files.register(ice.metadata.location, ice.io.properties)
     return ice, f"{ns}.{tbl}"
+
+
+T = TypeVar("T")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the catalog's database could not be reached or dropped the connection (or timed out)."""
+    try:
+        from sqlalchemy.exc import InterfaceError, OperationalError
+    except ImportError:  # pragma: no cover - sqlalchemy comes with pyiceberg's SQL catalog
+        return isinstance(exc, (ConnectionError, TimeoutError))
+    return isinstance(exc, (OperationalError, InterfaceError, ConnectionError, TimeoutError))
+
+
+def read_catalog(catalog: Catalog, what: str, call: Callable[[], T]) -> T:
+    """``call()``, a read of ``catalog``; an unreachable catalog raises :class:`~lineage.errors.CatalogUnavailableError`.
+
+    A connection the pool held from before a server restart fails once and
+    is discarded by the pool (SQLAlchemy invalidates it): the read is tried
+    again once on a fresh connection before the catalog counts as away.
+    ``what`` says what the read was for ("open shop.orders").
+    """
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - only connection failures are handled; the rest is raised as it is
+        if not is_unreachable(exc):
+            raise
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001
+        if not is_unreachable(exc):
+            raise
+        raise unavailable(catalog, what, exc) from exc
+
+
+def unavailable(catalog: Catalog, what: str, cause: BaseException) -> CatalogUnavailableError:
+    """The :class:`~lineage.errors.CatalogUnavailableError` for ``cause``, naming the catalog (its password masked)."""
+    uri = str(getattr(catalog, "properties", {}).get("uri", "")) if catalog is not None else ""
+    where = f" at {_masked(uri)}" if uri else ""
+    detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    reason = f"{type(cause).__name__}: {detail[0] if detail else ''}".rstrip(": ")
+    return CatalogUnavailableError(
+        f"the catalog {getattr(catalog, 'name', '')!r}{where} could not be reached to {what} ({reason}); nothing was changed. "
+        "Check that the catalog's server runs and accepts connections, then retry"
+    )
+
+
+def _masked(uri: str) -> str:
+    """``uri`` with the password of its user part replaced by ``***``."""
+    return re.sub(r"(://[^/:@]*:)[^@/]*@", r"\1***@", uri)

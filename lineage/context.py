@@ -22,7 +22,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table as IcebergTable
 
-from lineage.catalog import current_metadata_location
+from lineage.catalog import current_metadata_location, is_unreachable, unavailable
 from lineage.columns import LINEAGE_SCHEMA
 from lineage.outcome import is_transient, reload
 from lineage.properties import COMMIT_RETRIES, KEY_ENFORCE, MERGE_ON_READ, PREIMAGE_CAPTURE, check_mode, registry
@@ -119,7 +119,7 @@ class TableContext:
 
         error = reload(load, self.name, retry=is_transient)
         if error is not None:
-            raise error
+            raise unavailable(self.iceberg.catalog, f"read {self.name}", error) if is_unreachable(error) else error
         return self
 
     def state(self, as_of: int | None = None) -> TableState:

@@ -67,6 +67,16 @@ class CatalogFailedError(CommitConflictError):
     """
 
 
+class CatalogUnavailableError(LineageError):
+    """The catalog could not be reached (its server down, restarting or unreachable) to read or change a table.
+
+    Nothing was changed by the call that raised it. Check that the catalog's
+    server runs and accepts connections, then call again. (A commit whose
+    outcome the catalog could not confirm raises
+    :class:`CommitStateUnknownError` instead.)
+    """
+
+
 class CommitStateUnknownError(LineageError):
     """A commit was sent but whether it landed could not be established (the catalog could not be read back).
 

@@ -38,15 +38,14 @@ def _persist(op, outages: list[str]):  # noqa: ANN001, ANN202
 
     Every write here is idempotent (upserts, updates that set a value), so
     running one again after an unknown outcome is safe; what the library
-    raised is recorded in ``outages``.
+    raised is recorded in ``outages`` (its own errors only: a raw database
+    error reaching the caller fails the test).
     """
-    from sqlalchemy.exc import OperationalError
-
     deadline = time.monotonic() + 120
     while True:
         try:
             return op()
-        except (lineage.CommitStateUnknownError, lineage.CatalogFailedError, OperationalError) as exc:
+        except (lineage.CommitStateUnknownError, lineage.CatalogFailedError, lineage.CatalogUnavailableError) as exc:
             outages.append(type(exc).__name__)
             if time.monotonic() > deadline:
                 raise
@@ -238,3 +237,46 @@ def test_the_demo_on_a_postgresql_catalog_and_an_s3_warehouse(pg_lake) -> None:
     assert SECRET_KEY not in p.stdout + p.stderr
     t = lineage.open_table("shop.orders", **pg_lake.where())
     assert t.version >= 5 and not verify(t).problems
+
+
+def test_reads_and_writes_after_a_server_restart_and_while_it_is_down(pg_lake, postgres) -> None:
+    from pg import wait_for
+
+    catalog = pg_lake.catalog()
+    table = lineage.create_table(NAME, SCHEMA, key=["id"], catalog=catalog)
+    table.append(_batch(list(range(10)), "seed"))
+    other = pg_lake.catalog()
+    assert lineage.open_table(NAME, catalog=other).scan().num_rows == 10
+    postgres.restart("immediate")  # the pools' connections are stale now: a read or write retries on a fresh one
+    assert lineage.open_table(NAME, catalog=other).scan().num_rows == 10
+    assert table.scan().num_rows == 10
+    table.upsert(_batch([1, 20], "after"))
+    assert lineage.open_table(NAME, catalog=catalog).scan().num_rows == 11
+    postgres.stop("immediate")
+    try:
+        steps = (lambda: table.scan(), lambda: table.upsert(_batch([2], "down")),
+                 lambda: lineage.open_table(NAME, catalog=catalog))
+        for step in steps:
+            with pytest.raises(lineage.CatalogUnavailableError, match="could not be reached.*nothing was changed.*retry"):
+                step()
+    finally:
+        postgres.start()
+        wait_for(postgres)
+    assert table.scan().num_rows == 11  # the write while it was down did not land
+    table.upsert(_batch([2], "back"))
+    got = {r["id"]: r["name"] for r in table.scan().to_pylist()}
+    assert len(got) == 11 and got[2] == "back" and got[20] == "after"
+
+
+def test_the_unavailable_error_names_the_catalog_without_its_password() -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from lineage.catalog import unavailable
+
+    class Catalog:
+        name = "shared"
+        properties = {"uri": "postgresql+psycopg2://app:s3cret@db.internal:5432/lake"}
+
+    err = unavailable(Catalog(), "open shop.orders", OperationalError("SELECT 1", {}, Exception("server closed the connection")))
+    assert isinstance(err, lineage.CatalogUnavailableError)
+    assert "s3cret" not in str(err) and "app:***@db.internal" in str(err) and "server closed the connection" in str(err)

@@ -53,8 +53,8 @@ from lineage.commits.merge_rule import MergeSettings, plan_merge, plan_rewrite
 from lineage.storage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.commits.segment_list import next_segments
 from lineage.state import SnapshotFiles, TableState, writable_state
-from lineage.storage.writer import WrittenFile
-import lineage.storage.files as store
+from lineage.storage.writer import FRESH, WrittenFile
+import lineage.storage.puts as puts
 
 
 class _ManifestWriter(ManifestWriterV2):
@@ -379,18 +379,20 @@ def commit_files(
     for f in removed:
         producer.delete_data_file(f)
     try:
-        updates, requirements = producer.updates_and_requirements()
+        with puts.parallel_puts():  # manifests and the manifest list in flight at once (and with the caller's files)
+            updates, requirements = producer.updates_and_requirements()
     finally:
         attempt.files.extend(producer.written_files())
     updates = tuple(metadata_updates) + tuple(updates)
     requirements = tuple(metadata_requirements) + requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
     attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True
-    send(
-        iceberg,
-        lambda: catalog.commit_metadata(iceberg, updates, requirements),
-        lambda ice: has_commit(ice, snapshot_id),
-        f"commit of snapshot {snapshot_id}",
-    )
+    with puts.suspended():  # every file above has landed; the catalog writes the metadata file now, not in the background
+        send(
+            iceberg,
+            lambda: catalog.commit_metadata(iceberg, updates, requirements),
+            lambda ice: has_commit(ice, snapshot_id),
+            f"commit of snapshot {snapshot_id}",
+        )
 
 
 @dataclass
@@ -435,7 +437,10 @@ def _version_runs(values: Runs | np.ndarray | None, version: int, n: int) -> Run
     """Encoded versions of a new file's rows; None means every row gets the commit's version."""
     if values is None:
         return value_run(version, n)
-    return values if isinstance(values, Runs) else encode_values(values)
+    if isinstance(values, Runs):
+        return values
+    values = np.asarray(values, np.int64)
+    return encode_values(np.where(values == FRESH, version, values) if (values == FRESH).any() else values)
 
 
 @dataclass(frozen=True)
@@ -468,8 +473,16 @@ def build_lineage(
         if w.row_ids is None:
             rids = sequence_run(next_row_id, n)
             next_row_id += n
+        elif isinstance(w.row_ids, Runs):
+            rids = w.row_ids
         else:
-            rids = w.row_ids if isinstance(w.row_ids, Runs) else encode_sequence(w.row_ids)
+            ids = np.asarray(w.row_ids, np.int64)
+            fresh = ids == FRESH  # rows inserted with updated images in one file: fresh ids in file order
+            if fresh.any():
+                ids = ids.copy()
+                ids[fresh] = np.arange(next_row_id, next_row_id + int(fresh.sum()), dtype=np.int64)
+                next_row_id += int(fresh.sum())
+            rids = encode_sequence(ids)
         lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
     if req.next_row_id is not None:
         next_row_id = max(next_row_id, req.next_row_id)
@@ -534,15 +547,19 @@ def commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, 
     is persisted first (:func:`lineage.state.writable_state`; writers call it
     before planning already), so the list committed names no scratch file.
     """
+    with puts.parallel_puts():  # lineage files, manifests, manifest list (and the caller's files) in flight at once
+        return _commit_change(iceberg, state, req, attempt)
+
+
+def _commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest, attempt: Attempt) -> CommitResult:
     state = writable_state(state)
     version = iceberg.metadata.next_sequence_number()
     snapshot_id = iceberg.metadata.new_snapshot_id()
     last_ts = state.snapshot.timestamp_ms if state.snapshot else 0
     timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
     tag = f"{version:09d}-{uuid.uuid4()}"
-    with store.parallel_puts():  # the lineage files of a commit do not depend on each other: one round trip, not five
-        built = build_lineage(iceberg, state, req, version=version, snapshot_id=snapshot_id, timestamp_ms=timestamp_ms, tag=tag,
-                              created=attempt.files)
+    built = build_lineage(iceberg, state, req, version=version, snapshot_id=snapshot_id, timestamp_ms=timestamp_ms, tag=tag,
+                          created=attempt.files)
     properties = {
         SUMMARY_LIST: built.list_path,
         SUMMARY_VERSION: str(version),

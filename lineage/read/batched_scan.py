@@ -23,6 +23,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 import lineage.duck as duck
+import lineage.storage.prefetch as prefetch
 from lineage.columns import LINEAGE_COLUMNS, LINEAGE_SCHEMA
 from lineage.commits.merge_rule import pack_from_end
 from lineage.errors import BadPredicateError, InvalidArgumentError, LineageMetadataError, UnknownColumnError
@@ -126,9 +127,16 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
 
 
 def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Table:
+    sized = [(f.path, f.data_file.file_size_in_bytes) for f in group]
+    sized += [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
+    with prefetch.local_copies(sized) as copies:  # small files on an object store: fetched at once, one GET each
+        return _query_group(plan, group, select, copies)
+
+
+def _query_group(plan: BatchedScan, group: list[LiveFile], select: str, copies: dict[str, str]) -> pa.Table:
     con = duck.connect(isolated=True)
     try:
-        paths = register_live_view(con, "live", group, plan.schema, plan.field_ids)
+        paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
         duck.seal(con, paths, exact_floats=plan.exact_floats)
         try:
             return duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE {plan.where_sql}")

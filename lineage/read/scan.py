@@ -10,7 +10,7 @@ ever materialised in Python.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import duckdb
 import numpy as np
@@ -26,10 +26,18 @@ from lineage.state import LiveFile
 LINEAGE_SCHEMA = columns.LINEAGE_SCHEMA  # the lineage columns a scan adds (lineage.columns)
 
 
-def file_paths(files: Sequence[LiveFile]) -> list[str]:
+def file_paths(files: Sequence[LiveFile], copies: Mapping[str, str] | None = None) -> list[str]:
     """The local paths :func:`register_live_view` reads for ``files``: data files, then their delete files."""
-    data = [local_path(f.path) for f in files]
-    return data + sorted({local_path(d) for f in files for d in f.delete_paths} - set(data))
+    local = _localizer(copies)
+    data = [local(f.path) for f in files]
+    return data + sorted({local(d) for f in files for d in f.delete_paths} - set(data))
+
+
+def _localizer(copies: Mapping[str, str] | None) -> Callable[[str], str]:
+    """How a file's location is read: its local copy (see :func:`lineage.storage.prefetch.local_copies`) or itself."""
+    if not copies:
+        return local_path
+    return lambda p: copies.get(p) or local_path(p)
 
 
 def register_live_view(
@@ -40,8 +48,11 @@ def register_live_view(
     field_ids: dict[str, int] | None = None,
     *,
     keys: tuple[str, Sequence[str]] | None = None,
+    copies: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Create the temp view ``name`` of the live images of ``files``; return the local paths it reads.
+
+    ``copies`` maps locations to local copies read instead (files fetched from an object store beforehand).
 
     With ``field_ids`` (column name → Iceberg field id) Parquet columns are
     matched by field id, as Iceberg requires: columns added after a file was
@@ -56,7 +67,8 @@ def register_live_view(
         return []
 
     paths = [f.path for f in files]
-    locals_ = [local_path(p) for p in paths]
+    local = _localizer(copies)
+    locals_ = [local(p) for p in paths]
     con.register(f"{name}__files", pa.table({"file_id": pa.array(range(len(files)), pa.int32()), "path": paths, "local": locals_}))
 
     # Files written by one append have a single run: lineage is arithmetic on the
@@ -82,7 +94,7 @@ def register_live_view(
                 ),
             )
 
-    delete_paths = sorted({local_path(d) for f in files for d in f.delete_paths})
+    delete_paths = sorted({local(d) for f in files for d in f.delete_paths})
     if delete_paths:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {quote_ident(name + '__dels')} AS "
@@ -133,7 +145,7 @@ def register_live_view(
             f"ON r.file_id = d.file_id AND d.file_row_number >= r.pos_start"
         )
     con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS " + " UNION ALL ".join(branches))
-    return file_paths(files)
+    return file_paths(files, copies)
 
 
 def _string(value: str) -> str:

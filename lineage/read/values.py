@@ -325,6 +325,7 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     files: dict[int, _File] = {}
     bounds = np.flatnonzero(np.diff(ufile)) + 1
     ids_key = tuple(sorted(field_ids.items())) if field_ids else ()
+    store.warm([paths[int(k)] for k in ufile[np.concatenate(([0], bounds))]])  # object-store footers: fetched at once
     for s, e in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(upos)])), strict=True):
         k = int(ufile[s])
         f = files[k] = _open(paths[k], schema, field_ids, ids_key)

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
 import lineage.storage.files as files
+import lineage.storage.puts as puts
 from lineage.storage.files import local_path  # noqa: F401 - re-exported: callers read paths through this module
 
 
@@ -63,7 +64,7 @@ def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
             os.replace(aside, local)
             return len(data)
     if files.is_remote(path):  # one PUT: no HEAD first (the name is new), no multipart upload
-        files.put(path, data)
+        puts.put(path, data)
         return len(data)
     with fileio.new_output(path).create(overwrite=_OVERWRITE.get()) as out:
         out.write(data)
@@ -71,7 +72,9 @@ def write_bytes(fileio: FileIO, path: str, data: bytes) -> int:
 
 
 def read_bytes(fileio: FileIO, path: str) -> bytes:
-    """Read the whole file at ``path``."""
+    """Read the whole file at ``path`` (on an object store: one GET, or none when this process wrote it recently)."""
+    if files.is_remote(path):
+        return puts.read(path)
     with fileio.new_input(path).open() as f:
         return f.read()
 

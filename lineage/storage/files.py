@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from lineage.errors import InvalidArgumentError
+import lineage.storage.s3_reader as s3_reader
 from lineage.storage.settings import StoreSettings, resolve
 
 REMOTE_SCHEMES = ("s3", "s3a", "s3n")
@@ -122,9 +122,25 @@ def _s3(settings: StoreSettings) -> pafs.FileSystem:
 
 
 def open_input(location: str) -> object:
-    """A random-access reader of the file at ``location`` (a pyarrow ``NativeFile``)."""
+    """A random-access reader of the file at ``location`` (a pyarrow ``NativeFile``).
+
+    On an object store the reader asks no HEAD: opening reads the object's
+    tail (a Parquet footer; all of a small file) in one GET, and any other
+    range is one GET (:class:`lineage.storage.s3_reader.ObjectReader`).
+    ``FileNotFoundError`` when there is no such file.
+    """
+    if is_remote(location):
+        reader = s3_reader.ObjectReader(location, settings_for(location))
+        reader.size()
+        return pa.PythonFile(reader, mode="r")
     fs, path = filesystem(location)
     return fs.open_input_file(path)
+
+
+def warm(locations: Sequence[str]) -> None:
+    """Fetch the footers (all of a small file) of the object-store files among ``locations`` at once, before a reader
+    opens them one after another (:func:`lineage.storage.s3_reader.warm`); nothing for local files."""
+    s3_reader.warm([loc for loc in locations if is_remote(loc)], settings_for)
 
 
 def parquet_file(location: str) -> pq.ParquetFile:
@@ -173,6 +189,7 @@ def delete(location: str) -> None:
             pass
         return
     fs, path = filesystem(location)
+    s3_reader.discard(location)  # a deleted object is not served from memory either
     try:
         fs.delete_file(path)
     except FileNotFoundError:
@@ -216,67 +233,3 @@ def delete_many(locations: list[str]) -> None:
 def source(location: str) -> object:
     """What pyarrow's Parquet readers take for ``location``: a local path, or an object store's random-access reader."""
     return open_input(location) if is_remote(location) else local_path(location)
-
-
-def put(location: str, data: bytes) -> None:
-    """Write ``data`` as the object at ``location`` in one request (immutable files have fresh names: no existence check).
-
-    Inside :func:`parallel_puts` the request is sent in the background.
-    """
-    pending = _PENDING.get()
-    if pending is not None:
-        pending.append(_pool().submit(_put, location, data))
-        return
-    _put(location, data)
-
-
-def _put(location: str, data: bytes) -> None:
-    fs, path = filesystem(location)
-    with fs.open_output_stream(path) as out:
-        out.write(data)
-
-
-_PENDING: ContextVar[list[Future] | None] = ContextVar("lineage_pending_puts", default=None)
-_POOL: list[ThreadPoolExecutor] = []
-
-
-def _pool() -> ThreadPoolExecutor:
-    with _LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(PARALLEL_REQUESTS, thread_name_prefix="lineage-put"))
-        return _POOL[0]
-
-
-@contextmanager
-def parallel_puts() -> Iterator[None]:
-    """Send the :func:`put` requests made in this block at once; the block ends when every one has landed.
-
-    For files that do not depend on each other (a commit's lineage segment,
-    deleted-rows segment, key-index segment and list): each request is a
-    round trip to the store, so sending them one after the other costs a
-    round trip each. Nothing in the block may read a file it wrote. The
-    first failed request is raised at the end of the block.
-    """
-    pending: list[Future] = []
-    token = _PENDING.set(pending)
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        _PENDING.reset(token)
-        errors = []
-        for f in pending:
-            try:
-                f.result()
-            except Exception as exc:  # noqa: BLE001 - every request is waited for before any error is raised
-                errors.append(exc)
-        if errors and not failed:
-            raise errors[0]
-
-
-def _forget_pool() -> None:  # a forked child must not use the parent's threads
-    _POOL.clear()
-
-
-os.register_at_fork(after_in_child=_forget_pool)

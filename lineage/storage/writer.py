@@ -32,6 +32,7 @@ from pyiceberg.types import LongType, StringType
 from lineage.columns import HIDDEN_COLUMNS
 from lineage.storage.deletes import PATH_FIELD_ID
 from lineage.storage.fileio import write_bytes
+from lineage.storage.store_fileio import bound
 from lineage.properties import TARGET_FILE_SIZE, read
 from lineage.storage.rle import Runs
 
@@ -53,13 +54,27 @@ class WrittenFile:
 
     ``None`` means "assigned at commit": fresh row ids for ``row_ids`` and the
     commit's version for ``created`` / ``updated``. Values are per-row arrays
-    or, when an engine encoded them already, :class:`~lineage.storage.rle.Runs`.
+    or, when an engine encoded them already, :class:`~lineage.storage.rle.Runs`;
+    in an array, :data:`FRESH` marks one row so (see :func:`with_fresh_rows`).
     """
 
     data_file: DataFile
     row_ids: np.ndarray | Runs | None
     created: np.ndarray | Runs | None
     updated: np.ndarray | Runs | None
+
+
+FRESH = -1  # a row id or created version in a WrittenFile's array that the commit assigns (a fresh insert's)
+
+
+def with_fresh_rows(images: pa.Table, inserts: pa.Table) -> pa.Table:
+    """``images`` (data columns and hidden lineage columns) followed by ``inserts`` (data columns only), whose hidden
+    columns are :data:`FRESH`: written as one set of data files, the inserts get fresh row ids and the commit's version."""
+    fresh = inserts
+    for f in images.schema:
+        if f.name in _HIDDEN and f.name not in inserts.column_names:
+            fresh = fresh.append_column(f, pa.array(np.full(inserts.num_rows, FRESH, np.int64)).cast(f.type))
+    return pa.concat_tables([images, fresh.select(images.column_names).cast(images.schema)])
 
 
 def _target_rows(table: pa.Table, properties: dict[str, str]) -> int:
@@ -101,7 +116,7 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
                 WriteTask(write_uuid=write_uuid, task_id=len(tasks), schema=schema, record_batches=body.to_batches(), partition_key=key)
             )
             lineage.append(hidden)
-    data_files = list(write_file(iceberg.io, metadata, iter(tasks)))
+    data_files = list(write_file(bound(iceberg.io), metadata, iter(tasks)))  # pyiceberg's threads join the caller's puts
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
 
 
@@ -113,7 +128,7 @@ def write_copy(iceberg: IcebergTable, data: pa.Table, template: DataFile) -> Dat
     """
     metadata = iceberg.metadata
     task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=metadata.schema(), record_batches=data.to_batches(), partition_key=None)
-    (df,) = list(write_file(iceberg.io, metadata, iter([task])))
+    (df,) = list(write_file(bound(iceberg.io), metadata, iter([task])))
     return restamped(df, df.content, template.partition, None, _spec_id(template, metadata.default_spec_id))
 
 
@@ -169,7 +184,7 @@ def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Seq
     ]
     return [
         restamped(df, DataFileContent.EQUALITY_DELETES, df.partition, list(field_ids), meta.default_spec_id)
-        for df in write_file(iceberg.io, eq_meta, iter(tasks))
+        for df in write_file(bound(iceberg.io), eq_meta, iter(tasks))
     ]
 
 

@@ -40,7 +40,8 @@ from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.read.values import read_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
-from lineage.storage.writer import WrittenFile, write_data_files, write_position_deletes
+from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files, write_position_deletes
+import lineage.storage.puts as puts
 import lineage.properties as props
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, TARGET_FILE_SIZE, capture_preimages, delete_granularity
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
@@ -100,7 +101,8 @@ def run_write(
             if plan.is_empty:
                 return _no_op(table, state, plan.operation, a.number, plan.ignored)
             try:
-                return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
+                with puts.parallel_puts():  # data and delete files fly with the commit's other files (landed before the catalog)
+                    return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
             except duckdb.OutOfMemoryException as exc:  # e.g. the kept rows of a copy-on-write rewrite
                 raise duck.out_of_memory(exc) from None
         finally:
@@ -176,13 +178,16 @@ def _materialize_and_commit(
                 written.extend(rewritten)
             removed_files = [plan.files[fid].data_file for fid in groups]
 
-    # 2. new images of updated rows, then fresh inserts
+    # 2. new images of updated rows, then fresh inserts (in the same files when both are written now: fewer objects)
+    inserts = plan.inserts if plan.inserts is not None and plan.inserts.num_rows else None
     if plan.new_images is not None and plan.new_images.num_rows:
         images = plan.new_images.sort_by(HIDDEN_ROW_ID)
+        if inserts is not None and reuse_inserts is None:
+            images, inserts = with_fresh_rows(images, inserts), None
         new = write_data_files(ice, images)
         created.extend(w.data_file.file_path for w in new)
         written.extend(new)
-    if plan.inserts is not None and plan.inserts.num_rows:
+    if inserts is not None:
         if reuse_inserts:
             written.extend(reuse_inserts)  # appends do not depend on the base snapshot
         else:

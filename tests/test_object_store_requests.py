@@ -1,0 +1,192 @@
+"""Requests an object store bills for a table's work, counted by a proxy in front of the moto server.
+
+The proxy is the benchmark's (benchmarks/s3_proxy.py, no added latency here):
+it counts requests by kind and logs each one. A long-lived writer's small
+commit must stay within :data:`SMALL_COMMIT_BUDGET` requests, all writes:
+what a commit reads of its own earlier files comes from memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lineage
+import lineage.storage.puts as puts
+from conftest import SCHEMA
+from lakes import Lake, s3_lake
+
+SMALL_COMMIT_BUDGET = 10  # data file, delete file, 4 lineage files, 2 manifests, manifest list, metadata file
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from s3_proxy import Running  # noqa: E402 - the benchmark's proxy
+
+
+@pytest.fixture
+def counted(moto_server, tmp_path):
+    """A lake on a new bucket of the moto server, reached through a counting proxy: ``(lake, proxy)``."""
+    proxy = Running(moto_server.endpoint, latency_ms=0)
+    base = s3_lake(moto_server, str(tmp_path / "catalog"))
+    lake = Lake("s3", base.root, base.warehouse, {**base.properties, "s3.endpoint": proxy.endpoint})
+    try:
+        yield lake, proxy
+    finally:
+        proxy.stop()
+
+
+def _rows(ids: np.ndarray, tag: str) -> pa.Table:
+    names = [f"{tag}{i}" for i in ids]
+    return pa.table({"id": ids.astype(np.int64), "name": names, "amount": ids.astype(np.float64)}, schema=SCHEMA)
+
+
+def _bucket(moto_server) -> str:  # noqa: ANN001
+    """``s3://bucket`` of a new bucket of the moto server, registered with its settings."""
+    import lineage.storage.files as files
+
+    lake = s3_lake(moto_server, "unused")
+    root = lake.warehouse.rsplit("/", 1)[0]
+    files.register(root + "/", lake.properties)
+    return root
+
+
+def test_a_small_commit_of_a_long_lived_writer_is_ten_puts(counted) -> None:
+    lake, proxy = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    rng = np.random.default_rng(3)
+    next_id = 1000
+    per_commit = []
+    for i in range(6):
+        batch = _rows(np.concatenate([rng.choice(1000, 5, replace=False), np.arange(next_id, next_id + 5)]), f"u{i}")
+        next_id += 5
+        proxy.reset()
+        info = t.upsert(batch)
+        got = proxy.counts(log=True)
+        assert (info.inserted, info.updated) == (5, 5)
+        per_commit.append(got)
+    for got in per_commit[1:]:  # the first commit of a writer opens the key index
+        kinds = got["requests"]
+        assert got["total"] <= SMALL_COMMIT_BUDGET, [e[:2] for e in got["log"]]
+        assert set(kinds) == {"PUT"}, kinds  # no HEAD after a write, no GET of a file this writer wrote
+    table = lineage.open_table("shop.orders", **lake.where()).scan()
+    assert table.num_rows == 1030 and len(set(table.column("_row_id").to_pylist())) == 1030
+
+
+def test_updated_images_and_inserts_share_a_data_file(counted) -> None:
+    lake, _ = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(10), "a"))
+    before = {r["id"]: r for r in t.scan().to_pylist()}
+    info = t.upsert(_rows(np.array([2, 7, 10, 11]), "b"))
+    assert (info.inserted, info.updated, info.data_files_added) == (2, 2, 1)
+    after = {r["id"]: r for r in t.scan().to_pylist()}
+    for k in (2, 7):  # updated: same row id, created version kept, updated now
+        assert after[k]["_row_id"] == before[k]["_row_id"]
+        assert after[k]["_row_created_at_version"] == before[k]["_row_created_at_version"]
+        assert after[k]["_row_last_updated_at_version"] == t.version and after[k]["name"] == f"b{k}"
+    fresh = sorted(after[k]["_row_id"] for k in (10, 11))
+    assert fresh[0] > max(r["_row_id"] for r in before.values()) and fresh[1] == fresh[0] + 1
+    assert all(after[k]["_row_created_at_version"] == t.version for k in (10, 11))
+
+
+def test_a_failed_background_put_fails_the_block(moto_server) -> None:
+    import lineage.storage.files as files
+
+    ok = f"{_bucket(moto_server)}/x/file.bin"
+    missing = f"s3://no-such-bucket-{os.getpid()}/x/file.bin"
+    files.register(missing, s3_lake(moto_server, "unused").properties)
+    with pytest.raises(OSError):
+        with puts.parallel_puts():
+            puts.put(ok, b"fine")
+            puts.put(missing, b"lost")
+    assert puts.known(missing) is None  # a failed request is not remembered
+    assert files.exists(ok) and puts.read(ok) == b"fine"
+
+
+def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
+    import cdf
+
+    lake, proxy = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    for i in range(4):
+        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
+    expected = t.scan().sort_by("id")
+    files = t.state().live_files()
+    data_and_deletes = {f.path for f in files} | {d for f in files for d in f.delete_paths}
+    reader = lineage.open_table("shop.orders", **lake.where())
+    puts.forget()
+    proxy.reset()
+    got = reader.scan().sort_by("id")
+    counts = proxy.counts(log=True)
+    assert got.equals(expected)
+    assert set(counts["requests"]) == {"GET"}, counts["requests"]  # sizes come from the manifests: no HEAD
+    read = [path for _, path, *_ in counts["log"] if "/data/" in path]
+    assert sorted(read) == sorted("/" + p.split("://", 1)[1] for p in data_and_deletes), read  # one GET each
+    puts.forget()
+    proxy.reset()
+    feed = cdf.changes(reader, t.version - 3)
+    counts = proxy.counts()
+    assert feed.num_rows == 9  # 3 commits: an update (pre- and post-image) and an insert each
+    assert "HEAD" not in counts["requests"], counts["requests"]
+
+
+def test_background_puts_keep_at_most_the_budget_in_memory(moto_server, monkeypatch) -> None:
+    root = _bucket(moto_server)
+    monkeypatch.setattr(puts, "MAX_IN_FLIGHT_BYTES", 3000)
+    peak = []
+    real = puts._put
+
+    def counting(location: str, data: bytes) -> None:
+        peak.append(puts._in_flight)
+        real(location, data)
+
+    monkeypatch.setattr(puts, "_put", counting)
+    with puts.parallel_puts():
+        for i in range(12):
+            puts.put(f"{root}/p/{i}.bin", bytes([i]) * 1000)
+    assert max(peak) <= 3000 and puts._in_flight == 0
+    assert all(puts.read(f"{root}/p/{i}.bin") == bytes([i]) * 1000 for i in range(12))
+
+
+def test_the_object_reader_reads_ranges_without_asking_the_size(moto_server) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    import lineage.storage.files as files
+    import lineage.storage.s3_reader as s3_reader
+
+    root = _bucket(moto_server)
+    big = pa.table({"a": np.arange(300_000), "s": [str(i) for i in range(300_000)]})
+    sink = io.BytesIO()
+    pq.write_table(big, sink, row_group_size=100_000)
+    location = f"{root}/t/big.parquet"
+    puts.put(location, sink.getvalue())
+    puts.forget()
+    pf = files.parquet_file(location)
+    assert pf.metadata.num_row_groups == 3 and pf.read_row_group(1).equals(big.slice(100_000, 100_000))
+    assert pf.read().equals(big)
+    reader = s3_reader.ObjectReader(location, files.settings_for(location))
+    assert reader.size() == len(sink.getvalue())
+    reader.seek(10)
+    assert reader.read(20) == sink.getvalue()[10:30] and reader.tell() == 30
+    reader.seek(-5, io.SEEK_END)
+    assert reader.read() == sink.getvalue()[-5:] and reader.read(3) == b""
+    with pytest.raises(FileNotFoundError):
+        files.open_input(f"{root}/t/missing.parquet")
+
+
+def test_a_deleted_object_is_not_served_from_memory(moto_server) -> None:
+    import lineage.storage.files as files
+
+    location = f"{_bucket(moto_server)}/d/file.bin"
+    puts.put(location, b"soon gone")
+    assert puts.known(location) == b"soon gone"
+    files.delete(location)
+    assert puts.known(location) is None and not files.exists(location)
+    with pytest.raises(FileNotFoundError):
+        puts.read(location)
