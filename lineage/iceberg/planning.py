@@ -29,6 +29,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 
+import lineage.iceberg.v3_manifests as v3_manifests
 from lineage.storage.deletes import path_in_bounds, referenced_data_path
 from lineage.storage.fileio import ImmutableFileCache
 
@@ -145,13 +146,14 @@ def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iter
     Manifests not cached (:data:`_ENTRIES`) are read in parallel.
     """
     manifests = list(manifests)
-    found = {m.manifest_path: _ENTRIES.peek(m.manifest_path) for m in manifests}
+    v3 = v3_manifests.is_v3(table)  # read with the v3 fields (row lineage, deletion vectors)
+    found = {m.manifest_path: _ENTRIES.peek((m.manifest_path, v3)) for m in manifests}
     missing = [m for m in manifests if found[m.manifest_path] is None]
     if missing:
-        read = ExecutorFactory.get_or_create().map(lambda m: m.fetch_manifest_entry(table.io, discard_deleted=True), missing)
+        read = ExecutorFactory.get_or_create().map(lambda m: v3_manifests.fetch_entries(table, m), missing)
         for m, entries in zip(missing, read, strict=True):
             found[m.manifest_path] = entries
-            _ENTRIES.put(m.manifest_path, entries)
+            _ENTRIES.put((m.manifest_path, v3), entries)
     return chain.from_iterable(found[m.manifest_path] or () for m in manifests)
 
 
@@ -165,7 +167,7 @@ def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
     positions = PositionDeleteIndex()
     unpartitioned = {spec.spec_id for spec in table.metadata.partition_specs if spec.is_unpartitioned()}
     equality = EqualityDeleteIndex(unpartitioned)
-    for entry in live_entries(table, snapshot.manifests(table.io)):
+    for entry in live_entries(table, v3_manifests.snapshot_manifests(table, snapshot)):
         content = entry.data_file.content
         if content == DataFileContent.DATA:
             data.append(entry)

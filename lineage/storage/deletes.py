@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent
 
+import lineage.iceberg.v3_manifests as v3_manifests
+import lineage.storage.puffin as puffin
 from lineage.storage.fileio import ImmutableFileCache
 import lineage.storage.files as store
 
@@ -32,6 +34,8 @@ def read_position_deletes(path: str) -> dict[str, np.ndarray]:
 
 
 def _read(path: str) -> dict[str, np.ndarray]:
+    if path.endswith(".puffin"):  # deletion vectors (Iceberg v3): one blob per data file
+        return puffin.read_puffin_deletion_vectors(None, path)
     # Read synchronously (no dataset scanner): these files are small and many.
     table = pq.ParquetFile(store.source(path)).read(columns=["file_path", "pos"], use_threads=False)
     paths = table.column("file_path").to_numpy(zero_copy_only=False)
@@ -67,9 +71,16 @@ def live_positions(record_count: int, dead: np.ndarray) -> np.ndarray:
 
 
 def referenced_data_path(delete_file: DataFile) -> str | None:
-    """The single data file a file-scoped position delete file applies to (from its path bounds)."""
+    """The single data file a file-scoped position delete file or a deletion vector applies to.
+
+    From ``referenced_data_file`` (v3 manifests; always set for a deletion
+    vector), else from the file's ``file_path`` bounds.
+    """
     if delete_file.content != DataFileContent.POSITION_DELETES:
         return None
+    named = v3_manifests.referenced_data_file(delete_file)
+    if named is not None:
+        return named
     lo = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
     hi = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
     return lo.decode() if lo and lo == hi else None

@@ -37,6 +37,7 @@ from pyiceberg.io import FileIO
 from pyroaring import BitMap
 
 import lineage.storage.fileio as fileio
+import lineage.storage.files as files
 from lineage.errors import InvalidArgumentError, PuffinFormatError
 
 PUFFIN_MAGIC = b"PFA1"
@@ -299,9 +300,16 @@ def parse_footer(data: bytes) -> tuple[list[PuffinBlobMetadata], dict[str, str]]
     return blobs, dict(doc.get("properties", {}))
 
 
-def read_puffin_deletion_vectors(io: FileIO, path: str) -> dict[str, np.ndarray]:
-    """Referenced data file -> positions, of every deletion vector in the Puffin file at ``path`` (reads it whole)."""
-    data = fileio.read_bytes(io, path)
+def read_puffin_deletion_vectors(io: FileIO | None, path: str) -> dict[str, np.ndarray]:
+    """Referenced data file -> positions, of every deletion vector in the Puffin file at ``path`` (reads it whole).
+
+    Without ``io`` the file is read through :mod:`lineage.storage.files`.
+    """
+    if io is not None:
+        data = fileio.read_bytes(io, path)
+    else:
+        with files.open_input(path) as f:
+            data = f.read()
     blobs, _ = parse_footer(data)
     out = {}
     for b in blobs:
