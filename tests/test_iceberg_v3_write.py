@@ -1,0 +1,160 @@
+"""Iceberg format version 3 written by this library: metadata, manifests, data files, and what other readers see.
+
+Every v3 reader must return our ``_row_id`` for every row: DuckDB's iceberg
+extension and the reference engine (Spark 3.5 + Iceberg 1.10) read the native
+``_row_id`` / ``_last_updated_sequence_number``; pyiceberg reads the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import rows
+from pyiceberg.avro.file import AvroFile
+from pyiceberg.manifest import MANIFEST_LIST_FILE_SCHEMAS, ManifestFile
+
+import lineage
+import lineage.duck as duck
+from lineage.errors import InvalidArgumentError, UnsupportedFormatError
+from lineage.storage import manifests_v3
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("qty", pa.int64())])
+
+
+def _batch(ids: list[int], qty: int = 1) -> pa.Table:
+    return pa.table({"id": ids, "name": [f"n{i}" for i in ids], "qty": [qty] * len(ids)}, schema=SCHEMA)
+
+
+def _v3(warehouse: str, name: str = "shop.items", **kw) -> lineage.Table:
+    return lineage.create_table(name, SCHEMA, key=["id"], warehouse=warehouse, format_version=3, **kw)
+
+
+def _metadata_json(t: lineage.Table) -> dict:
+    t.refresh()
+    with open(t.iceberg.metadata_location.removeprefix("file://")) as f:
+        return json.load(f)
+
+
+def ours(t: lineage.Table) -> list[tuple]:
+    """(id, _row_id, _last_updated_sequence_number) of our scan: our updated version is the commit's sequence number."""
+    s = t.scan()
+    return rows(s, ["id", "_row_id", "_row_last_updated_at_version"])
+
+
+def duckdb_native(t: lineage.Table) -> list[tuple]:
+    """(id, _row_id, _last_updated_sequence_number) as DuckDB's iceberg extension reads them."""
+    t.refresh()
+    con = duck.connect("iceberg")
+    try:
+        got = con.execute(
+            f"SELECT id, _row_id, _last_updated_sequence_number FROM iceberg_scan('{t.iceberg.metadata_location}')"
+        ).to_arrow_table()
+    finally:
+        con.close()
+    return rows(got.rename_columns(["id", "_row_id", "_row_last_updated_at_version"]))
+
+
+def assert_readers_agree(t: lineage.Table) -> list[tuple]:
+    """DuckDB's native lineage equals our scan's, and pyiceberg reads the same rows; returns our rows."""
+    mine = ours(t)
+    assert duckdb_native(t) == mine
+    assert rows(t.iceberg.scan().to_arrow(), ["id", "name", "qty"]) == rows(t.scan(with_lineage=False), ["id", "name", "qty"])
+    assert t.iceberg.metadata.next_row_id == t.state().lineage.next_row_id  # our next row id is the table's next-row-id
+    return mine
+
+
+# ---------------------------------------------------------------------- metadata and manifests
+
+
+def test_create_table_format_version_3_writes_spec_metadata(warehouse):
+    t = _v3(warehouse)
+    obj = _metadata_json(t)
+    assert obj["format-version"] == 3 and obj["next-row-id"] == 0
+    t.append(_batch([1, 2, 3]))
+    t.append(_batch([4, 5]))
+    obj = _metadata_json(t)
+    assert obj["format-version"] == 3
+    assert obj["next-row-id"] == 5
+    snaps = obj["snapshots"]
+    assert [(s["first-row-id"], s["added-rows"]) for s in snaps] == [(0, 3), (3, 2)]
+    assert t.properties["write.delete.mode"] == "copy-on-write"
+
+    # the manifest list carries first_row_id (field 520) and says format-version 3; so do the manifests
+    io = t.iceberg.io
+    last = t.iceberg.metadata.current_snapshot()
+    with AvroFile[ManifestFile](io.new_input(last.manifest_list), MANIFEST_LIST_FILE_SCHEMAS[3], read_types={-1: ManifestFile}) as r:
+        assert r.header.meta["format-version"] == "3" and r.header.meta["first-row-id"] == "3"
+        listed = list(r)
+    assert sorted(manifests_v3.manifest_first_row_id(m) for m in listed) == [0, 3]
+    for m in listed:
+        with AvroFile(io.new_input(m.manifest_path)) as r:
+            assert r.header.meta["format-version"] == "3"
+        entries = manifests_v3.read_entries(m, io)
+        assert [manifests_v3.first_row_id(e.data_file) for e in entries] == [manifests_v3.manifest_first_row_id(m)]
+
+
+def test_format_version_is_checked(warehouse):
+    with pytest.raises(InvalidArgumentError, match="format-version must be 2 or 3"):
+        lineage.create_table("shop.bad", SCHEMA, warehouse=warehouse, format_version=4)
+    with pytest.raises(InvalidArgumentError, match="format-version must be 2 or 3"):
+        lineage.create_table("shop.bad", SCHEMA, warehouse=warehouse, properties={"format-version": "1"})
+    assert _metadata_json(lineage.create_table("shop.v2", SCHEMA, warehouse=warehouse))["format-version"] == 2
+    t = lineage.create_table("shop.p", SCHEMA, warehouse=warehouse, properties={"format-version": "3"})
+    assert _metadata_json(t)["format-version"] == 3
+
+
+def test_v3_refuses_position_delete_files_and_leaves_the_table_untouched(warehouse):
+    t = _v3(warehouse, properties={"write.delete.mode": "merge-on-read"})
+    t.append(_batch([1, 2, 3]))
+    before = t.refresh().version
+    with pytest.raises(UnsupportedFormatError, match="deletion vectors"):
+        t.delete("id = 2")
+    assert t.refresh().version == before
+    assert rows(t.scan(with_lineage=False), ["id"]) == [(1,), (2,), (3,)]
+
+
+# ---------------------------------------------------------------------- native row ids equal ours
+
+
+def test_appends_native_row_ids_equal_ours(warehouse):
+    t = _v3(warehouse)
+    t.append(_batch([1, 2, 3]))
+    t.append(_batch([10, 11]))
+    t.append(_batch(list(range(100, 150))))
+    got = assert_readers_agree(t)
+    assert sorted(r[1] for r in got) == list(range(55))
+    assert t.refresh().iceberg.metadata.next_row_id == 55
+
+
+def test_copy_on_write_updates_deletes_upserts_keep_native_row_ids(warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(20))))
+    t.append(_batch(list(range(20, 30))))
+    ids_before = {r[0]: r[1] for r in ours(t)}
+    t.update("id < 5", {"qty": "qty + 5"})
+    assert_readers_agree(t)
+    t.delete("id IN (7, 25)")
+    assert_readers_agree(t)
+    t.upsert(pa.concat_tables([_batch([1, 2], qty=9), _batch([40, 41], qty=4)]))
+    got = assert_readers_agree(t)
+    after = {r[0]: r[1] for r in got}
+    # every surviving row keeps its id; the upserted new keys get fresh ones above all ids in use
+    assert all(after[k] == v for k, v in ids_before.items() if k in after)
+    assert min(after[40], after[41]) >= 30
+    # updated rows carry the sequence number of the commit that updated them
+    seq = {r[0]: r[2] for r in got}
+    assert seq[1] == seq[2] == t.version and seq[3] == 3 and seq[10] == 1
+
+
+def test_compaction_keeps_native_row_ids_and_sequence_numbers(warehouse):
+    t = _v3(warehouse)
+    for i in range(4):
+        t.append(_batch(list(range(i * 10, i * 10 + 10))))
+    t.update("id = 3", {"qty": "7"})
+    before = ours(t)
+    t.compact()
+    assert assert_readers_agree(t) == before
