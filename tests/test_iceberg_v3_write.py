@@ -158,3 +158,37 @@ def test_compaction_keeps_native_row_ids_and_sequence_numbers(warehouse):
     before = ours(t)
     t.compact()
     assert assert_readers_agree(t) == before
+
+
+# ---------------------------------------------------------------------- the reference engine (Spark 3.5 + Iceberg 1.10)
+
+
+def spark_native(reference, warehouse: str, t: lineage.Table) -> list[tuple]:
+    got = reference.sql(warehouse, f"SELECT id, _row_id, _last_updated_sequence_number FROM {t.name}")
+    return rows(got.rename_columns(["id", "_row_id", "_row_last_updated_at_version"]))
+
+
+@pytest.mark.reference
+def test_spark_reads_our_row_ids_and_continues_them(reference, warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(20))))
+    t.append(_batch(list(range(20, 30))))
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t)
+    t.update("id < 5", {"qty": "qty + 5"})
+    t.delete("id IN (7, 25)")
+    t.upsert(pa.concat_tables([_batch([1, 2], qty=9), _batch([40, 41], qty=4)]))
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t)
+    t.compact()
+    mine = assert_readers_agree(t)
+    assert spark_native(reference, warehouse, t) == mine
+    assert {r[0]: r[1] for r in ours(t)} == {r[0]: r[1] for r in mine}
+
+    # Spark appends: its row ids continue the table's next-row-id, after every id we assigned
+    next_id = t.refresh().iceberg.metadata.next_row_id
+    reference.sql(warehouse, f"INSERT INTO {t.name} VALUES (500, 'x', 1), (501, 'y', 2)")
+    theirs = dict((r[0], r[1]) for r in spark_native(reference, warehouse, t))
+    assert sorted([theirs[500], theirs[501]]) == [next_id, next_id + 1]
+    assert all(theirs[k] == v for k, v in {r[0]: r[1] for r in mine}.items())
+    meta = _metadata_json(t)
+    assert meta["format-version"] == 3 and meta["next-row-id"] == next_id + 2
+    reference.forget(warehouse)
