@@ -17,6 +17,7 @@ from conftest import rows
 from pyiceberg.avro.file import AvroFile
 from pyiceberg.manifest import MANIFEST_LIST_FILE_SCHEMAS, ManifestFile
 
+import cdf
 import lineage
 import lineage.duck as duck
 from lineage.errors import InvalidArgumentError, UnsupportedFormatError
@@ -158,6 +159,32 @@ def test_compaction_keeps_native_row_ids_and_sequence_numbers(warehouse):
     before = ours(t)
     t.compact()
     assert assert_readers_agree(t) == before
+
+
+def _events(*evs: tuple[str, int, int]) -> pa.Table:
+    return pa.table({"_op": [e[0] for e in evs], "id": [e[1] for e in evs], "name": [f"n{e[1]}" for e in evs], "qty": [e[2] for e in evs]})
+
+
+def test_merge_changelog_purge_keep_native_row_ids_and_the_feed(warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(10))))
+    rid = {r[0]: r[1] for r in ours(t)}
+    t.merge(upserts=_batch([1, 11], qty=3), deletes=pa.table({"id": [2]}))
+    assert_readers_agree(t)
+    v_merge = t.version
+    t.apply_changelog(_events(("-U", 3, 1), ("+U", 3, 30), ("+I", 12, 1), ("-D", 4, 1)))
+    assert_readers_agree(t)
+    got = assert_readers_agree(t)
+    now = {r[0]: r[1] for r in got}
+    assert all(now[k] == rid[k] for k in (0, 1, 3, 5, 6, 7, 8, 9))
+    assert 2 not in now and 4 not in now and now[11] >= 10 and now[12] >= 10
+    # the change feed pairs the merge's and the changelog's images by row id
+    feed = cdf.changes(t, v_merge - 1, v_merge + 1).to_pylist()
+    kinds = sorted((r["_change_type"], r["id"], r["_row_id"]) for r in feed)
+    assert kinds == sorted([
+        ("update_preimage", 1, rid[1]), ("update_postimage", 1, rid[1]), ("insert", 11, now[11]), ("delete", 2, rid[2]),
+        ("update_preimage", 3, rid[3]), ("update_postimage", 3, rid[3]), ("insert", 12, now[12]), ("delete", 4, rid[4]),
+    ])
 
 
 # ---------------------------------------------------------------------- the reference engine (Spark 3.5 + Iceberg 1.10)

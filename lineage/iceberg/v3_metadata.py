@@ -66,7 +66,7 @@ def _upgraded(metadata: TableMetadata) -> TableMetadata:
 
 
 def metadata_json(metadata: TableMetadata) -> bytes:
-    """The metadata file's bytes (UTF-8 JSON) of a v3 table."""
+    """The metadata file's bytes (UTF-8 JSON); v3 too, which pyiceberg's ``model_dump_json`` refuses."""
     metadata = with_next_row_id(metadata)
     text = IcebergBaseModel.model_dump_json(metadata)
     return text.encode("utf-8")

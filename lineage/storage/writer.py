@@ -115,16 +115,25 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
 
 
-def write_copy(iceberg: IcebergTable, data: pa.Table, template: DataFile) -> DataFile:
+def write_copy(
+    iceberg: IcebergTable, data: pa.Table, template: DataFile, lineage: tuple[np.ndarray, np.ndarray] | None = None
+) -> DataFile:
     """Write ``data`` as one data file in ``template``'s partition, whatever its values say.
 
     Used to rewrite a file in place (same rows, same positions) when some
-    values were erased and no longer determine the partition.
+    values were erased and no longer determine the partition. On Iceberg v3,
+    ``lineage`` (row ids, updated versions) is written into the copy so that
+    its rows keep their native ``_row_id`` and ``_last_updated_sequence_number``.
     """
     metadata = iceberg.metadata
-    task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=metadata.schema(), record_batches=data.to_batches(), partition_key=None)
+    schema = metadata.schema()
+    if lineage is not None and lineage_columns.writes_lineage_columns(metadata):
+        data = lineage_columns.with_lineage_columns(data, *lineage)
+        schema, metadata = lineage_columns.write_schema(schema), lineage_columns.write_metadata(metadata)
+    task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=data.to_batches(), partition_key=None)
     (df,) = list(write_file(iceberg.io, metadata, iter([task])))
-    return restamped(df, df.content, template.partition, None, _spec_id(template, metadata.default_spec_id))
+    df = lineage_columns.without_lineage_stats(df)
+    return restamped(df, df.content, template.partition, None, _spec_id(template, iceberg.metadata.default_spec_id))
 
 
 def restamped(df: DataFile, content: DataFileContent, partition: Any, equality_ids: list[int] | None, spec_id: int) -> DataFile:
