@@ -127,7 +127,7 @@ def create_table(
     :meth:`Table.upsert`). ``partition_by`` takes Iceberg transforms such as
     ``"region"``, ``"day(ts)"``, ``"bucket(16, id)"``, ``"truncate(4, name)"``.
     On format version 3 the rows' ``_row_id`` are Iceberg's native row ids,
-    which every v3 reader returns; writes there default to copy-on-write.
+    which every v3 reader returns, and deletes are deletion vectors.
     """
     cat = resolve_catalog(warehouse, catalog)
     ns, tbl = identifier(name)
@@ -140,8 +140,6 @@ def create_table(
     if format_version is not None:
         props[FORMAT_VERSION] = str(format_version)
     version = v3_tables.check_format_version((properties or {}).get(FORMAT_VERSION, props[FORMAT_VERSION]))
-    if version >= 3:
-        props.update({PROP_DELETE_MODE: COPY_ON_WRITE, PROP_UPDATE_MODE: COPY_ON_WRITE, PROP_MERGE_MODE: COPY_ON_WRITE})
     for k, v in (properties or {}).items():
         props[str(k)] = str(v)
     props[FORMAT_VERSION] = "2"  # pyiceberg writes no v3 metadata: the table is upgraded right after creation

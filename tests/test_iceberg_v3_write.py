@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,6 +23,7 @@ import lineage
 import lineage.duck as duck
 from lineage.errors import InvalidArgumentError, UnsupportedFormatError
 from lineage.storage import manifests_v3
+from lineage.storage.deletes import read_position_deletes
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("qty", pa.int64())])
 
@@ -30,8 +32,12 @@ def _batch(ids: list[int], qty: int = 1) -> pa.Table:
     return pa.table({"id": ids, "name": [f"n{i}" for i in ids], "qty": [qty] * len(ids)}, schema=SCHEMA)
 
 
-def _v3(warehouse: str, name: str = "shop.items", **kw) -> lineage.Table:
-    return lineage.create_table(name, SCHEMA, key=["id"], warehouse=warehouse, format_version=3, **kw)
+MODES = ["merge-on-read", "copy-on-write"]
+
+
+def _v3(warehouse: str, name: str = "shop.items", mode: str | None = None) -> lineage.Table:
+    props = {p: mode for p in ("write.delete.mode", "write.update.mode", "write.merge.mode")} if mode else None
+    return lineage.create_table(name, SCHEMA, key=["id"], warehouse=warehouse, format_version=3, properties=props)
 
 
 def _metadata_json(t: lineage.Table) -> dict:
@@ -82,7 +88,7 @@ def test_create_table_format_version_3_writes_spec_metadata(warehouse):
     assert obj["next-row-id"] == 5
     snaps = obj["snapshots"]
     assert [(s["first-row-id"], s["added-rows"]) for s in snaps] == [(0, 3), (3, 2)]
-    assert t.properties["write.delete.mode"] == "copy-on-write"
+    assert t.properties["write.delete.mode"] == "merge-on-read"
 
     # the manifest list carries first_row_id (field 520) and says format-version 3; so do the manifests
     io = t.iceberg.io
@@ -109,13 +115,34 @@ def test_format_version_is_checked(warehouse):
 
 
 def test_v3_refuses_position_delete_files_and_leaves_the_table_untouched(warehouse):
-    t = _v3(warehouse, properties={"write.delete.mode": "merge-on-read"})
+    from lineage.storage.writer import write_position_deletes
+
+    t = _v3(warehouse)
     t.append(_batch([1, 2, 3]))
     before = t.refresh().version
+    (f,) = t.state().live_files()
     with pytest.raises(UnsupportedFormatError, match="deletion vectors"):
-        t.delete("id = 2")
+        write_position_deletes(t.iceberg, [(f.data_file, np.array([1]))])
     assert t.refresh().version == before
     assert rows(t.scan(with_lineage=False), ["id"]) == [(1,), (2,), (3,)]
+
+
+def test_deletes_are_one_deletion_vector_per_data_file(warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(10))))
+    t.delete("id IN (1, 2)")
+    t.delete("id = 5")
+    t.update("id = 7", {"qty": "70"})
+    (f,) = [f for f in t.state().live_files() if f.data_file.record_count == 10]
+    assert len(f.deletes) == 1 and f.deletes[0].file_path.endswith(".puffin")
+    assert sorted(read_position_deletes(f.deletes[0].file_path)[f.path]) == [1, 2, 5, 7]
+    # the manifests carry the vector's v3 fields
+    (entry,) = [e for m in manifests_v3.read_manifest_list(t.iceberg.io, t.iceberg.metadata.current_snapshot().manifest_list)
+                if m.content == 1 for e in manifests_v3.read_entries(m, t.iceberg.io)]
+    assert manifests_v3.is_deletion_vector(entry.data_file)
+    assert manifests_v3.referenced_data_file(entry.data_file) == f.path and entry.data_file.record_count == 4
+    assert manifests_v3.content_range(entry.data_file) is not None
+    assert_readers_agree(t)
 
 
 # ---------------------------------------------------------------------- native row ids equal ours
@@ -131,8 +158,9 @@ def test_appends_native_row_ids_equal_ours(warehouse):
     assert t.refresh().iceberg.metadata.next_row_id == 55
 
 
-def test_copy_on_write_updates_deletes_upserts_keep_native_row_ids(warehouse):
-    t = _v3(warehouse)
+@pytest.mark.parametrize("mode", MODES)
+def test_updates_deletes_upserts_keep_native_row_ids(warehouse, mode):
+    t = _v3(warehouse, mode=mode)
     t.append(_batch(list(range(20))))
     t.append(_batch(list(range(20, 30))))
     ids_before = {r[0]: r[1] for r in ours(t)}
@@ -151,8 +179,9 @@ def test_copy_on_write_updates_deletes_upserts_keep_native_row_ids(warehouse):
     assert seq[1] == seq[2] == t.version and seq[3] == 3 and seq[10] == 1
 
 
-def test_compaction_keeps_native_row_ids_and_sequence_numbers(warehouse):
-    t = _v3(warehouse)
+@pytest.mark.parametrize("mode", MODES)
+def test_compaction_keeps_native_row_ids_and_sequence_numbers(warehouse, mode):
+    t = _v3(warehouse, mode=mode)
     for i in range(4):
         t.append(_batch(list(range(i * 10, i * 10 + 10))))
     t.update("id = 3", {"qty": "7"})
@@ -165,8 +194,9 @@ def _events(*evs: tuple[str, int, int]) -> pa.Table:
     return pa.table({"_op": [e[0] for e in evs], "id": [e[1] for e in evs], "name": [f"n{e[1]}" for e in evs], "qty": [e[2] for e in evs]})
 
 
-def test_merge_changelog_purge_keep_native_row_ids_and_the_feed(warehouse):
-    t = _v3(warehouse)
+@pytest.mark.parametrize("mode", MODES)
+def test_merge_changelog_keep_native_row_ids_and_the_feed(warehouse, mode):
+    t = _v3(warehouse, mode=mode)
     t.append(_batch(list(range(10))))
     rid = {r[0]: r[1] for r in ours(t)}
     t.merge(upserts=_batch([1, 11], qty=3), deletes=pa.table({"id": [2]}))
@@ -196,8 +226,9 @@ def spark_native(reference, warehouse: str, t: lineage.Table) -> list[tuple]:
 
 
 @pytest.mark.reference
-def test_spark_reads_our_row_ids_and_continues_them(reference, warehouse):
-    t = _v3(warehouse)
+@pytest.mark.parametrize("mode", MODES)
+def test_spark_reads_our_row_ids_and_continues_them(reference, warehouse, mode):
+    t = _v3(warehouse, mode=mode)
     t.append(_batch(list(range(20))))
     t.append(_batch(list(range(20, 30))))
     assert spark_native(reference, warehouse, t) == assert_readers_agree(t)
