@@ -33,6 +33,7 @@ import lineage.storage.spark_read as spark_read
 from lineage.state import LiveFile, TableState
 from lineage.read.values import file_columns, layout
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+import lineage.iceberg.v3_metadata as v3_metadata
 from lineage.storage.writer import WrittenFile, write_data_files
 
 
@@ -266,7 +267,7 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
 def write_with_executors(table: TableContext, df: Any) -> list[WrittenFile]:
     """Executors write ``df`` (table columns, optionally HIDDEN_ROW_ID/HIDDEN_CREATED) as data files; returns their descriptors."""
     ice = table.iceberg
-    fn = _executor_writer(ice.metadata.model_dump_json(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
+    fn = _executor_writer(v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
     payloads = df.mapInArrow(fn, "payload binary").collect()
     return [pickle.loads(r["payload"]) for r in payloads]
 

@@ -30,13 +30,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         # the object store: settings, file systems, pyiceberg FileIO, DuckDB and Spark-worker access
         "lineage.storage.settings", "lineage.storage.files", "lineage.storage.store_fileio", "lineage.storage.duckdb_s3",
         "lineage.storage.spark_read",
-        "lineage.iceberg", "lineage.iceberg.schema",
+        "lineage.iceberg", "lineage.iceberg.schema", "lineage.iceberg.v3_metadata",
         "lineage.commits", "lineage.commits.merge_rule",
         "lineage.read", "lineage.sql", "lineage.sql.allowlist",
         "lineage.writes.changelog_sql", "cdf.dialect",
     )),
     ("format", (
-        "lineage.storage.*", "lineage.iceberg.planning", "lineage.iceberg.v3_manifests",
+        "lineage.storage.*", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
         "index", "index.deleted_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
         "index.key_store", "index.key_legacy", "index.key_packed",
     )),

@@ -18,7 +18,8 @@ from pyiceberg.manifest import FileFormat
 
 from lineage import duck
 from lineage.catalog import default_catalog
-from lineage.iceberg import row_lineage, v3_manifests
+import lineage.storage.manifests_v3 as manifests_v3
+from lineage.iceberg import row_lineage
 
 pytestmark = pytest.mark.reference
 
@@ -81,7 +82,7 @@ def _check(reference, warehouse: str, step: str) -> None:
     for f in files:  # a data file's vector is a PUFFIN blob naming it
         if f.deletion_vector is not None:
             assert f.deletion_vector.file_format == FileFormat.PUFFIN
-            assert v3_manifests.referenced_data_file(f.deletion_vector) == f.path
+            assert manifests_v3.referenced_data_file(f.deletion_vector) == f.path
 
 
 def test_native_lineage_equals_spark_and_duckdb_after_every_step(reference, v3_table):

@@ -32,10 +32,10 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-import lineage.iceberg.v3_manifests as v3_manifests
 import lineage.storage.files as files
+import lineage.storage.manifests_v3 as manifests_v3
 from lineage.errors import LineageMetadataError
-from lineage.iceberg.planning import live_entries, plan_snapshot
+from lineage.iceberg.planning import live_entries, plan_snapshot, snapshot_manifests
 from lineage.storage.deletes import live_positions, positions_for
 from lineage.storage.puffin import read_deletion_vector
 
@@ -79,22 +79,12 @@ class NativeFile:
 def first_row_ids(table: IcebergTable, snapshot: Snapshot) -> dict[str, int | None]:
     """Data file path -> ``first_row_id`` (explicit or inherited) of every live data file of ``snapshot``."""
     out: dict[str, int | None] = {}
-    for manifest in v3_manifests.snapshot_manifests(table, snapshot):
+    for manifest in snapshot_manifests(table, snapshot):
         if manifest.content != ManifestContent.DATA:
             continue
-        nxt = v3_manifests.manifest_first_row_id(manifest)
-        for entry in live_entries(table, [manifest]):
-            f = entry.data_file
-            if f.content != DataFileContent.DATA:
-                continue
-            explicit = v3_manifests.file_first_row_id(f)
-            if explicit is not None:
-                out[f.file_path] = explicit
-            elif nxt is not None:
-                out[f.file_path] = nxt
-                nxt += int(f.record_count)
-            else:
-                out[f.file_path] = None
+        for entry in live_entries(table, [manifest]):  # read with first_row_id inherited (lineage.storage.manifests_v3)
+            if entry.data_file.content == DataFileContent.DATA:
+                out[entry.data_file.file_path] = manifests_v3.first_row_id(entry.data_file)
     return out
 
 
@@ -112,13 +102,13 @@ def native_files(table: IcebergTable, snapshot: Snapshot) -> list[NativeFile]:
                 f"data file {planned.data_file.file_path} has equality deletes: row lineage does not track rows "
                 "through equality deletes (rewrite them as deletion vectors first)"
             )
-        vectors = [d for d in planned.position_deletes if v3_manifests.is_deletion_vector(d)]
+        vectors = [d for d in planned.position_deletes if manifests_v3.is_deletion_vector(d)]
         if len(vectors) > 1:
             raise LineageMetadataError(
                 f"data file {planned.data_file.file_path} has {len(vectors)} deletion vectors; the spec allows one per "
                 "data file in a snapshot"
             )
-        others = tuple(d for d in planned.position_deletes if not v3_manifests.is_deletion_vector(d))
+        others = tuple(d for d in planned.position_deletes if not manifests_v3.is_deletion_vector(d))
         out.append(NativeFile(planned.data_file, planned.sequence_number, ids.get(planned.data_file.file_path),
                               vectors[0] if vectors else None, others))
     return out
@@ -126,7 +116,7 @@ def native_files(table: IcebergTable, snapshot: Snapshot) -> list[NativeFile]:
 
 def vector_positions(io: FileIO | None, vector: DataFile) -> np.ndarray:
     """Positions a deletion vector entry deletes (one ranged read of its blob)."""
-    where = v3_manifests.content_range(vector)
+    where = manifests_v3.content_range(vector)
     if where is None:
         raise LineageMetadataError(f"deletion vector {vector.file_path} has no content_offset/content_size_in_bytes")
     return read_deletion_vector(io, vector.file_path, *where)

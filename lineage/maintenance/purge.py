@@ -174,7 +174,8 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> M
                 continue
             data = pq.read_table(store.source(f.path), columns=schema.names)
             donors = _partition_donors(state.iceberg, f.data_file) if mask.all() else None
-            copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file)
+            lineage = (decode_sequence(f.lineage.row_ids), decode_values(f.lineage.updated))  # v3: the copy keeps native row lineage
+            copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file, lineage)
             created.append(copy.file_path)
             w = WrittenFile(copy, f.lineage.row_ids, f.lineage.created, f.lineage.updated)
             written.append(w)
