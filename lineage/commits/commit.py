@@ -124,6 +124,19 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
         self._v3 = transaction.table_metadata.format_version >= 3
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
+        # Removed files by path, with the blob ranges of removed deletion vectors (None: the whole file). One Puffin
+        # file holds the vectors of several data files and pyiceberg's DataFile compares by path alone.
+        self._removed_ranges: dict[str, set[tuple[int, int] | None]] = {}
+
+    def delete_data_file(self, data_file: DataFile) -> _LineageSnapshotProducer:  # type: ignore[override]
+        """Remove ``data_file`` (a deletion vector: only its own blob's entry)."""
+        self._removed_ranges.setdefault(data_file.file_path, set()).add(v3.content_range(data_file))
+        super().delete_data_file(data_file)
+        return self
+
+    def _removes(self, data_file: DataFile) -> bool:
+        ranges = self._removed_ranges.get(data_file.file_path)
+        return ranges is not None and (None in ranges or v3.content_range(data_file) in ranges)
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
@@ -248,7 +261,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                 out.append(manifest)
                 continue
             entries = self._entries(manifest, discard_deleted=True)
-            hit = [e for e in entries if e.data_file in removed]
+            hit = [e for e in entries if self._removes(e.data_file)]
             if not hit and not stale:
                 out.append(manifest)
                 continue
@@ -256,14 +269,14 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             writer = self._delete_writer(spec) if manifest.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
             with writer:
                 for e in entries:
-                    if e.data_file in removed:
+                    if self._removes(e.data_file):
                         writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
-                        found.add(e.data_file.file_path)
+                        found.update({(e.data_file.file_path, None), (e.data_file.file_path, v3.content_range(e.data_file))})
                     else:
                         writer.existing(e)
             if entries:
                 out.append(writer.to_manifest_file())
-        missing = [f.file_path for f in removed if f.file_path not in found]
+        missing = [p for p, ranges in self._removed_ranges.items() for r in ranges if (p, r) not in found]
         if missing:
             raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
         return out

@@ -155,11 +155,11 @@ def snapshot_manifests(table: IcebergTable, snapshot: Snapshot) -> list[Manifest
     return _LISTS.get(snapshot.manifest_list, lambda: list(manifests_v3.read_manifest_list(table.io, snapshot.manifest_list)))
 
 
-def _read_entries(table: IcebergTable, manifest: ManifestFile, v3: bool) -> list[ManifestEntry]:
-    """Live entries of ``manifest``; on a v3 table with the v3 fields and inherited ``first_row_id``."""
-    if v3:
-        return manifests_v3.read_entries(manifest, table.io, discard_deleted=True)
-    return manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+def manifest_entries(table: IcebergTable, manifest: ManifestFile, discard_deleted: bool = True) -> list[ManifestEntry]:
+    """The entries of ``manifest`` (live ones only by default); on a v3 table with the v3 fields and inherited ``first_row_id``."""
+    if is_v3(table):
+        return manifests_v3.read_entries(manifest, table.io, discard_deleted=discard_deleted)
+    return manifest.fetch_manifest_entry(table.io, discard_deleted=discard_deleted)
 
 
 def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iterator[ManifestEntry]:
@@ -172,7 +172,7 @@ def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iter
     found = {m.manifest_path: _ENTRIES.peek((m.manifest_path, v3)) for m in manifests}
     missing = [m for m in manifests if found[m.manifest_path] is None]
     if missing:
-        read = ExecutorFactory.get_or_create().map(lambda m: _read_entries(table, m, v3), missing)
+        read = ExecutorFactory.get_or_create().map(lambda m: manifest_entries(table, m), missing)
         for m, entries in zip(missing, read, strict=True):
             found[m.manifest_path] = entries
             _ENTRIES.put((m.manifest_path, v3), entries)

@@ -37,7 +37,9 @@ import lineage.storage.manifests_v3 as manifests_v3
 from lineage.errors import LineageMetadataError
 from lineage.iceberg.planning import live_entries, plan_snapshot, snapshot_manifests
 from lineage.storage.deletes import live_positions, positions_for
+from lineage.storage.metadata import FileLineage
 from lineage.storage.puffin import read_deletion_vector
+from lineage.storage.rle import encode_sequence, encode_values
 
 ROW_ID_FIELD_ID = 2147483540
 LAST_UPDATED_FIELD_ID = 2147483539
@@ -193,3 +195,32 @@ def live_row_lineage(table: IcebergTable, snapshot: Snapshot, columns: list[str]
         return schema.empty_table()
     return pa.concat_tables(pieces)
 
+
+
+def file_lineage(f: NativeFile) -> FileLineage:
+    """This library's lineage of every position of ``f`` (deleted ones too), from its native values.
+
+    Row ids are the native ``_row_id``; created = updated = the row's
+    ``_last_updated_sequence_number`` (versions are sequence numbers; v3 has
+    no created field, so a row's last update is the oldest version known to
+    have held it). Raises :class:`LineageMetadataError` for a file without
+    row ids (written before the table's upgrade to v3 and not yet assigned
+    any by a later snapshot).
+    """
+    if f.first_row_id is None:
+        raise LineageMetadataError(
+            f"data file {f.path} has no row ids: its snapshot was committed before the table was upgraded to format "
+            "version 3 (commit once with the engine that upgraded it, which assigns them, then retry)"
+        )
+    values = read_row_lineage(f)
+    ids = values.column(ROW_ID).to_numpy()
+    updated = values.column(LAST_UPDATED).to_numpy()
+    return FileLineage(f.path, f.record_count, encode_sequence(ids), encode_values(updated), encode_values(updated))
+
+
+def native_lineage(table: IcebergTable, snapshot: Snapshot) -> tuple[list[FileLineage], int]:
+    """The lineage of every live data file of a v3 ``snapshot`` from its native values, and the table's ``next-row-id``."""
+    lineages = [file_lineage(f) for f in native_files(table, snapshot)]
+    next_row_id = int(getattr(table.metadata, "next_row_id", None) or 0)
+    top = max((int((fl.row_ids.values + fl.row_ids.lengths - 1).max()) for fl in lineages if len(fl.row_ids)), default=-1)
+    return lineages, max(next_row_id, top + 1)

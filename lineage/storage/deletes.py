@@ -124,6 +124,16 @@ def referenced_data_path(delete_file: DataFile) -> str | None:
     return lo.decode() if lo and lo == hi else None
 
 
+def delete_identity(delete_file: DataFile) -> tuple[str, tuple[int, int] | None]:
+    """What names one delete-file entry: its path, and for a deletion vector its blob's range in the Puffin file.
+
+    One Puffin file holds the vectors of several data files, each its own
+    entry: removing one vector must not remove the others (``DataFile``
+    compares by path alone).
+    """
+    return delete_file.file_path, manifests_v3.content_range(delete_file)
+
+
 def path_in_bounds(delete_file: DataFile, data_path: str) -> bool:
     """Whether ``data_path`` lies within the ``file_path`` bounds of a position delete file (True without bounds).
 
