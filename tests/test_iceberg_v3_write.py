@@ -274,3 +274,20 @@ def test_the_equality_changelog_strategy_is_refused_on_v3(warehouse):
     with pytest.raises(UnsupportedFormatError, match="equality"):
         t.apply_changelog(_events(("+U", 1, 5)), upsert=True)
     assert t.refresh().version == 1
+
+
+@pytest.mark.reference
+def test_our_writes_after_sparks_replace_its_deletion_vectors(reference, warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(6))))
+    t.delete("id = 1")
+    reference.sql(warehouse, f"INSERT INTO {t.name} VALUES (500, 'x', 1), (501, 'y', 2)")
+    reference.sql(warehouse, f"UPDATE {t.name} SET qty = 99 WHERE id IN (2, 500)")  # Spark's vectors replace ours
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t.refresh())
+    t.update("id IN (3, 501)", {"qty": "7"})  # ours replace Spark's: still one vector per data file
+    t.delete("id = 4")
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t)
+    reference.sql(warehouse, f"DELETE FROM {t.name} WHERE id = 0")
+    t.upsert(_batch([5, 600], qty=3))
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t.refresh())
+    reference.forget(warehouse)
