@@ -195,7 +195,7 @@ def _events(*evs: tuple[str, int, int]) -> pa.Table:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_merge_changelog_keep_native_row_ids_and_the_feed(warehouse, mode):
+def test_merge_changelog_purge_keep_native_row_ids_and_the_feed(warehouse, mode):
     t = _v3(warehouse, mode=mode)
     t.append(_batch(list(range(10))))
     rid = {r[0]: r[1] for r in ours(t)}
@@ -204,10 +204,11 @@ def test_merge_changelog_keep_native_row_ids_and_the_feed(warehouse, mode):
     v_merge = t.version
     t.apply_changelog(_events(("-U", 3, 1), ("+U", 3, 30), ("+I", 12, 1), ("-D", 4, 1)))
     assert_readers_agree(t)
+    t.purge("id = 5")
     got = assert_readers_agree(t)
     now = {r[0]: r[1] for r in got}
-    assert all(now[k] == rid[k] for k in (0, 1, 3, 5, 6, 7, 8, 9))
-    assert 2 not in now and 4 not in now and now[11] >= 10 and now[12] >= 10
+    assert all(now[k] == rid[k] for k in (0, 1, 3, 6, 7, 8, 9))
+    assert 2 not in now and 4 not in now and 5 not in now and now[11] >= 10 and now[12] >= 10
     # the change feed pairs the merge's and the changelog's images by row id
     feed = cdf.changes(t, v_merge - 1, v_merge + 1).to_pylist()
     kinds = sorted((r["_change_type"], r["id"], r["_row_id"]) for r in feed)
@@ -249,4 +250,44 @@ def test_spark_reads_our_row_ids_and_continues_them(reference, warehouse, mode):
     assert all(theirs[k] == v for k, v in {r[0]: r[1] for r in mine}.items())
     meta = _metadata_json(t)
     assert meta["format-version"] == 3 and meta["next-row-id"] == next_id + 2
+    reference.forget(warehouse)
+
+
+def test_a_rewritten_file_takes_its_vector_along(warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(10))))
+    t.delete("id = 3")
+    vector = [d.file_path for f in t.state().live_files() for d in f.deletes]
+    t.update("id = 4", {"qty": "9"}, mode="copy-on-write")  # the file leaves; its vector must not stay behind
+    entries = [e for m in manifests_v3.read_manifest_list(t.iceberg.io, t.iceberg.metadata.current_snapshot().manifest_list)
+               if m.content == 1 for e in manifests_v3.read_entries(m, t.iceberg.io)]
+    assert [e.data_file.file_path for e in entries] == []
+    assert len(vector) == 1
+    t.rewrite_deletes()
+    assert_readers_agree(t)
+
+
+def test_the_equality_changelog_strategy_is_refused_on_v3(warehouse):
+    t = lineage.create_table("shop.eq", SCHEMA, key=["id"], warehouse=warehouse, format_version=3,
+                             properties={"write.changelog.strategy": "equality"})
+    t.append(_batch([1]))
+    with pytest.raises(UnsupportedFormatError, match="equality"):
+        t.apply_changelog(_events(("+U", 1, 5)), upsert=True)
+    assert t.refresh().version == 1
+
+
+@pytest.mark.reference
+def test_our_writes_after_sparks_replace_its_deletion_vectors(reference, warehouse):
+    t = _v3(warehouse)
+    t.append(_batch(list(range(6))))
+    t.delete("id = 1")
+    reference.sql(warehouse, f"INSERT INTO {t.name} VALUES (500, 'x', 1), (501, 'y', 2)")
+    reference.sql(warehouse, f"UPDATE {t.name} SET qty = 99 WHERE id IN (2, 500)")  # Spark's vectors replace ours
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t.refresh())
+    t.update("id IN (3, 501)", {"qty": "7"})  # ours replace Spark's: still one vector per data file
+    t.delete("id = 4")
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t)
+    reference.sql(warehouse, f"DELETE FROM {t.name} WHERE id = 0")
+    t.upsert(_batch([5, 600], qty=3))
+    assert spark_native(reference, warehouse, t) == assert_readers_agree(t.refresh())
     reference.forget(warehouse)

@@ -123,20 +123,10 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self.delete_sequence_numbers: dict[str, int] = {}  # delete file path -> an explicit data sequence number (CONVERT)
         self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
         self._v3 = transaction.table_metadata.format_version >= 3
+        # v3: deletion vectors to remove, by (Puffin file, referenced data file): one Puffin file may hold the vectors of
+        # several data files (Iceberg Java writes them so), and only the named one leaves. Removed only if still there.
+        self.removed_vectors: set[tuple[str, str]] = set()
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
-        # Removed files by path, with the blob ranges of removed deletion vectors (None: the whole file). One Puffin
-        # file holds the vectors of several data files and pyiceberg's DataFile compares by path alone.
-        self._removed_ranges: dict[str, set[tuple[int, int] | None]] = {}
-
-    def delete_data_file(self, data_file: DataFile) -> _LineageSnapshotProducer:  # type: ignore[override]
-        """Remove ``data_file`` (a deletion vector: only its own blob's entry)."""
-        self._removed_ranges.setdefault(data_file.file_path, set()).add(v3.content_range(data_file))
-        super().delete_data_file(data_file)
-        return self
-
-    def _removes(self, data_file: DataFile) -> bool:
-        ranges = self._removed_ranges.get(data_file.file_path)
-        return ranges is not None and (None in ranges or v3.content_range(data_file) in ranges)
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
@@ -250,6 +240,11 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         if parent is None:
             return []
         removed = self._deleted_data_files
+        vectors = self.removed_vectors
+
+        def leaves(e: ManifestEntry) -> bool:
+            return e.data_file in removed or (bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
+
         out: list[ManifestFile] = []
         found: set[str] = set()
         for manifest in manifests_of(parent, self._io, self._v3):
@@ -257,11 +252,11 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
                 continue  # only DELETED entries of an earlier commit: nothing to carry
             stale = self.strip_removed_stats and bool(manifest.deleted_files_count)
-            if not removed and not stale:
+            if not removed and not vectors and not stale:
                 out.append(manifest)
                 continue
             entries = self._entries(manifest, discard_deleted=True)
-            hit = [e for e in entries if self._removes(e.data_file)]
+            hit = [e for e in entries if leaves(e)]
             if not hit and not stale:
                 out.append(manifest)
                 continue
@@ -269,14 +264,14 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             writer = self._delete_writer(spec) if manifest.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
             with writer:
                 for e in entries:
-                    if self._removes(e.data_file):
+                    if leaves(e):
                         writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
-                        found.update({(e.data_file.file_path, None), (e.data_file.file_path, v3.content_range(e.data_file))})
+                        found.add(e.data_file.file_path)
                     else:
                         writer.existing(e)
             if entries:
                 out.append(writer.to_manifest_file())
-        missing = [p for p, ranges in self._removed_ranges.items() for r in ranges if (p, r) not in found]
+        missing = [f.file_path for f in removed if f.file_path not in found]
         if missing:
             raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
         return out
@@ -419,7 +414,10 @@ def commit_files(
     for f in added:
         producer.append_data_file(f)
     for f in removed:
-        producer.delete_data_file(f)
+        if v3.is_deletion_vector(f) and v3.referenced_data_file(f):
+            producer.removed_vectors.add((f.file_path, v3.referenced_data_file(f)))
+        else:
+            producer.delete_data_file(f)
     try:
         updates, requirements = producer.updates_and_requirements()
     finally:
@@ -508,7 +506,10 @@ def build_lineage(
     # (lineage.storage.manifests_v3), whether its rows are new or keep their ids: number them the same way.
     native = iceberg.metadata.format_version >= 3
     if native:
-        next_row_id = int(iceberg.metadata.next_row_id or 0)  # type: ignore[union-attr]
+        # Our commit's first-row-id is the table's next-row-id; a reconciled foreign snapshot has its own.
+        snap = iceberg.metadata.snapshot_by_id(snapshot_id)
+        first = snap.first_row_id if snap is not None else None
+        next_row_id = int(first if first is not None else (iceberg.metadata.next_row_id or 0))  # type: ignore[union-attr]
     lineages = []
     for w in req.written:
         n = w.data_file.record_count
@@ -625,8 +626,8 @@ def _next_files(
 ) -> SnapshotFiles | None:
     """The committed snapshot's live files, derived from the base's when it has them (None: plan afresh)."""
     known = state.files_if_known()
-    if known is None:
-        return None
+    if known is None or any(v3.is_deletion_vector(f) and v3.referenced_data_file(f) for f in req.removed_files):
+        return None  # a removed vector may share its Puffin file with vectors that stay: plan afresh
     by_path = {fl.file_path: fl for fl in lineages}
     default_spec = state.iceberg.metadata.default_spec_id
     for f in [w.data_file for w in req.written] + req.delete_files:

@@ -32,7 +32,7 @@ from pyiceberg.types import StringType
 
 import lineage.storage.manifests_v3 as manifests_v3
 import lineage.storage.puffin as puffin
-from lineage.storage.deletes import PATH_FIELD_ID, positions_for, referenced_data_path
+from lineage.storage.deletes import PATH_FIELD_ID, is_puffin, positions_for, read_position_deletes, referenced_data_path
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,25 @@ class VectorTarget:
 
 
 def replaced_by_vector(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
-    """The delete files a new vector of ``data_path`` replaces: those scoped to that one data file.
+    """The delete files a new vector of ``data_path`` replaces: those scoped to that one data file, and its vectors.
 
     A position delete file naming other data files too stays (a vector
     supersedes it for this file: readers ignore position delete files where a
     vector applies, and this library's readers take the union, which the new
-    vector contains).
+    vector contains). A vector of ``data_path`` in a Puffin file another
+    engine wrote (which may hold the vectors of other data files too) is named
+    by its Puffin file and ``data_path`` as referenced data file: the commit
+    removes that one entry (:func:`lineage.commits.commit.commit_files`).
     """
-    return [d for d in current if d.content == DataFileContent.POSITION_DELETES and referenced_data_path(d) == data_path]
+    out = []
+    for d in current:
+        if d.content != DataFileContent.POSITION_DELETES:
+            continue
+        if referenced_data_path(d) == data_path:  # a file of its own (ours): it leaves by path
+            out.append(manifests_v3.as_v3(d, referenced_data_file=None) if is_puffin(d.file_path) else d)
+        elif is_puffin(d.file_path) and data_path in read_position_deletes(d.file_path):
+            out.append(manifests_v3.as_v3(d, referenced_data_file=data_path))
+    return out
 
 
 def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tuple[list[DataFile], list[DataFile]]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import duckdb
 import numpy as np
 import pyarrow as pa
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, captured_values
@@ -232,7 +232,7 @@ def _materialize_and_commit(
             deleted=plan.deleted,
             data_files_added=len(written),
             delete_files_added=len(delete_files),
-            data_files_removed=len(removed_files),
+            data_files_removed=sum(1 for f in removed_files if f.content == DataFileContent.DATA),  # v3: not the vectors replaced
             bytes_written=result.bytes_written,
             attempts=number,
             ignored=plan.ignored,
