@@ -59,10 +59,11 @@ def replaced_by_vector(data_path: str, current: Sequence[DataFile]) -> list[Data
     for d in current:
         if d.content != DataFileContent.POSITION_DELETES:
             continue
-        if referenced_data_path(d) == data_path:  # a file of its own (ours): it leaves by path
-            out.append(manifests_v3.as_v3(d, referenced_data_file=None) if is_puffin(d.file_path) else d)
-        elif is_puffin(d.file_path) and data_path in read_position_deletes(d.file_path):
-            out.append(manifests_v3.as_v3(d, referenced_data_file=data_path))
+        if is_puffin(d.file_path):  # named by its Puffin file and data file, whoever wrote it
+            if referenced_data_path(d) == data_path or data_path in read_position_deletes(d.file_path):
+                out.append(manifests_v3.as_v3(d, referenced_data_file=data_path))
+        elif referenced_data_path(d) == data_path:  # a position delete file of its own: it leaves by path
+            out.append(d)
     return out
 
 
