@@ -16,7 +16,7 @@ import pytest
 
 import cdf
 import lineage
-from lineage.errors import InvalidArgumentError
+from lineage.errors import InvalidArgumentError, LineageMetadataError
 
 pytestmark = pytest.mark.reference
 
@@ -116,3 +116,25 @@ def test_v1_tables_are_still_refused(reference, tmp_path):
     reference.sql(warehouse, "CREATE TABLE db.t (id bigint) USING iceberg TBLPROPERTIES ('format-version'='1')")
     with pytest.raises(InvalidArgumentError, match="format version 1"):
         lineage.adopt("db.t", warehouse=warehouse)
+
+
+def test_a_table_upgraded_to_v3_is_adopted_once_a_v3_writer_assigned_row_ids(reference, tmp_path):
+    warehouse = str(tmp_path / "wh")
+    os.makedirs(warehouse)
+    reference.sql(warehouse, "CREATE NAMESPACE IF NOT EXISTS db")
+    reference.sql(warehouse, f"CREATE TABLE db.t (id bigint, v string) USING iceberg TBLPROPERTIES ('format-version'='2', {MOR})")
+    reference.sql(warehouse, "INSERT INTO db.t SELECT id, cast(id AS string) FROM range(0, 300)")
+    reference.sql(warehouse, "DELETE FROM db.t WHERE id % 7 = 0")  # a v2 position delete file
+    reference.sql(warehouse, "ALTER TABLE db.t SET TBLPROPERTIES ('format-version'='3')")
+    snapshots = len(reference.snapshots(warehouse, "db.t"))
+    with pytest.raises(LineageMetadataError, match="before the table was upgraded"):
+        lineage.adopt("db.t", warehouse=warehouse)
+    assert len(reference.snapshots(warehouse, "db.t")) == snapshots  # refused: untouched
+    reference.sql(warehouse, "INSERT INTO db.t SELECT id, cast(id AS string) FROM range(300, 400)")  # assigns row ids
+    lineage.adopt("db.t", warehouse=warehouse)
+    t = lineage.open_table("db.t", warehouse=warehouse)
+    assert _our_rows(t) == _spark_rows(reference, warehouse)
+    assert None not in [r[2] for r in _our_rows(t)]
+    reference.sql(warehouse, "UPDATE db.t SET v = 'x' WHERE id % 10 = 1")  # a v3 vector over a v2 position delete file
+    t = lineage.open_table("db.t", warehouse=warehouse)
+    assert _our_rows(t) == _spark_rows(reference, warehouse)

@@ -169,13 +169,19 @@ def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iter
     """
     manifests = list(manifests)
     v3 = is_v3(table)  # read with the v3 fields (row lineage, deletion vectors)
-    found = {m.manifest_path: _ENTRIES.peek((m.manifest_path, v3)) for m in manifests}
+
+    def key(m: ManifestFile) -> tuple[str, bool, int | None]:
+        # On v3 the entries inherit first_row_id from the manifest list's value, which a manifest written before
+        # an upgrade to v3 gets only in a later snapshot's list: the same manifest reads differently.
+        return m.manifest_path, v3, manifests_v3.manifest_first_row_id(m) if v3 else None
+
+    found = {m.manifest_path: _ENTRIES.peek(key(m)) for m in manifests}
     missing = [m for m in manifests if found[m.manifest_path] is None]
     if missing:
         read = ExecutorFactory.get_or_create().map(lambda m: manifest_entries(table, m), missing)
         for m, entries in zip(missing, read, strict=True):
             found[m.manifest_path] = entries
-            _ENTRIES.put((m.manifest_path, v3), entries)
+            _ENTRIES.put(key(m), entries)
     return chain.from_iterable(found[m.manifest_path] or () for m in manifests)
 
 
