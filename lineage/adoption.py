@@ -21,7 +21,9 @@ A v3 table keeps its native row lineage: each file's lineage holds the row
 ids every v3 reader returns (``_row_id``, read from the files where written,
 else inherited), and created = updated = the row's
 ``_last_updated_sequence_number`` (versions are sequence numbers; v3 has no
-created field); the lineage list continues from the table's ``next-row-id``.
+created field); positions deleted already get version 0 (never visible: an
+updated row's old image shares its row id with the new one); the lineage
+list continues from the table's ``next-row-id``.
 
 The change feed starts at the adoption version: its lineage list records it
 (``adopted``), and a range starting earlier raises

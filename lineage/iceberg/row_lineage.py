@@ -197,15 +197,17 @@ def live_row_lineage(table: IcebergTable, snapshot: Snapshot, columns: list[str]
 
 
 
-def file_lineage(f: NativeFile) -> FileLineage:
+def file_lineage(f: NativeFile, dead: np.ndarray | None = None) -> FileLineage:
     """This library's lineage of every position of ``f`` (deleted ones too), from its native values.
 
     Row ids are the native ``_row_id``; created = updated = the row's
     ``_last_updated_sequence_number`` (versions are sequence numbers; v3 has
     no created field, so a row's last update is the oldest version known to
-    have held it). Raises :class:`LineageMetadataError` for a file without
-    row ids (written before the table's upgrade to v3 and not yet assigned
-    any by a later snapshot).
+    have held it). Positions in ``dead`` (deleted already) get version 0,
+    never visible: an updated row's old image shares its ``_row_id`` with the
+    new one. Raises :class:`LineageMetadataError` for a file without row ids
+    (written before the table's upgrade to v3 and not yet assigned any by a
+    later snapshot).
     """
     if f.first_row_id is None:
         raise LineageMetadataError(
@@ -214,13 +216,16 @@ def file_lineage(f: NativeFile) -> FileLineage:
         )
     values = read_row_lineage(f)
     ids = values.column(ROW_ID).to_numpy()
-    updated = values.column(LAST_UPDATED).to_numpy()
+    updated = values.column(LAST_UPDATED).to_numpy().copy()
+    if dead is not None and len(dead):
+        updated[dead[dead < len(updated)]] = 0
     return FileLineage(f.path, f.record_count, encode_sequence(ids), encode_values(updated), encode_values(updated))
 
 
 def native_lineage(table: IcebergTable, snapshot: Snapshot) -> tuple[list[FileLineage], int]:
-    """The lineage of every live data file of a v3 ``snapshot`` from its native values, and the table's ``next-row-id``."""
-    lineages = [file_lineage(f) for f in native_files(table, snapshot)]
+    """The lineage of every live data file of a v3 ``snapshot`` from its native values (deleted positions: version 0),
+    and the table's ``next-row-id``."""
+    lineages = [file_lineage(f, deleted_positions(table.io, f)) for f in native_files(table, snapshot)]
     next_row_id = int(getattr(table.metadata, "next_row_id", None) or 0)
     top = max((int((fl.row_ids.values + fl.row_ids.lengths - 1).max()) for fl in lineages if len(fl.row_ids)), default=-1)
     return lineages, max(next_row_id, top + 1)

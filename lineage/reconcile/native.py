@@ -13,15 +13,16 @@ version.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-from pyiceberg.manifest import DataFile, ManifestEntry
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 import lineage.storage.manifests_v3 as manifests_v3
-from lineage.iceberg.planning import is_v3, sequence_of
+from lineage.iceberg.planning import is_v3
 from lineage.iceberg.row_lineage import LAST_UPDATED, ROW_ID, NativeFile, read_row_lineage
 from lineage.reconcile.pairing import Pairs
 from lineage.storage.writer import WrittenFile
@@ -37,15 +38,14 @@ class NativeAdded:
 
 
 def added_lineage(iceberg: IcebergTable, snapshot: Snapshot, added: list[tuple[DataFile, np.ndarray, np.ndarray]],
-                  entries: list[ManifestEntry]) -> NativeAdded | None:
+                  seqs: Mapping[str, int]) -> NativeAdded | None:
     """The native lineage of the snapshot's added files, or None when the table is not v3 or a file has no row ids.
 
-    ``entries`` are the snapshot's ADDED data entries (their data sequence
-    numbers, which rows with a null ``_last_updated_sequence_number`` read).
+    ``seqs`` are the added files' data sequence numbers by path (rows with a
+    null ``_last_updated_sequence_number`` read them).
     """
     if not is_v3(iceberg):
         return None
-    seqs = {e.data_file.file_path: sequence_of(e) for e in entries}
     ids, updated = [], []
     top = -1
     for f, _, _ in added:
@@ -62,12 +62,12 @@ def added_lineage(iceberg: IcebergTable, snapshot: Snapshot, added: list[tuple[D
     return NativeAdded(ids, updated, max(after, top + 1))
 
 
-def pair_by_row_id(r_rid: np.ndarray, native: NativeAdded, added: list[tuple[DataFile, np.ndarray, np.ndarray]],
-                   version: int) -> Pairs:
-    """Pairs of removed images (row ids ``r_rid``) and added live images with the same native ``_row_id``.
+def pair_by_row_id(r_rid: np.ndarray, r_from: np.ndarray, native: NativeAdded,
+                   added: list[tuple[DataFile, np.ndarray, np.ndarray]]) -> Pairs:
+    """Pairs of removed images (row ids ``r_rid``, valid from ``r_from``) and added live images with the same ``_row_id``.
 
-    A pair is a move when the added image kept an older sequence number than
-    the snapshot's ``version`` (rewritten unchanged), else an update.
+    A pair is a move when the added image kept the removed image's sequence
+    number (rewritten unchanged), else an update.
     """
     if not len(r_rid) or not added:
         return Pairs()
@@ -79,9 +79,18 @@ def pair_by_row_id(r_rid: np.ndarray, native: NativeAdded, added: list[tuple[Dat
     hit = r_rid[order][at] == a_rid
     added_idx = np.flatnonzero(hit).astype(np.int64)
     removed_idx = order[at[hit]].astype(np.int64)
-    return Pairs(removed_idx, added_idx, a_upd[added_idx] != version)
+    return Pairs(removed_idx, added_idx, a_upd[added_idx] == r_from[removed_idx])
 
 
-def with_native_ids(written: list[WrittenFile], native: NativeAdded) -> list[WrittenFile]:
-    """``written`` with every position's row id replaced by its native ``_row_id``."""
-    return [replace(w, row_ids=ids) for w, ids in zip(written, native.row_ids, strict=True)]
+def with_native_ids(written: list[WrittenFile], native: NativeAdded,
+                    added: list[tuple[DataFile, np.ndarray, np.ndarray]]) -> list[WrittenFile]:
+    """``written`` with the native values: every position's ``_row_id``, and each live row's sequence number as its
+    updated version (a created version never later than it)."""
+    out = []
+    for w, ids, upd, (_, live, _) in zip(written, native.row_ids, native.updated, added, strict=True):
+        updated = np.array(w.updated, np.int64, copy=True)
+        created = np.array(w.created, np.int64, copy=True)
+        updated[live] = upd[live]
+        created[live] = np.minimum(created[live], updated[live])
+        out.append(replace(w, row_ids=ids, created=created, updated=updated))
+    return out
