@@ -291,3 +291,18 @@ def test_our_writes_after_sparks_replace_its_deletion_vectors(reference, warehou
     t.upsert(_batch([5, 600], qty=3))
     assert spark_native(reference, warehouse, t) == assert_readers_agree(t.refresh())
     reference.forget(warehouse)
+
+
+def test_writes_run_on_spark_executors_keep_native_row_ids(spark, warehouse):
+    """Spark writes of this library (merge-on-read only) on v3: executors write the lineage columns, deletes are vectors."""
+    from conftest import assert_interop
+
+    t = _v3(warehouse)
+    t.append(spark.createDataFrame(_batch(list(range(8)))))
+    before = {r[0]: r[1] for r in ours(t)}
+    t.upsert(spark.createDataFrame(_batch([2, 20], qty=5)))
+    t.update("id IN (3, 4)", {"qty": "qty * 10"}, engine="spark", spark=spark)
+    t.delete("id = 5", engine="spark", spark=spark)
+    assert_interop(t)  # on v3 it checks DuckDB's native _row_id and _last_updated_sequence_number too
+    now = assert_readers_agree(t)
+    assert all({r[0]: r[1] for r in now}[k] == v for k, v in before.items() if k != 5)
