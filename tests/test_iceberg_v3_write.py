@@ -306,3 +306,26 @@ def test_writes_run_on_spark_executors_keep_native_row_ids(spark, warehouse):
     assert_interop(t)  # on v3 it checks DuckDB's native _row_id and _last_updated_sequence_number too
     now = assert_readers_agree(t)
     assert all({r[0]: r[1] for r in now}[k] == v for k, v in before.items() if k != 5)
+
+
+def test_expire_vacuum_and_maintain_keep_the_vectors_in_use(warehouse):
+    import datetime as dt
+
+    t = _v3(warehouse)
+    for i in range(3):
+        t.append(_batch(list(range(i * 10, i * 10 + 10))))
+    t.delete("id IN (1, 11)")
+    t.delete("id IN (2, 21)")
+    t.update("id = 12", {"qty": "5"})
+    before = assert_readers_agree(t)
+    t.expire_snapshots(retain_last=1)
+    t.vacuum(older_than=dt.timedelta(0))
+    assert assert_readers_agree(t) == before
+    vectors = [d.file_path for f in t.state().live_files() for d in f.deletes]
+    assert vectors and all(os.path.exists(p.removeprefix("file://")) for p in vectors)
+    v = t.version
+    t.maintain()
+    t.compact()
+    assert t.refresh().version > v
+    assert assert_readers_agree(t) == before
+    assert cdf.changes(t, v).num_rows == 0  # maintenance makes no change events
