@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from conftest import rows
 from pyiceberg.avro.file import AvroFile
