@@ -34,6 +34,7 @@ from lineage.state import LiveFile, TableState
 from lineage.read.values import file_columns, layout
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
 import lineage.iceberg.v3_metadata as v3_metadata
+from lineage.storage.deletes import is_puffin, vector_table
 from lineage.storage.writer import WrittenFile, write_data_files
 
 
@@ -163,10 +164,16 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
     rows = read_files(spark, [f.path for f in files], pa.schema([table_schema.field(c) for c in columns]),
                       projection_field_ids(state.iceberg.metadata))
 
-    deletes = sorted({local_path(d) for f in files for d in f.delete_paths})
-    if deletes:
-        found = (spark_read.read_files(spark, deletes, pa.schema([("file_path", pa.string()), ("pos", pa.int64())]))
-                 if any(store.is_remote(d) for d in deletes) else spark.read.parquet(*deletes))
+    deletes = sorted({local_path(d) for f in files for d in f.delete_paths if not is_puffin(d)})
+    vectors = sorted({d for f in files for d in f.delete_paths if is_puffin(d)})  # Iceberg v3 deletion vectors (small: read here)
+    if deletes or vectors:
+        found = None
+        if deletes:
+            found = (spark_read.read_files(spark, deletes, pa.schema([("file_path", pa.string()), ("pos", pa.int64())]))
+                     if any(store.is_remote(d) for d in deletes) else spark.read.parquet(*deletes))
+        if vectors:
+            dv = spark.createDataFrame(vector_table(vectors))
+            found = dv if found is None else found.select("file_path", "pos").unionByName(dv)
         dels = found.select(
             F.regexp_replace(F.col("file_path"), _NORMALIZE, "").alias("__dpath"), F.col("pos").alias("__dpos")
         )

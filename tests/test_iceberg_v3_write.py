@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from conftest import rows
 from pyiceberg.avro.file import AvroFile
@@ -291,3 +290,41 @@ def test_our_writes_after_sparks_replace_its_deletion_vectors(reference, warehou
     t.upsert(_batch([5, 600], qty=3))
     assert spark_native(reference, warehouse, t) == assert_readers_agree(t.refresh())
     reference.forget(warehouse)
+
+
+def test_writes_run_on_spark_executors_keep_native_row_ids(spark, warehouse):
+    """Spark writes of this library (merge-on-read only) on v3: executors write the lineage columns, deletes are vectors."""
+    from conftest import assert_interop
+
+    t = _v3(warehouse)
+    t.append(spark.createDataFrame(_batch(list(range(8)))))
+    before = {r[0]: r[1] for r in ours(t)}
+    t.upsert(spark.createDataFrame(_batch([2, 20], qty=5)))
+    t.update("id IN (3, 4)", {"qty": "qty * 10"}, engine="spark", spark=spark)
+    t.delete("id = 5", engine="spark", spark=spark)
+    assert_interop(t)  # on v3 it checks DuckDB's native _row_id and _last_updated_sequence_number too
+    now = assert_readers_agree(t)
+    assert all({r[0]: r[1] for r in now}[k] == v for k, v in before.items() if k != 5)
+
+
+def test_expire_vacuum_and_maintain_keep_the_vectors_in_use(warehouse):
+    import datetime as dt
+
+    t = _v3(warehouse)
+    for i in range(3):
+        t.append(_batch(list(range(i * 10, i * 10 + 10))))
+    t.delete("id IN (1, 11)")
+    t.delete("id IN (2, 21)")
+    t.update("id = 12", {"qty": "5"})
+    before = assert_readers_agree(t)
+    t.expire_snapshots(retain_last=1)
+    t.vacuum(older_than=dt.timedelta(0))
+    assert assert_readers_agree(t) == before
+    vectors = [d.file_path for f in t.state().live_files() for d in f.deletes]
+    assert vectors and all(os.path.exists(p.removeprefix("file://")) for p in vectors)
+    v = t.version
+    t.maintain()
+    t.compact()
+    assert t.refresh().version > v
+    assert assert_readers_agree(t) == before
+    assert cdf.changes(t, v).num_rows == 0  # maintenance makes no change events
