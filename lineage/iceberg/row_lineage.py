@@ -134,7 +134,7 @@ def deleted_positions(io: FileIO | None, f: NativeFile) -> np.ndarray:
     parts = [p for p in parts if len(p)]
     if not parts:
         return np.zeros(0, np.int64)
-    return parts[0] if len(parts) == 1 else np.union1d(*parts) if len(parts) == 2 else np.unique(np.concatenate(parts))
+    return parts[0] if len(parts) == 1 else np.union1d(parts[0], parts[1])
 
 
 def _lineage_columns(schema: pa.Schema) -> dict[int, str]:
