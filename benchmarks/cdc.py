@@ -17,6 +17,8 @@ batches after ``--time-cap`` seconds:
 * ``lineage``: ``Table.apply_changelog(batch)`` (strict mode: every ``-U``
   image is checked against the live row), one merge-on-read commit per batch;
   feed ``cdf.changes(t, v0, v1)``.
+* ``lineage-v3``: the same as ``lineage`` on an Iceberg format version 3 table
+  (native row lineage; deletes are deletion vectors).
 * ``lineage-equality``: the same stream with ``write.changelog.strategy=equality``
   (``apply_changelog(batch, upsert=True)``: data file, equality deletes and
   own-file position deletes, no key lookup). Its feed time includes reconciling
@@ -76,7 +78,7 @@ from cdc_systems import CLASSES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SYSTEMS = ("lineage", "lineage-equality", "delta", "ducklake", "pyiceberg", "paimon")
+SYSTEMS = ("lineage", "lineage-v3", "lineage-equality", "delta", "ducklake", "pyiceberg", "paimon")
 TARGET_P50_MS = 150
 
 # ---------------------------------------------------------------- one system (child process)

@@ -94,6 +94,13 @@ class Lineage(System):
         return {"pyiceberg": pyiceberg.__version__, "duckdb": duckdb.__version__}
 
 
+class LineageV3(Lineage):
+    name = "lineage-v3"
+    notes = ["Table.apply_changelog (strict mode, merge-on-read) on an Iceberg format version 3 table: native row lineage, "
+             "deletes as deletion vectors (one Puffin file per touched data file per commit)"]
+    properties = {"format-version": "3"}
+
+
 class LineageEquality(Lineage):
     name = "lineage-equality"
     notes = ["Table.apply_changelog(batch, upsert=True) on a table with write.changelog.strategy=equality: data file + "
@@ -358,4 +365,4 @@ def _dist_version(name: str) -> str:
         return "?"
 
 
-CLASSES = {c.name: c for c in (Lineage, LineageEquality, Delta, DuckLake, PyIceberg, Paimon)}
+CLASSES = {c.name: c for c in (Lineage, LineageV3, LineageEquality, Delta, DuckLake, PyIceberg, Paimon)}

@@ -1,4 +1,4 @@
-"""Adoption: make an existing Iceberg v2 table a lineage table, without rewriting a data file.
+"""Adoption: make an existing Iceberg v2 or v3 table a lineage table, without rewriting a data file.
 
 :func:`adopt` commits one snapshot (Iceberg operation ``replace``: no data or
 delete file changes, no change events) whose lineage list describes every
@@ -16,6 +16,14 @@ the snapshot, so a failed adoption leaves a plain Iceberg table.
 Equality delete files (Flink's sink) are converted to position deletes first
 (:mod:`lineage.maintenance.convert`, its own ``replace`` commit, changing no
 reader's answer), so the adopted state has position deletes only.
+
+A v3 table keeps its native row lineage: each file's lineage holds the row
+ids every v3 reader returns (``_row_id``, read from the files where written,
+else inherited), and created = updated = the row's
+``_last_updated_sequence_number`` (versions are sequence numbers; v3 has no
+created field); positions deleted already get version 0 (never visible: an
+updated row's old image shares its row id with the new one); the lineage
+list continues from the table's ``next-row-id``.
 
 The change feed starts at the adoption version: its lineage list records it
 (``adopted``), and a range starting earlier raises
@@ -46,7 +54,8 @@ from lineage.errors import CommitConflictError, InvalidArgumentError, KeyViolati
 from lineage.maintenance.convert import convert_equality_deletes
 from lineage.storage.metadata import FileLineage, LineageList, lineage_dir, write_segment
 from lineage.outcome import Attempt, CommitLoop
-from lineage.iceberg.planning import plan_snapshot
+from lineage.iceberg.planning import is_v3, plan_snapshot
+from lineage.iceberg.row_lineage import native_lineage
 from lineage.sql.predicate import quote_ident
 from lineage.properties import COMMIT_RETRIES, LINEAGE_ENABLED as PROP_LINEAGE
 from lineage.properties import read as read_property
@@ -79,11 +88,11 @@ def adopt(
     warehouse: str | os.PathLike[str] | None = None,
     catalog: Catalog | None = None,
 ) -> Adoption:
-    """Make the existing Iceberg v2 table ``name`` a lineage table (see the module docs); returns what was committed.
+    """Make the existing Iceberg v2 or v3 table ``name`` a lineage table (see the module docs); returns what was committed.
 
     ``key`` names key columns (default: the table's identifier fields, if
     any). Raises InvalidArgumentError for a table that is a lineage table
-    already or not format v2, UnknownColumnError for unknown key columns,
+    already or not format v2 or v3, UnknownColumnError for unknown key columns,
     KeyViolationError when the live rows hold NULL or duplicate keys.
     """
     cat = resolve_catalog(warehouse, catalog)
@@ -117,10 +126,13 @@ def adopt(
             raise CommitFailedException("equality deletes were added during adoption; converted them, planning again")
         version = view.metadata.next_sequence_number()
         lineages, next_row_id = [], 0
-        for p in planned:
-            n = p.data_file.record_count
-            lineages.append(FileLineage(p.data_file.file_path, n, sequence_run(next_row_id, n), value_run(version, n), value_run(version, n)))
-            next_row_id += n
+        if snap is not None and is_v3(view):  # native row ids (row_lineage.file_lineage)
+            lineages, next_row_id = native_lineage(view, snap)
+        else:
+            for p in planned:
+                n = p.data_file.record_count
+                lineages.append(FileLineage(p.data_file.file_path, n, sequence_run(next_row_id, n), value_run(version, n), value_run(version, n)))
+                next_row_id += n
         segments: tuple[str, ...] = ()
         sizes: dict[str, int] = {}
         if lineages:
@@ -138,7 +150,8 @@ def adopt(
             OPERATION, Operation.REPLACE, key_index=change, metadata_updates=txn._updates, metadata_requirements=txn._requirements
         )
         result = commit_change(ice, state, request, a)
-        return Adoption(result.version, result.snapshot_id, len(lineages), next_row_id, tuple(names), converted[0], Table(ice, cat))
+        rows = sum(fl.record_count for fl in lineages)
+        return Adoption(result.version, result.snapshot_id, len(lineages), rows, tuple(names), converted[0], Table(ice, cat))
 
     retries = int(read_property(ice.metadata.properties, COMMIT_RETRIES))
     loop: CommitLoop[Adoption] = CommitLoop(f"{full}: adopt", lambda: ice, lambda: ice.refresh(), retries)
@@ -148,9 +161,9 @@ def adopt(
 def _check_adoptable(ice: IcebergTable, name: str) -> None:
     if ice.metadata.properties.get(PROP_LINEAGE) == "true":
         raise InvalidArgumentError(f"table {name} is a lineage table already (created or adopted before); open it with lineage.open_table")
-    if ice.metadata.format_version != 2:
+    if ice.metadata.format_version not in (2, 3):
         raise InvalidArgumentError(
-            f"table {name} has Iceberg format version {ice.metadata.format_version}; adoption needs format version 2 "
+            f"table {name} has Iceberg format version {ice.metadata.format_version}; adoption needs format version 2 or 3 "
             "(upgrade it first, e.g. ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2'))"
         )
 

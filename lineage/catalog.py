@@ -13,8 +13,9 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 
+import lineage.iceberg.v3_metadata as v3_metadata
 import lineage.storage.files as storage_files
-from lineage.errors import CatalogUnavailableError, InvalidArgumentError, TableNotFoundError
+from lineage.errors import CatalogUnavailableError, InvalidArgumentError, TableNotFoundError, UnsupportedFormatError
 
 DEFAULT_NAMESPACE = "default"
 CATALOG_FILE = "catalog.db"
@@ -78,28 +79,31 @@ def commit_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple) 
     """
     catalog = iceberg.catalog
     if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
-        iceberg._do_commit(updates, requirements)
+        try:
+            iceberg._do_commit(updates, requirements)
+        except NotImplementedError as exc:  # pyiceberg serialises no v3 metadata; only our SqlCatalog path does
+            raise UnsupportedFormatError(
+                f"this catalog ({type(catalog).__name__}) cannot commit Iceberg format version 3 metadata from Python; "
+                "use a SQL catalog (SQLite or PostgreSQL)"
+            ) from exc
         return
     from pyiceberg.catalog.sql import IcebergTables
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.locations import load_location_provider
-    from pyiceberg.table.update import _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log
+    from pyiceberg.table.update import _TableMetadataUpdateContext, _update_table_metadata_log
     from sqlalchemy import update as sql_update
     from sqlalchemy.orm import Session
 
     base, base_location = iceberg.metadata, iceberg.metadata_location
     for requirement in requirements:
         requirement.validate(base)
-    context = _TableMetadataUpdateContext()
-    metadata = base
-    for change in updates:
-        metadata = _apply_table_update(change, metadata, context)
+    metadata = v3_metadata.apply_updates(base, updates, _TableMetadataUpdateContext())
     metadata = _update_table_metadata_log(metadata, base_location, base.last_updated_ms)
     if metadata.last_updated_ms == base.last_updated_ms:
         metadata = metadata.model_copy(update={"last_updated_ms": int(time.time() * 1000)})
     version = catalog._parse_metadata_version(base_location) + 1
     location = load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(version)
-    catalog._write_metadata(metadata, iceberg.io, location)
+    v3_metadata.write_table_metadata(metadata, iceberg.io, location)
     table_identifier = iceberg.name()
     namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
     name = Catalog.table_name_from(table_identifier)

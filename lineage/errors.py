@@ -120,6 +120,10 @@ class UnsupportedFormatError(LineageMetadataError):
     """A lineage or index file was written in a format version this release cannot read."""
 
 
+class PuffinFormatError(LineageMetadataError):
+    """A Puffin file or a deletion vector in it is not valid (wrong magic, length or CRC-32, truncated, bad footer)."""
+
+
 class VersionRangeError(InvalidArgumentError):
     """A version range is reversed or otherwise malformed."""
 

@@ -126,8 +126,9 @@ _TABLE, _WRITES, _KEYS, _FEED, _COMMITS, _UPKEEP, _STATE = (
 
 # ---------------------------------------------------------------- the table
 LINEAGE_ENABLED = _define("lineage.enabled", "bool", False, "Marks a lineage table; set by `create_table` and `adopt`.", _TABLE)
-FORMAT_VERSION = _define("format-version", "choice", "2", "Iceberg format version; lineage tables are format 2.", _TABLE,
-                         choices=("2",), owner="iceberg")
+FORMAT_VERSION = _define("format-version", "choice", "2",
+                         "Iceberg format version of a new table: 2, or 3 for native row lineage (`create_table(format_version=3)`).",
+                         _TABLE, choices=("2", "3"), owner="iceberg")
 METADATA_DELETE_AFTER_COMMIT = _define(
     "write.metadata.delete-after-commit.enabled", "bool", False,
     "Delete old metadata JSON files after each commit (`create_table` sets it to true).", _TABLE, owner="iceberg")

@@ -33,6 +33,8 @@ import lineage.storage.spark_read as spark_read
 from lineage.state import LiveFile, TableState
 from lineage.read.values import file_columns, layout
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+import lineage.iceberg.v3_metadata as v3_metadata
+from lineage.storage.deletes import is_puffin, vector_table
 from lineage.storage.writer import WrittenFile, write_data_files
 
 
@@ -162,10 +164,16 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
     rows = read_files(spark, [f.path for f in files], pa.schema([table_schema.field(c) for c in columns]),
                       projection_field_ids(state.iceberg.metadata))
 
-    deletes = sorted({local_path(d) for f in files for d in f.delete_paths})
-    if deletes:
-        found = (spark_read.read_files(spark, deletes, pa.schema([("file_path", pa.string()), ("pos", pa.int64())]))
-                 if any(store.is_remote(d) for d in deletes) else spark.read.parquet(*deletes))
+    deletes = sorted({local_path(d) for f in files for d in f.delete_paths if not is_puffin(d)})
+    vectors = sorted({d for f in files for d in f.delete_paths if is_puffin(d)})  # Iceberg v3 deletion vectors (small: read here)
+    if deletes or vectors:
+        found = None
+        if deletes:
+            found = (spark_read.read_files(spark, deletes, pa.schema([("file_path", pa.string()), ("pos", pa.int64())]))
+                     if any(store.is_remote(d) for d in deletes) else spark.read.parquet(*deletes))
+        if vectors:
+            dv = spark.createDataFrame(vector_table(vectors))
+            found = dv if found is None else found.select("file_path", "pos").unionByName(dv)
         dels = found.select(
             F.regexp_replace(F.col("file_path"), _NORMALIZE, "").alias("__dpath"), F.col("pos").alias("__dpos")
         )
@@ -266,7 +274,7 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
 def write_with_executors(table: TableContext, df: Any) -> list[WrittenFile]:
     """Executors write ``df`` (table columns, optionally HIDDEN_ROW_ID/HIDDEN_CREATED) as data files; returns their descriptors."""
     ice = table.iceberg
-    fn = _executor_writer(ice.metadata.model_dump_json(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
+    fn = _executor_writer(v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
     payloads = df.mapInArrow(fn, "payload binary").collect()
     return [pickle.loads(r["payload"]) for r in payloads]
 

@@ -22,7 +22,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from lineage.storage.deletes import path_in_bounds, read_position_deletes, referenced_data_path
+from lineage.storage.deletes import delete_identity, path_in_bounds, read_position_deletes, referenced_data_path
 from lineage.errors import LineageMetadataError, UnknownVersionError
 from lineage.iceberg.planning import PlannedFile, live_entries, plan_snapshot
 from lineage.storage.metadata import SUMMARY_LIST, FileLineage, LineageList, read_list, read_segment
@@ -85,14 +85,15 @@ class SnapshotFiles:
         every live file); an equality delete file returns None.
         """
         gone = {f.file_path for f in removed}
+        gone_deletes = {delete_identity(f) for f in removed}  # a Puffin file holds the vectors of several data files
         files: dict[str, LiveFile] = {}
         for path, live in self.files.items():
             if path in gone:
                 continue
             if live.equality_deletes:
                 return None  # equality deletes are matched by sequence number: plan afresh
-            if gone and live.deletes and any(d.file_path in gone for d in live.deletes):
-                live = replace(live, deletes=tuple(d for d in live.deletes if d.file_path not in gone))
+            if gone and live.deletes and any(delete_identity(d) in gone_deletes for d in live.deletes):
+                live = replace(live, deletes=tuple(d for d in live.deletes if delete_identity(d) not in gone_deletes))
             files[path] = live
         segment_of = {p: moved.get(s, s) for p, s in self.segment_of.items() if p in files}
         for data_file, lineage in added:

@@ -33,6 +33,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
 import lineage.duck as duck
+import lineage.iceberg.v3_tables as v3_tables
 from lineage.read.batched_scan import DEFAULT_BATCH_ROWS, DEFAULT_GROUP_BYTES, BatchedScan, plan_scan, read_all, scan_batches
 import lineage.properties as properties
 from lineage.catalog import identifier, load_iceberg, resolve_catalog
@@ -118,12 +119,15 @@ def create_table(
     warehouse: str | os.PathLike[str] | None = None,
     catalog: Catalog | None = None,
     properties: Mapping[str, str] | None = None,
+    format_version: int | None = None,
 ) -> Table:
-    """Create an Iceberg (format v2) table whose rows carry lineage.
+    """Create an Iceberg table (format version 2, or 3 with ``format_version=3``) whose rows carry lineage.
 
     ``key`` columns become the table's identifier fields (required, used by
     :meth:`Table.upsert`). ``partition_by`` takes Iceberg transforms such as
     ``"region"``, ``"day(ts)"``, ``"bucket(16, id)"``, ``"truncate(4, name)"``.
+    On format version 3 the rows' ``_row_id`` are Iceberg's native row ids,
+    which every v3 reader returns, and deletes are deletion vectors.
     """
     cat = resolve_catalog(warehouse, catalog)
     ns, tbl = identifier(name)
@@ -133,10 +137,12 @@ def create_table(
              # Each commit writes the whole metadata JSON: keep only the last write.metadata.previous-versions-max (100)
              # of them on disk, or a table with N commits keeps O(N^2) bytes of old metadata files.
              PROP_METADATA_DELETE_AFTER_COMMIT: "true"}
+    if format_version is not None:
+        props[FORMAT_VERSION] = str(format_version)
+    version = v3_tables.check_format_version((properties or {}).get(FORMAT_VERSION, props[FORMAT_VERSION]))
     for k, v in (properties or {}).items():
         props[str(k)] = str(v)
-    if props.get(FORMAT_VERSION) != "2":
-        raise InvalidArgumentError(f"format-version must be 2 (got {props[FORMAT_VERSION]!r}); v1 has no delete files")
+    props[FORMAT_VERSION] = "2"  # pyiceberg writes no v3 metadata: the table is upgraded right after creation
     for prop in (PROP_DELETE_MODE, PROP_UPDATE_MODE, PROP_MERGE_MODE):
         check_mode(props[prop], prop)
     capture_preimages(props)  # refuses a value other than true/false
@@ -148,6 +154,12 @@ def create_table(
         ice = cat.create_table((ns, tbl), schema=ischema, partition_spec=spec, properties=props)
     except _IceExists:
         raise TableAlreadyExistsError(f"table {ns}.{tbl} already exists; open it with lineage.open_table") from None
+    if version >= 3:
+        try:
+            v3_tables.upgrade(ice, version)
+        except BaseException:
+            cat.drop_table((ns, tbl))
+            raise
     return Table(ice, cat)
 
 

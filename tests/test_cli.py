@@ -179,7 +179,7 @@ def test_create_info_and_tables(tmp_path):
     assert "region, day(at)" in created.stdout
 
     from_file, dup, bad_type, bad_prop, bad_key, info, info_json, tables = run_many(
-        ("--warehouse", wh, "-f", "json", "create", "sales.events", "--schema", str(schema_file), "--key", "k"),
+        ("--warehouse", wh, "-f", "json", "create", "sales.events", "--schema", str(schema_file), "--key", "k", "--format-version", "3"),
         ("--warehouse", wh, "create", "sales.orders", "--schema", "id:int64"),
         ("--warehouse", wh, "create", "sales.x", "--schema", "id:int99"),
         ("--warehouse", wh, "create", "sales.y", "--schema", "id:int64", "--property", "write.delete.mode=sometimes"),
@@ -189,7 +189,7 @@ def test_create_info_and_tables(tmp_path):
         ("--warehouse", wh, "--format", "csv", "tables"),
     )
     rec = json.loads(ok(from_file).stdout)
-    assert rec["key"] == ["k"] and [c["name"] for c in rec["columns"]] == ["k", "ts"]
+    assert rec["key"] == ["k"] and [c["name"] for c in rec["columns"]] == ["k", "ts"] and rec["format_version"] == 3
     fails(dup, 1, "already exists")
     fails(bad_type, 2, "unknown column type 'int99'")
     fails(bad_prop, 2, "write.delete.mode")

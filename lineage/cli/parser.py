@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "or a JSON, Arrow or Parquet file holding a schema",
     )
     p.add_argument("--key", metavar="COLS", help="key columns, comma separated (needed by upsert)")
+    p.add_argument("--format-version", type=int, choices=(2, 3), default=None,
+                   help="Iceberg format version (default 2; 3: native row lineage, deletes as deletion vectors)")
     p.add_argument(
         "--partition-by",
         action="append",

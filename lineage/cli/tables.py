@@ -104,7 +104,8 @@ def cmd_create(ctx: Context) -> int:
     partition_by = [p for spec in a.partition_by or [] for p in split_top_level(spec)]
     props = parse_pairs(a.property, "--property")
     t = lineage.create_table(
-        a.table, schema, key=key, partition_by=partition_by or None, catalog=ctx.catalog(create=True), properties=props
+        a.table, schema, key=key, partition_by=partition_by or None, catalog=ctx.catalog(create=True), properties=props,
+        format_version=a.format_version,
     )
     rec = {
         "table": t.name,
@@ -115,11 +116,13 @@ def cmd_create(ctx: Context) -> int:
         "key": t.key,
         "partition_by": _partition_fields(t.iceberg),
         "properties": props,
+        "format_version": t.iceberg.metadata.format_version,
     }
     text = f"created {t.name} at {rec['location']}\n" + render_record(
         {
             "columns": _columns_text(rec["columns"], t.key),
             "partitioned by": ", ".join(rec["partition_by"]) or "unpartitioned",
+            "format version": str(rec["format_version"]),
             "properties": ", ".join(f"{k}={v}" for k, v in props.items()) or "-",
         },
         indent=2,

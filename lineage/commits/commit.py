@@ -24,8 +24,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
-from pyiceberg.manifest import data_file_with_partition, manifest_entry_schema_with_data_file, write_manifest_list
-from pyiceberg.types import IntegerType, ListType, NestedField, StructType
+from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, write_index_segment
@@ -55,6 +54,7 @@ from lineage.commits.segment_list import next_segments
 from lineage.state import SnapshotFiles, TableState, writable_state
 from lineage.storage.writer import FRESH, WrittenFile
 import lineage.storage.puts as puts
+import lineage.storage.manifests_v3 as v3
 
 
 class _ManifestWriter(ManifestWriterV2):
@@ -66,14 +66,7 @@ class _ManifestWriter(ManifestWriterV2):
     """
 
     def _with_partition(self, format_version):  # type: ignore[no-untyped-def]
-        data_file = data_file_with_partition(format_version=format_version, partition_type=self._spec.partition_type(self._schema))
-        fields = [
-            NestedField(f.field_id, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
-            if f.field_id == 135
-            else f
-            for f in data_file.fields
-        ]
-        return manifest_entry_schema_with_data_file(format_version=format_version, data_file=StructType(*fields))
+        return v3.entry_schema(self._spec, self._schema, format_version)
 
 
 class _DeleteManifestWriter(_ManifestWriter):
@@ -92,13 +85,7 @@ def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
     df = copy.copy(entry.data_file)
     df._data = list(df._data)  # DataFile exposes no setters; positions 10/11 are lower/upper bounds
     df._data[10], df._data[11] = {}, {}
-    return ManifestEntry.from_args(
-        status=entry.status,
-        snapshot_id=entry.snapshot_id,
-        sequence_number=entry.sequence_number,
-        file_sequence_number=entry.file_sequence_number,
-        data_file=df,
-    )
+    return v3.with_data_file(entry, df)
 
 
 class _BaseMetadata:
@@ -135,6 +122,11 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self._data_sequence_number = data_sequence_number
         self.delete_sequence_numbers: dict[str, int] = {}  # delete file path -> an explicit data sequence number (CONVERT)
         self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
+        self._v3 = transaction.table_metadata.format_version >= 3
+        # v3: deletion vectors to remove, by (Puffin file, referenced data file): one Puffin file may hold the vectors of
+        # several data files (Iceberg Java writes them so), and only the named one leaves. Removed only if still there.
+        self.removed_vectors: set[tuple[str, str]] = set()
+        self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
@@ -210,7 +202,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         count = 0
         with writer:
             for manifest in members:
-                for entry in manifest.fetch_manifest_entry(self._io, discard_deleted=False):
+                for entry in self._entries(manifest, discard_deleted=False):
                     if entry.status == ManifestEntryStatus.DELETED:
                         if entry.snapshot_id == self._snapshot_id:
                             writer.delete(entry)
@@ -225,12 +217,22 @@ class _LineageSnapshotProducer(_OverwriteFiles):
 
     def new_manifest_writer(self, spec):  # type: ignore[no-untyped-def]
         """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`)."""
+        if self._v3:
+            return v3.ManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression, self._unassigned)
         if self._transaction.table_metadata.format_version != 2:
             return super().new_manifest_writer(spec)
         return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
+        if self._v3:
+            return v3.DeleteManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
         return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+
+    def _entries(self, manifest: ManifestFile, discard_deleted: bool) -> list[ManifestEntry]:
+        """A manifest's entries; on v3 with every v3 field and inherited ``first_row_id`` (they are written back)."""
+        if self._v3:
+            return v3.read_entries(manifest, self._io, discard_deleted=discard_deleted)
+        return manifest.fetch_manifest_entry(self._io, discard_deleted=discard_deleted)
 
     def _carried_manifests(self) -> list[ManifestFile]:
         """The parent's manifests; those holding a removed file are rewritten with it marked DELETED."""
@@ -238,18 +240,23 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         if parent is None:
             return []
         removed = self._deleted_data_files
+        vectors = self.removed_vectors
+
+        def leaves(e: ManifestEntry) -> bool:
+            return e.data_file in removed or (bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
+
         out: list[ManifestFile] = []
         found: set[str] = set()
-        for manifest in manifests_of(parent, self._io):
+        for manifest in manifests_of(parent, self._io, self._v3):
             live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
                 continue  # only DELETED entries of an earlier commit: nothing to carry
             stale = self.strip_removed_stats and bool(manifest.deleted_files_count)
-            if not removed and not stale:
+            if not removed and not vectors and not stale:
                 out.append(manifest)
                 continue
-            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
-            hit = [e for e in entries if e.data_file in removed]
+            entries = self._entries(manifest, discard_deleted=True)
+            hit = [e for e in entries if leaves(e)]
             if not hit and not stale:
                 out.append(manifest)
                 continue
@@ -257,7 +264,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             writer = self._delete_writer(spec) if manifest.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
             with writer:
                 for e in entries:
-                    if e.data_file in removed:
+                    if leaves(e):
                         writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
                         found.add(e.data_file.file_path)
                     else:
@@ -286,16 +293,26 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             _new_manifest_list_file_name(snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid)
         )
         self._written_manifest_lists.append(location)
-        with write_manifest_list(
-            format_version=metadata.format_version,
-            output_file=self._io.new_output(location),
-            snapshot_id=self._snapshot_id,
-            parent_snapshot_id=self._parent_snapshot_id,
-            sequence_number=sequence_number,
-            avro_compression=self._compression,
-        ) as writer:
-            writer.add_manifests(new_manifests)
+        lineage: dict[str, int] = {}
+        if self._v3:
+            new_manifests = v3_list_order(new_manifests, self._snapshot_id)
+            first_row_id = int(metadata.next_row_id or 0)  # type: ignore[union-attr]
+            writer = v3.ManifestListWriterV3(self._io.new_output(location), self._snapshot_id, self._parent_snapshot_id, sequence_number,
+                                             first_row_id, self._compression, self._unassigned)
+        else:
+            writer = write_manifest_list(
+                format_version=metadata.format_version,
+                output_file=self._io.new_output(location),
+                snapshot_id=self._snapshot_id,
+                parent_snapshot_id=self._parent_snapshot_id,
+                sequence_number=sequence_number,
+                avro_compression=self._compression,
+            )
+        with writer:
             listed = tuple(writer.prepare_manifest(m) for m in new_manifests)  # as a reader of the list will see them
+            writer._writer.write_block(list(listed))
+        if self._v3:
+            lineage = {"first_row_id": writer.first_row_id, "added_rows": writer.added_rows}
         _WRITTEN_LISTS.get(location, lambda: listed)
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,
@@ -305,6 +322,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             timestamp_ms=self._timestamp_ms,
             summary=summary,
             schema_id=metadata.current_schema_id,
+            **lineage,
         )
         return (
             (
@@ -329,9 +347,28 @@ class _LineageSnapshotProducer(_OverwriteFiles):
 _WRITTEN_LISTS: ImmutableFileCache[tuple[ManifestFile, ...]] = ImmutableFileCache(64)
 
 
-def manifests_of(snapshot: Snapshot, io) -> tuple[ManifestFile, ...]:  # type: ignore[no-untyped-def]
-    """The manifests of ``snapshot`` (from memory when this process wrote its manifest list)."""
+def manifests_of(snapshot: Snapshot, io, v3_fields: bool = False) -> tuple[ManifestFile, ...]:  # type: ignore[no-untyped-def]
+    """The manifests of ``snapshot`` (from memory when this process wrote its manifest list).
+
+    ``v3_fields`` reads a list this process did not write with the v3 fields (``first_row_id``).
+    """
+    if v3_fields:
+        return _WRITTEN_LISTS.get(snapshot.manifest_list, lambda: v3.read_manifest_list(io, snapshot.manifest_list))
     return _WRITTEN_LISTS.get(snapshot.manifest_list, lambda: tuple(snapshot.manifests(io)))
+
+
+def v3_list_order(manifests: list[ManifestFile], snapshot_id: int) -> list[ManifestFile]:
+    """``manifests`` with the data manifest holding this snapshot's added files first.
+
+    Row ids are assigned in manifest-list order (spec, "First Row ID
+    Assignment"); the lineage of the commit numbers the added files from the
+    table's ``next-row-id`` in the order they were added, so their manifest
+    must be the first one assigned ids.
+    """
+    def holds_added(m: ManifestFile) -> bool:
+        return m.content == ManifestContent.DATA and m.added_snapshot_id == snapshot_id and bool(m.added_files_count)
+
+    return [m for m in manifests if holds_added(m)] + [m for m in manifests if not holds_added(m)]
 
 
 def _manifest_weight(manifest: ManifestFile) -> int:
@@ -377,7 +414,10 @@ def commit_files(
     for f in added:
         producer.append_data_file(f)
     for f in removed:
-        producer.delete_data_file(f)
+        if v3.is_deletion_vector(f) and v3.referenced_data_file(f):
+            producer.removed_vectors.add((f.file_path, v3.referenced_data_file(f)))
+        else:
+            producer.delete_data_file(f)
     try:
         with puts.parallel_puts():  # manifests and the manifest list in flight at once (and with the caller's files)
             updates, requirements = producer.updates_and_requirements()
@@ -467,6 +507,14 @@ def build_lineage(
     so reconciling the same snapshot twice writes the same files).
     """
     next_row_id = state.lineage.next_row_id
+    # On v3 every added data file inherits a first_row_id from the table's next-row-id, in the order added
+    # (lineage.storage.manifests_v3), whether its rows are new or keep their ids: number them the same way.
+    native = iceberg.metadata.format_version >= 3
+    if native:
+        # Our commit's first-row-id is the table's next-row-id; a reconciled foreign snapshot has its own.
+        snap = iceberg.metadata.snapshot_by_id(snapshot_id)
+        first = snap.first_row_id if snap is not None else None
+        next_row_id = int(first if first is not None else (iceberg.metadata.next_row_id or 0))  # type: ignore[union-attr]
     lineages = []
     for w in req.written:
         n = w.data_file.record_count
@@ -475,14 +523,19 @@ def build_lineage(
             next_row_id += n
         elif isinstance(w.row_ids, Runs):
             rids = w.row_ids
+            next_row_id += n if native else 0
         else:
             ids = np.asarray(w.row_ids, np.int64)
-            fresh = ids == FRESH  # rows inserted with updated images in one file: fresh ids in file order
+            fresh = ids == FRESH  # rows inserted with updated images in one file: fresh ids assigned at commit
             if fresh.any():
                 ids = ids.copy()
-                ids[fresh] = np.arange(next_row_id, next_row_id + int(fresh.sum()), dtype=np.int64)
-                next_row_id += int(fresh.sum())
+                if native:  # written with a null _row_id: they read the file's first_row_id plus their position
+                    ids[fresh] = next_row_id + np.flatnonzero(fresh)
+                else:  # in file order
+                    ids[fresh] = np.arange(next_row_id, next_row_id + int(fresh.sum()), dtype=np.int64)
+                    next_row_id += int(fresh.sum())
             rids = encode_sequence(ids)
+            next_row_id += n if native else 0
         lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
     if req.next_row_id is not None:
         next_row_id = max(next_row_id, req.next_row_id)
@@ -594,8 +647,8 @@ def _next_files(
 ) -> SnapshotFiles | None:
     """The committed snapshot's live files, derived from the base's when it has them (None: plan afresh)."""
     known = state.files_if_known()
-    if known is None:
-        return None
+    if known is None or any(v3.is_deletion_vector(f) and v3.referenced_data_file(f) for f in req.removed_files):
+        return None  # a removed vector may share its Puffin file with vectors that stay: plan afresh
     by_path = {fl.file_path: fl for fl in lineages}
     default_spec = state.iceberg.metadata.default_spec_id
     for f in [w.data_file for w in req.written] + req.delete_files:

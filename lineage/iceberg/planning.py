@@ -29,6 +29,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 
+import lineage.storage.manifests_v3 as manifests_v3
 from lineage.storage.deletes import path_in_bounds, referenced_data_path
 from lineage.storage.fileio import ImmutableFileCache
 
@@ -139,19 +140,48 @@ def sequence_of(entry: ManifestEntry) -> int:
 _ENTRIES: ImmutableFileCache[list[ManifestEntry]] = ImmutableFileCache(200_000, weigh=len, max_share=0.25)
 
 
+_LISTS: ImmutableFileCache[list[ManifestFile]] = ImmutableFileCache(256)  # v3 manifest lists read, by path
+
+
+def is_v3(table: IcebergTable) -> bool:
+    """Whether the table's format version is 3 or later (native row lineage, deletion vectors)."""
+    return int(table.metadata.format_version) >= 3
+
+
+def snapshot_manifests(table: IcebergTable, snapshot: Snapshot) -> list[ManifestFile]:
+    """The manifests of ``snapshot``; on a v3 table with their ``first_row_id`` (pyiceberg's reader drops it)."""
+    if not is_v3(table) or not snapshot.manifest_list:
+        return snapshot.manifests(table.io)
+    return _LISTS.get(snapshot.manifest_list, lambda: list(manifests_v3.read_manifest_list(table.io, snapshot.manifest_list)))
+
+
+def manifest_entries(table: IcebergTable, manifest: ManifestFile, discard_deleted: bool = True) -> list[ManifestEntry]:
+    """The entries of ``manifest`` (live ones only by default); on a v3 table with the v3 fields and inherited ``first_row_id``."""
+    if is_v3(table):
+        return manifests_v3.read_entries(manifest, table.io, discard_deleted=discard_deleted)
+    return manifest.fetch_manifest_entry(table.io, discard_deleted=discard_deleted)
+
+
 def live_entries(table: IcebergTable, manifests: Iterable[ManifestFile]) -> Iterator[ManifestEntry]:
     """Every live (added or existing) entry of ``manifests``, in manifest order (the entries are shared: do not modify them).
 
     Manifests not cached (:data:`_ENTRIES`) are read in parallel.
     """
     manifests = list(manifests)
-    found = {m.manifest_path: _ENTRIES.peek(m.manifest_path) for m in manifests}
+    v3 = is_v3(table)  # read with the v3 fields (row lineage, deletion vectors)
+
+    def key(m: ManifestFile) -> tuple[str, bool, int | None]:
+        # On v3 the entries inherit first_row_id from the manifest list's value, which a manifest written before
+        # an upgrade to v3 gets only in a later snapshot's list: the same manifest reads differently.
+        return m.manifest_path, v3, manifests_v3.manifest_first_row_id(m) if v3 else None
+
+    found = {m.manifest_path: _ENTRIES.peek(key(m)) for m in manifests}
     missing = [m for m in manifests if found[m.manifest_path] is None]
     if missing:
-        read = ExecutorFactory.get_or_create().map(lambda m: m.fetch_manifest_entry(table.io, discard_deleted=True), missing)
+        read = ExecutorFactory.get_or_create().map(lambda m: manifest_entries(table, m), missing)
         for m, entries in zip(missing, read, strict=True):
             found[m.manifest_path] = entries
-            _ENTRIES.put(m.manifest_path, entries)
+            _ENTRIES.put(key(m), entries)
     return chain.from_iterable(found[m.manifest_path] or () for m in manifests)
 
 
@@ -165,7 +195,7 @@ def plan_snapshot(table: IcebergTable, snapshot: Snapshot) -> list[PlannedFile]:
     positions = PositionDeleteIndex()
     unpartitioned = {spec.spec_id for spec in table.metadata.partition_specs if spec.is_unpartitioned()}
     equality = EqualityDeleteIndex(unpartitioned)
-    for entry in live_entries(table, snapshot.manifests(table.io)):
+    for entry in live_entries(table, snapshot_manifests(table, snapshot)):
         content = entry.data_file.content
         if content == DataFileContent.DATA:
             data.append(entry)

@@ -37,6 +37,7 @@ from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState, state_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
+from lineage.storage.deletion_vectors import VectorTarget, write_vectors
 from lineage.storage.writer import write_data_files, write_position_deletes
 
 
@@ -94,6 +95,8 @@ def rewrite_deletes(table: TableContext | HasContext, granularity: str | None = 
     """
     table = context_of(table)
     granularity = granularity or read(table.iceberg.metadata.properties, DELETE_GRANULARITY) or "file"  # maintenance: file-scoped unless asked
+    if table.iceberg.metadata.format_version >= 3:
+        granularity = "file"  # v3: deletion vectors, one per data file
     stats: dict[str, int] = {}
     if dry_run:
         table.refresh()
@@ -105,7 +108,10 @@ def rewrite_deletes(table: TableContext | HasContext, granularity: str | None = 
         removed, targets = _delete_rewrite_plan(state, granularity, min_input_files)
         if not removed:
             return None
-        new = write_position_deletes(table.iceberg, targets, granularity) if targets else []
+        if table.iceberg.metadata.format_version >= 3:  # one deletion vector per data file
+            new, _ = write_vectors(table.iceberg, [VectorTarget(df, pos) for df, pos in targets])
+        else:
+            new = write_position_deletes(table.iceberg, targets, granularity) if targets else []
         created.extend(f.file_path for f in new)
         stats.update(added=len(new), removed=len(removed), bytes_added=sum(f.file_size_in_bytes for f in new),
                      bytes_removed=sum(f.file_size_in_bytes for f in removed))

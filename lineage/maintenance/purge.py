@@ -58,6 +58,7 @@ from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.read.values import read_at
+from lineage.storage.deletion_vectors import VectorTarget, write_vectors
 from lineage.storage.writer import WrittenFile, write_copy, write_position_deletes
 from lineage.properties import delete_granularity
 import lineage.storage.files as store
@@ -174,7 +175,8 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> M
                 continue
             data = pq.read_table(store.source(f.path), columns=schema.names)
             donors = _partition_donors(state.iceberg, f.data_file) if mask.all() else None
-            copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file)
+            lineage = (decode_sequence(f.lineage.row_ids), decode_values(f.lineage.updated))  # v3: the copy keeps native row lineage
+            copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file, lineage)
             created.append(copy.file_path)
             w = WrittenFile(copy, f.lineage.row_ids, f.lineage.created, f.lineage.updated)
             written.append(w)
@@ -201,7 +203,10 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> M
                     if p in live_by_path:
                         delete_targets.append((live_by_path[p], old_deleted[p]))
         granularity, limit = delete_granularity(state.iceberg.metadata.properties)
-        new_deletes = write_position_deletes(state.iceberg, delete_targets, granularity, file_scoped_limit=limit) if delete_targets else []
+        if state.iceberg.metadata.format_version >= 3:  # deletion vectors; the positions above already hold the old ones
+            new_deletes, _ = write_vectors(state.iceberg, [VectorTarget(df, pos) for df, pos in delete_targets])
+        else:
+            new_deletes = write_position_deletes(state.iceberg, delete_targets, granularity, file_scoped_limit=limit) if delete_targets else []
         created.extend(d.file_path for d in new_deletes)
 
         # 2. pinned files that left the snapshot: needed images into a fresh archive, purged rows nulled

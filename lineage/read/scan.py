@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from lineage.duck import duckdb_types
 import lineage.columns as columns
+from lineage.storage.deletes import is_puffin, vector_table
 from lineage.storage.fileio import local_path
 from lineage.sql.predicate import quote_ident
 from lineage.storage.rle import combined_breakpoints
@@ -94,13 +95,19 @@ def register_live_view(
                 ),
             )
 
-    delete_paths = sorted({local(d) for f in files for d in f.delete_paths})
-    if delete_paths:
+    delete_paths = sorted({local(d) for f in files for d in f.delete_paths if not is_puffin(d)})
+    vectors = sorted({d for f in files for d in f.delete_paths if is_puffin(d)})  # Iceberg v3 deletion vectors
+    if vectors:
+        con.register(f"{name}__dvs", vector_table(vectors))
+    if delete_paths or vectors:
+        sources = [f"SELECT file_path, pos FROM read_parquet({_list(delete_paths)}, hive_partitioning = false)"] if delete_paths else []
+        sources += [f"SELECT file_path, pos FROM {quote_ident(name + '__dvs')}"] if vectors else []
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {quote_ident(name + '__dels')} AS "
-            f"SELECT f.file_id, x.pos FROM read_parquet({_list(delete_paths)}, hive_partitioning = false) x "
+            f"SELECT f.file_id, x.pos FROM ({' UNION ALL '.join(sources)}) x "
             f"JOIN {quote_ident(name + '__files')} f ON f.path = x.file_path"
         )
+        delete_paths += vectors
 
     by_id = ""
     if field_ids:

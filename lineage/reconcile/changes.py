@@ -15,7 +15,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from lineage.iceberg.equality import EqualityDelete
-from lineage.iceberg.planning import sequence_of
+from lineage.iceberg.planning import manifest_entries, sequence_of, snapshot_manifests
 
 
 @dataclass
@@ -35,10 +35,10 @@ def snapshot_changes(table: IcebergTable, snapshot: Snapshot) -> SnapshotChanges
     out = SnapshotChanges(snapshot)
     sid = snapshot.snapshot_id
     unpartitioned = {spec.spec_id for spec in table.metadata.partition_specs if spec.is_unpartitioned()}
-    for manifest in snapshot.manifests(table.io):
+    for manifest in snapshot_manifests(table, snapshot):  # v3: with first_row_id and deletion vector fields
         if manifest.added_snapshot_id != sid:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+        for entry in manifest_entries(table, manifest, discard_deleted=False):
             if entry.snapshot_id != sid or entry.status == ManifestEntryStatus.EXISTING:
                 continue
             f = entry.data_file

@@ -61,6 +61,7 @@ from lineage.storage.fileio import overwriting
 from lineage.storage.metadata import FileLineage, LineageList, lineage_dir, read_segment
 from lineage.iceberg.planning import PlannedFile, live_entries, plan_snapshot, sequence_of
 from lineage.reconcile.images import read_positions
+from lineage.reconcile.native import added_lineage, pair_by_row_id, with_native_ids
 from lineage.reconcile.pairing import Pairs, pair_images
 from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_tag
 from lineage.storage.rle import decode_sequence, decode_values
@@ -245,7 +246,10 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
     n_added = int(sum(len(pos) for _, pos, _ in added))
     pairs = None
     ridx = np.flatnonzero(readable)
-    if len(ridx) and n_added:
+    native = added_lineage(iceberg, survivor, added, {p.data_file.file_path: p.sequence_number for p in planned})
+    if native is not None:  # v3: the writers kept lineage; lost files need not be read
+        pairs = pair_by_row_id(r_rid_a, r_from_a, native, added)
+    elif len(ridx) and n_added:
         removed_rows = pa.concat_tables(
             [read_positions(str(path), r_pos_a[ridx][r_paths_a[ridx] == path], columns, schema) for path in dict.fromkeys(r_paths_a[ridx].tolist())]
         )
@@ -255,6 +259,8 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
         pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, columns)
         pairs = Pairs(order[pairs.removed], pairs.added, pairs.move)  # indexes into the removed images, not the rows read
     written, next_row_id, paired, moved, updates = assign_lineage(added, pairs, r_rid_a, r_created_a, r_from_a, version, base.next_row_id)
+    if native is not None:
+        written, next_row_id = with_native_ids(written, native, added), max(native.next_row_id, base.next_row_id)
 
     removed_images = []
     keep = ~moved

@@ -33,6 +33,8 @@ from lineage.storage.metadata import STRATEGY_EQUALITY as STRATEGY
 from lineage.storage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY, LineageList, lineage_dir
 from lineage.reconcile.changes import snapshot_changes
 from lineage.reconcile.images import derive_images, read_positions
+from lineage.iceberg.planning import sequence_of
+from lineage.reconcile.native import added_lineage, pair_by_row_id, with_native_ids
 from lineage.reconcile.pairing import Pairs, pair_images
 from lineage.storage.rle import decode_sequence, decode_values
 from lineage.iceberg.schema import arrow_schema
@@ -174,11 +176,14 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     pair_columns = key if no_moves else columns
     index_keys = index_enabled(iceberg) and parent.snapshot is not None and keyed
     pairs = None
+    native = added_lineage(iceberg, snapshot, images.added, {e.data_file.file_path: sequence_of(e) for e in changes.added})
+    if native is not None:  # v3: the writer kept lineage
+        pairs = pair_by_row_id(r_rid_a, r_from_a, native, images.added)
     removed_rows = None  # the removed images' pair_columns (or key columns), read once
-    if len(r_pos) and (sum(a_counts) or index_keys):
-        wanted = pair_columns if sum(a_counts) else key
+    if len(r_pos) and ((sum(a_counts) and native is None) or index_keys):
+        wanted = pair_columns if sum(a_counts) and native is None else key
         removed_rows = pa.concat_tables([read_positions(p, images.removed[p], wanted, schema) for p in r_paths])
-    if removed_rows is not None and sum(a_counts):
+    if removed_rows is not None and sum(a_counts) and native is None:
         added_rows = pa.concat_tables([read_positions(f.file_path, pos, pair_columns, schema) for f, pos, _ in images.added])
         pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, pair_columns)
         if no_moves:
@@ -187,6 +192,8 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     written, next_row_id, paired_removed, moved_removed, updates = assign_lineage(
         images.added, pairs, r_rid_a, r_created_a, r_from_a, version, parent.lineage.next_row_id
     )
+    if native is not None:
+        written, next_row_id = with_native_ids(written, native, images.added), max(native.next_row_id, parent.lineage.next_row_id)
     inserted = n_added - (len(pairs.added) if pairs is not None else 0)
     deleted = int((~paired_removed).sum())
     if replace_op and (inserted or deleted):

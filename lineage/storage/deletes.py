@@ -3,16 +3,22 @@
 Every reader of position deletes (the change feed's pointers, compaction,
 purge, verify) goes through :func:`read_position_deletes`, which parses a
 delete file once and caches the result by path (delete files are immutable
-and their names are unique).
+and their names are unique). A Puffin file of deletion vectors (Iceberg v3)
+reads the same way: referenced data file -> positions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent
 
+import lineage.storage.manifests_v3 as manifests_v3
 from lineage.storage.fileio import ImmutableFileCache
+import lineage.storage.puffin as puffin
 import lineage.storage.files as store
 
 PATH_FIELD_ID = 2147483546  # the spec's reserved field id of a position delete file's file_path
@@ -32,6 +38,11 @@ def read_position_deletes(path: str) -> dict[str, np.ndarray]:
 
 
 def _read(path: str) -> dict[str, np.ndarray]:
+    if is_puffin(path):  # Iceberg v3 deletion vectors (lineage.storage.deletion_vectors writes one per file)
+        out = puffin.read_puffin_deletion_vectors(_StoreIO(), path)
+        for arr in out.values():
+            arr.setflags(write=False)
+        return out
     # Read synchronously (no dataset scanner): these files are small and many.
     table = pq.ParquetFile(store.source(path)).read(columns=["file_path", "pos"], use_threads=False)
     paths = table.column("file_path").to_numpy(zero_copy_only=False)
@@ -47,6 +58,37 @@ def _read(path: str) -> dict[str, np.ndarray]:
     for arr in out.values():
         arr.setflags(write=False)  # shared by every caller through the cache
     return out
+
+
+class _StoreIO:
+    """The part of a pyiceberg FileIO the Puffin reader uses, over :mod:`lineage.storage.files` (any registered store)."""
+
+    def new_input(self, path: str) -> _StoreIO:
+        self._path = path
+        return self
+
+    def open(self):  # type: ignore[no-untyped-def]
+        return store.open_input(self._path) if store.is_remote(self._path) else open(store.local_path(self._path), "rb")
+
+
+def vector_table(paths: Sequence[str]) -> pa.Table:
+    """(file_path, pos) rows of every deletion vector in the Puffin files ``paths``, as a position delete file has them."""
+    names: list[str] = []
+    parts: list[np.ndarray] = []
+    for p in paths:
+        for data_path, pos in read_position_deletes(p).items():
+            names.append(data_path)
+            parts.append(pos)
+    if not parts:
+        return pa.table({"file_path": pa.array([], pa.string()), "pos": pa.array([], pa.int64())})
+    which = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p) for p in parts])
+    file_path = pa.DictionaryArray.from_arrays(pa.array(which, pa.int32()), pa.array(names, pa.string())).cast(pa.string())
+    return pa.table({"file_path": file_path, "pos": pa.array(np.concatenate(parts), pa.int64())})
+
+
+def is_puffin(path: str) -> bool:
+    """Whether a delete file is a Puffin file of deletion vectors (Iceberg v3) rather than a Parquet position delete file."""
+    return path.endswith(".puffin")
 
 
 def positions_for(data_path: str, delete_paths: list[str]) -> np.ndarray:
@@ -67,12 +109,29 @@ def live_positions(record_count: int, dead: np.ndarray) -> np.ndarray:
 
 
 def referenced_data_path(delete_file: DataFile) -> str | None:
-    """The single data file a file-scoped position delete file applies to (from its path bounds)."""
+    """The single data file a file-scoped position delete file or a deletion vector applies to.
+
+    From ``referenced_data_file`` (v3 manifests; always set for a deletion
+    vector), else from the file's ``file_path`` bounds.
+    """
     if delete_file.content != DataFileContent.POSITION_DELETES:
         return None
+    named = manifests_v3.referenced_data_file(delete_file)
+    if named is not None:
+        return named
     lo = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
     hi = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
     return lo.decode() if lo and lo == hi else None
+
+
+def delete_identity(delete_file: DataFile) -> tuple[str, tuple[int, int] | None]:
+    """What names one delete-file entry: its path, and for a deletion vector its blob's range in the Puffin file.
+
+    One Puffin file holds the vectors of several data files, each its own
+    entry: removing one vector must not remove the others (``DataFile``
+    compares by path alone).
+    """
+    return delete_file.file_path, manifests_v3.content_range(delete_file)
 
 
 def path_in_bounds(delete_file: DataFile, data_path: str) -> bool:

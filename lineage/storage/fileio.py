@@ -79,6 +79,19 @@ def read_bytes(fileio: FileIO, path: str) -> bytes:
         return f.read()
 
 
+def read_range(fileio: FileIO | None, path: str, offset: int, length: int) -> bytes:
+    """Read ``length`` bytes at ``offset`` of the file at ``path``: one ranged request on an object store.
+
+    ``fileio`` (the table's) reads local files; an object store's are read
+    through :func:`lineage.storage.files.read_range` (no HEAD request first).
+    """
+    if files.is_remote(path) or fileio is None:
+        return files.read_range(path, offset, length)
+    with fileio.new_input(path).open() as f:
+        f.seek(offset)
+        return f.read(length)
+
+
 def write_parquet(fileio: FileIO, path: str, table: pa.Table) -> int:
     """Write an Arrow table as a zstd Parquet file; return bytes written."""
     sink = _io.BytesIO()

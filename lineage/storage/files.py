@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+import lineage.storage.s3_range as s3_range
 from lineage.errors import InvalidArgumentError
 import lineage.storage.s3_reader as s3_reader
 from lineage.storage.settings import StoreSettings, resolve
@@ -141,6 +142,26 @@ def warm(locations: Sequence[str]) -> None:
     """Fetch the footers (all of a small file) of the object-store files among ``locations`` at once, before a reader
     opens them one after another (:func:`lineage.storage.s3_reader.warm`); nothing for local files."""
     s3_reader.warm([loc for loc in locations if is_remote(loc)], settings_for)
+
+
+def read_range(location: str, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` of the file at ``location`` (fewer at its end): on an object store one ranged GET.
+
+    pyarrow would send a HEAD request first (to learn the size), so a store
+    reached with an access key is read with one signed GET
+    (:mod:`lineage.storage.s3_range`); other credentials go through pyarrow.
+    """
+    if not is_remote(location):
+        with open(local_path(location), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+    settings = settings_for(location)
+    if s3_range.supported(settings):
+        parsed = urlparse(location)
+        return s3_range.get_range(settings, parsed.netloc, parsed.path.lstrip("/"), offset, length)
+    fs, path = filesystem(location)
+    with fs.open_input_file(path) as f:
+        return f.read_at(length, offset)
 
 
 def parquet_file(location: str) -> pq.ParquetFile:

@@ -30,6 +30,8 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import LongType, StringType
 
 from lineage.columns import HIDDEN_COLUMNS
+from lineage.errors import UnsupportedFormatError
+import lineage.storage.lineage_columns as lineage_columns
 from lineage.storage.deletes import PATH_FIELD_ID
 from lineage.storage.fileio import write_bytes
 from lineage.storage.store_fileio import bound
@@ -104,6 +106,9 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     write_uuid = uuid.uuid4()
     tasks: list[WriteTask] = []
     lineage: list[tuple[np.ndarray | None, ...]] = []
+    # Iceberg v3: rows that keep their id carry _row_id and _last_updated_sequence_number in the file (spec, Row Lineage).
+    native = lineage_columns.writes_lineage_columns(metadata) and _HIDDEN[0] in data.column_names
+    write_schema = lineage_columns.write_schema(schema) if native else schema
     for key, part in parts:
         step = _target_rows(part, metadata.properties)
         for start in range(0, part.num_rows, step):
@@ -112,24 +117,38 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
                 chunk.column(c).to_numpy().astype(np.int64) if c in chunk.column_names else None for c in _HIDDEN
             )
             body = chunk.drop_columns([c for c in _HIDDEN if c in chunk.column_names])
+            if native:
+                body = lineage_columns.with_lineage_columns(body, hidden[0], hidden[2])  # type: ignore[arg-type]
             tasks.append(
-                WriteTask(write_uuid=write_uuid, task_id=len(tasks), schema=schema, record_batches=body.to_batches(), partition_key=key)
+                WriteTask(write_uuid=write_uuid, task_id=len(tasks), schema=write_schema, record_batches=body.to_batches(), partition_key=key)
             )
             lineage.append(hidden)
-    data_files = list(write_file(bound(iceberg.io), metadata, iter(tasks)))  # pyiceberg's threads join the caller's puts
+    if native:
+        data_files = [lineage_columns.without_lineage_stats(df) for df in write_file(bound(iceberg.io), lineage_columns.write_metadata(metadata), iter(tasks))]
+    else:
+        data_files = list(write_file(bound(iceberg.io), metadata, iter(tasks)))  # pyiceberg's threads join the caller's puts
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
 
 
-def write_copy(iceberg: IcebergTable, data: pa.Table, template: DataFile) -> DataFile:
+def write_copy(
+    iceberg: IcebergTable, data: pa.Table, template: DataFile, lineage: tuple[np.ndarray, np.ndarray] | None = None
+) -> DataFile:
     """Write ``data`` as one data file in ``template``'s partition, whatever its values say.
 
     Used to rewrite a file in place (same rows, same positions) when some
-    values were erased and no longer determine the partition.
+    values were erased and no longer determine the partition. On Iceberg v3,
+    ``lineage`` (row ids, updated versions) is written into the copy so that
+    its rows keep their native ``_row_id`` and ``_last_updated_sequence_number``.
     """
     metadata = iceberg.metadata
-    task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=metadata.schema(), record_batches=data.to_batches(), partition_key=None)
+    schema = metadata.schema()
+    if lineage is not None and lineage_columns.writes_lineage_columns(metadata):
+        data = lineage_columns.with_lineage_columns(data, *lineage)
+        schema, metadata = lineage_columns.write_schema(schema), lineage_columns.write_metadata(metadata)
+    task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=data.to_batches(), partition_key=None)
     (df,) = list(write_file(bound(iceberg.io), metadata, iter([task])))
-    return restamped(df, df.content, template.partition, None, _spec_id(template, metadata.default_spec_id))
+    df = lineage_columns.without_lineage_stats(df)
+    return restamped(df, df.content, template.partition, None, _spec_id(template, iceberg.metadata.default_spec_id))
 
 
 def restamped(df: DataFile, content: DataFileContent, partition: Any, equality_ids: list[int] | None, spec_id: int) -> DataFile:
@@ -209,6 +228,11 @@ def write_position_deletes(
     if granularity not in ("file", "partition", "auto"):
         raise ValueError(f"unknown delete granularity {granularity!r}")
     metadata = iceberg.metadata
+    if int(metadata.format_version) >= 3:
+        raise UnsupportedFormatError(
+            "this table has Iceberg format version 3, where deletes are deletion vectors and no position delete file may be "
+            "added; set write.delete.mode, write.update.mode and write.merge.mode to copy-on-write"
+        )
     by_partition: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
     for data_file, positions in targets:
         by_partition[(_spec_id(data_file, metadata.default_spec_id), data_file.partition)].append((data_file, positions))

@@ -51,7 +51,7 @@ from pyiceberg.table.snapshots import Operation
 import lineage.duck as duck
 from lineage.commits.commit import commit_files
 from lineage.context import TableContext
-from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
+from lineage.errors import CommitConflictError, InvalidArgumentError, UnsupportedFormatError, VersionMovedError
 from lineage.storage.metadata import STRATEGY_EQUALITY as STRATEGY
 from lineage.storage.metadata import SUMMARY_OPERATION, SUMMARY_STRATEGY
 from lineage.outcome import Attempt, CommitLoop
@@ -72,6 +72,12 @@ _EVENT = "__event"  # an event's batch position, carried through the data writer
 def check_equality_table(table: TableContext) -> None:
     """Refuse tables whose equality deletes could not be placed without a lookup (see the module docs)."""
     meta = table.iceberg.metadata
+    if meta.format_version >= 3:
+        raise UnsupportedFormatError(
+            f"table {table.name} has Iceberg format version 3: the equality changelog strategy would give every updated row a new "
+            "native _row_id (row lineage does not survive equality deletes) and its in-batch deletes would be position delete "
+            "files, which v3 forbids; use write.changelog.strategy=position"
+        )
     spec = meta.spec()
     if spec.is_unpartitioned():
         return

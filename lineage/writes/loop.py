@@ -25,7 +25,7 @@ from collections.abc import Callable
 import duckdb
 import numpy as np
 import pyarrow as pa
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.snapshots import Operation
 
 from index.deleted_rows import RemovedImages, captured_values
@@ -40,6 +40,7 @@ from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.read.values import read_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
+from lineage.storage.deletion_vectors import VectorTarget, replaced_by_vector, write_vectors
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files, write_position_deletes
 import lineage.storage.puts as puts
 import lineage.properties as props
@@ -157,7 +158,11 @@ def _materialize_and_commit(
                 RemovedImages(plan.files[fid].path, cols["__pos"], cols["_row_id"], cols["_row_created_at_version"], cols["_row_last_updated_at_version"],
                               version, None if values is None else values.take(pa.array(cols["__row"])))
             )
-        if mode == MERGE_ON_READ:
+        if mode == MERGE_ON_READ and ice.metadata.format_version >= 3:  # Iceberg v3: one deletion vector per data file
+            delete_files, removed_files = write_vectors(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
+                                                              for fid, cols in groups.items()])
+            created.extend(f.file_path for f in delete_files)
+        elif mode == MERGE_ON_READ:
             granularity, limit = delete_granularity(ice.metadata.properties)
             targets = [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()]
             delete_files = write_position_deletes(ice, targets, granularity, file_scoped_limit=limit)
@@ -177,6 +182,8 @@ def _materialize_and_commit(
                 created.extend(w.data_file.file_path for w in rewritten)
                 written.extend(rewritten)
             removed_files = [plan.files[fid].data_file for fid in groups]
+            if ice.metadata.format_version >= 3:  # their deletion vectors leave with them
+                removed_files += [d for fid in groups for d in replaced_by_vector(plan.files[fid].path, plan.files[fid].deletes)]
 
     # 2. new images of updated rows, then fresh inserts (in the same files when both are written now: fewer objects)
     inserts = plan.inserts if plan.inserts is not None and plan.inserts.num_rows else None
@@ -230,7 +237,7 @@ def _materialize_and_commit(
             deleted=plan.deleted,
             data_files_added=len(written),
             delete_files_added=len(delete_files),
-            data_files_removed=len(removed_files),
+            data_files_removed=sum(1 for f in removed_files if f.content == DataFileContent.DATA),  # v3: not the vectors replaced
             bytes_written=result.bytes_written,
             attempts=number,
             ignored=plan.ignored,

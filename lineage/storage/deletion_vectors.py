@@ -1,0 +1,127 @@
+"""Deletes on Iceberg v3 tables: one deletion vector per data file, merged with the file's current deletes.
+
+In v3 no position delete file may be added; a delete is a deletion vector (a
+``deletion-vector-v1`` blob in a Puffin file, :mod:`lineage.storage.puffin`),
+at most one per data file in a snapshot. So a commit that deletes rows of a
+data file writes a new vector holding the file's earlier deleted positions
+(its current vector, and any position delete file of the table's v2 past)
+plus the new ones, and removes the vector it replaces.
+
+Each vector is written to a Puffin file of its own. Its manifest entry records
+``referenced_data_file``, ``content_offset`` and ``content_size_in_bytes`` (the
+v3 fields), and also the referenced path as the lower and upper bound of the
+reserved ``file_path`` field (2147483546), the metrics a position delete file
+scoped to one data file has: readers that plan by bounds (this library's
+planner, which reads manifests with pyiceberg's v2 schema) pair the vector with
+its one data file. One file per vector keeps every delete entry's path unique,
+which replacing one vector (by path) relies on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pyiceberg.conversions import to_bytes
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.types import StringType
+
+import lineage.storage.manifests_v3 as manifests_v3
+import lineage.storage.puffin as puffin
+from lineage.storage.deletes import PATH_FIELD_ID, is_puffin, positions_for, read_position_deletes, referenced_data_path
+
+
+@dataclass(frozen=True)
+class VectorTarget:
+    """Positions to delete from one data file, and the delete files that apply to it now."""
+
+    data_file: DataFile
+    positions: np.ndarray
+    current: Sequence[DataFile] = ()
+
+
+def replaced_by_vector(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
+    """The delete files a new vector of ``data_path`` replaces: those scoped to that one data file, and its vectors.
+
+    A position delete file naming other data files too stays (a vector
+    supersedes it for this file: readers ignore position delete files where a
+    vector applies, and this library's readers take the union, which the new
+    vector contains). A vector of ``data_path`` in a Puffin file another
+    engine wrote (which may hold the vectors of other data files too) is named
+    by its Puffin file and ``data_path`` as referenced data file: the commit
+    removes that one entry (:func:`lineage.commits.commit.commit_files`).
+    """
+    out = []
+    for d in current:
+        if d.content != DataFileContent.POSITION_DELETES:
+            continue
+        if is_puffin(d.file_path):  # named by its Puffin file and data file, whoever wrote it
+            if referenced_data_path(d) == data_path or data_path in read_position_deletes(d.file_path):
+                out.append(manifests_v3.as_v3(d, referenced_data_file=data_path))
+        elif referenced_data_path(d) == data_path:  # a position delete file of its own: it leaves by path
+            out.append(d)
+    return out
+
+
+def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tuple[list[DataFile], list[DataFile]]:
+    """Write one deletion vector per target; return the new delete-file entries and the delete files they replace.
+
+    Each vector holds the target's positions and every position the file's
+    ``current`` delete files remove. Targets without positions are skipped.
+    """
+    metadata = iceberg.metadata
+    provider = load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
+    added: list[DataFile] = []
+    replaced: list[DataFile] = []
+    for t in targets:
+        path = t.data_file.file_path
+        new = np.asarray(t.positions, np.int64)
+        if len(new) == 0:
+            continue
+        old = positions_for(path, [d.file_path for d in t.current if d.content == DataFileContent.POSITION_DELETES])
+        merged = np.union1d(old, new).astype(np.int64)
+        location = provider.new_data_location(f"{uuid.uuid4()}-dv.puffin")
+        (blob,) = puffin.write_deletion_vectors(iceberg.io, location, [(path, merged)])
+        added.append(vector_entry(blob, t.data_file, metadata.default_spec_id))
+        replaced.extend(replaced_by_vector(path, t.current))
+    return added, replaced
+
+
+def vector_entry(blob: puffin.DeletionVectorBlob, data_file: DataFile, default_spec_id: int) -> DataFile:
+    """The delete-file manifest entry of one deletion vector of ``data_file`` (same partition and spec)."""
+    bound = to_bytes(StringType(), blob.referenced_data_file)
+    try:
+        spec_id = int(data_file.spec_id)
+    except AttributeError:
+        spec_id = default_spec_id
+    df = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=blob.path,
+        file_format=FileFormat.PUFFIN,
+        partition=data_file.partition,
+        record_count=blob.record_count,
+        file_size_in_bytes=blob.file_size_in_bytes,
+        column_sizes=None,
+        value_counts=None,
+        null_value_counts=None,
+        nan_value_counts=None,
+        lower_bounds={PATH_FIELD_ID: bound},
+        upper_bounds={PATH_FIELD_ID: bound},
+        split_offsets=None,
+        equality_ids=None,
+        sort_order_id=None,
+        spec_id=spec_id,
+        key_metadata=None,
+    )
+    out = manifests_v3.as_v3(
+        df,
+        referenced_data_file=blob.referenced_data_file,
+        content_offset=blob.content_offset,
+        content_size_in_bytes=blob.content_size_in_bytes,
+    )
+    out.spec_id = spec_id
+    return out
