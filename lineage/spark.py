@@ -230,7 +230,7 @@ def to_spark(spark: Any, state: TableState, with_lineage: bool = True) -> Any:
 
 
 @dataclass(frozen=True)
-class _Target:
+class WriteTarget:
     """What an executor needs to write data files: the table metadata and a FileIO."""
 
     metadata: Any
@@ -245,7 +245,7 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
         from pyiceberg.table.metadata import TableMetadataUtil
 
         metadata = TableMetadataUtil.parse_raw(metadata_json)
-        target = _Target(metadata, load_file_io(io_properties, location))
+        target = WriteTarget(metadata, load_file_io(io_properties, location))
         batches = list(batches)
         if not batches:
             return

@@ -123,3 +123,45 @@ def test_a_spark_delete_matching_nothing_commits_nothing(spark, warehouse) -> No
     t.append(_batch(0, 5))
     info = t.delete("id > 100", engine="spark", spark=spark)
     assert not info.committed and t.version == 1
+
+
+def _collected_rows(monkeypatch, spark) -> list[int]:
+    """Count the rows every ``collect``/``toArrow`` hands the driver (what crosses from the executors)."""
+    cls = type(spark.range(1))
+    counts: list[int] = []
+    collect, to_arrow = cls.collect, cls.toArrow
+
+    def counted_collect(self):  # type: ignore[no-untyped-def]
+        got = collect(self)
+        counts.append(len(got))
+        return got
+
+    def counted_to_arrow(self):  # type: ignore[no-untyped-def]
+        got = to_arrow(self)
+        counts.append(got.num_rows)
+        return got
+
+    monkeypatch.setattr(cls, "collect", counted_collect)
+    monkeypatch.setattr(cls, "toArrow", counted_to_arrow)
+    return counts
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_what_reaches_the_driver_does_not_grow_with_the_matched_rows(spark, warehouse, monkeypatch, capture) -> None:
+    props = {"lineage.cdf.capture-preimages": "true"} if capture else {}
+    crossed = {}
+    for where, matched in (("id % 400 = 0", 4), ("id % 2 = 0", 800)):
+        t = lineage.create_table(f"s.t{matched}", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+        for start in range(0, 1600, 400):
+            t.append(_batch(start, 400))  # four data files
+        counts = _collected_rows(monkeypatch, spark)
+        assert t.delete(where, engine="spark", spark=spark).deleted == matched
+        counts_delete = sum(counts)
+        counts.clear()
+        assert t.update("id % 3 = 0", {"amount": "amount + 1"}, engine="spark", spark=spark).updated > 100
+        crossed[matched] = (counts_delete, sum(counts))
+        monkeypatch.undo()
+        assert t.count() == 1600 - matched
+    # one summary row per data file touched (4) and one for the index segment, whatever the delete matched
+    assert crossed[4][0] == crossed[800][0] <= 4 + 1
+    assert crossed[4][1] == crossed[800][1] <= 4 + 1 + 1  # and one descriptor per written data file
