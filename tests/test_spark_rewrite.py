@@ -1,6 +1,6 @@
-"""Deletes and updates on Spark executors: the same rows, row ids, lineage and feed as the embedded engine.
+"""Deletes, updates, compaction and purge on Spark executors: the same rows, row ids, lineage and feed as embedded.
 
-A model-based test runs one random sequence of deletes and updates on two tables built alike, one written
+A model-based test runs one random sequence of deletes, updates, compactions and purges on two tables built alike, one written
 by the embedded engine and one by Spark, and compares them after every step; the embedded engine is in turn
 checked against its own model by tests/test_writes_property.py.
 """
@@ -76,7 +76,7 @@ def _same(embedded: lineage.Table, on_spark: lineage.Table) -> None:
 @settings(max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "4")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
-def test_spark_deletes_and_updates_match_the_embedded_engine(spark, tmp_path_factory, data) -> None:
+def test_spark_writes_and_maintenance_match_the_embedded_engine(spark, tmp_path_factory, data) -> None:
     warehouse = str(tmp_path_factory.mktemp("wh"))
     capture = data.draw(st.booleans(), label="capture")
     props = {"lineage.cdf.capture-preimages": "true"} if capture else {}
@@ -89,7 +89,16 @@ def test_spark_deletes_and_updates_match_the_embedded_engine(spark, tmp_path_fac
     embedded, on_spark = tables
     for _ in range(data.draw(st.integers(2, 4), label="steps")):
         where = data.draw(st.sampled_from(WHERES), label="where")
-        if data.draw(st.booleans(), label="delete?"):
+        kind = data.draw(st.sampled_from(["delete", "update", "compact", "purge"]), label="operation")
+        if kind == "compact":
+            feed = _rows(cdf.changes(on_spark, 0))
+            a, b = embedded.compact(), on_spark.compact(engine="spark", spark=spark)
+            assert (a.version, a.files_added, a.files_removed) == (b.version, b.files_added, b.files_removed)
+            assert _rows(cdf.changes(on_spark, 0)) == feed  # compaction makes no change events
+        elif kind == "purge":
+            a, b = embedded.purge(where), on_spark.purge(where, engine="spark", spark=spark)
+            assert (a.version, a.files_removed) == (b.version, b.files_removed)
+        elif kind == "delete":
             a = embedded.delete(where)
             b = on_spark.delete(where, engine="spark", spark=spark)
             assert (a.committed, a.deleted) == (b.committed, b.deleted)
@@ -165,3 +174,61 @@ def test_what_reaches_the_driver_does_not_grow_with_the_matched_rows(spark, ware
     # one summary row per data file touched (4) and one for the index segment, whatever the delete matched
     assert crossed[4][0] == crossed[800][0] <= 4 + 1
     assert crossed[4][1] == crossed[800][1] <= 4 + 1 + 1  # and one descriptor per written data file
+
+
+def _without_new_row_ids(table: pa.Table, version: int) -> list[tuple]:
+    """Sorted rows, the row ids of rows inserted at ``version`` left out (engines number fresh rows in their own file order)."""
+    rows_ = table.drop_columns([f.name for f in table.schema if pa.types.is_timestamp(f.type) and f.type.tz]).to_pylist()
+    return sorted((tuple(None if k == "_row_id" and r["_row_created_at_version"] == version else ("NaN" if v != v else v)
+                         for k, v in r.items()) for r in rows_), key=repr)
+
+
+@pytest.mark.parametrize("strategy", ["lookup", "join", "auto"])
+def test_spark_upserts_by_key_index_lookup_or_join_match_the_embedded_engine(spark, warehouse, strategy) -> None:
+    from lineage.writes import spark as spark_writes
+
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse,
+                                   properties={"lineage.cdf.capture-preimages": "true"}) for n in ("embedded", "spark")]
+    for t in tables:
+        t.append(_batch(0, 40))
+        t.delete("id % 4 = 0")
+    embedded, on_spark = tables
+    batch = _batch(35, 10)  # 4 live keys, 1 deleted one (36), 5 new ones
+    a = embedded.upsert(batch, mode="merge-on-read")
+    b = spark_writes.upsert(on_spark._context, spark.createDataFrame(batch), "merge-on-read", strategy)
+    assert (a.version, a.updated, a.inserted) == (b.version, b.updated, b.inserted) == (3, 4, 6)
+    assert _without_new_row_ids(on_spark.scan(), b.version) == _without_new_row_ids(embedded.scan(), a.version)
+    for net in (False, True):
+        assert _without_new_row_ids(cdf.changes(on_spark, 0, net=net), b.version) == _without_new_row_ids(cdf.changes(embedded, 0, net=net), a.version)
+    from lineage.maintenance import verify
+
+    assert verify(on_spark).ok
+
+
+def test_the_upsert_strategy_follows_the_documented_threshold() -> None:
+    from lineage.writes.spark_upsert import LOOKUP_MAX_FRACTION, LOOKUP_MAX_ROWS, choose_strategy
+
+    assert choose_strategy("auto", True, 1_000, 1_000_000) == "lookup"
+    assert choose_strategy("auto", True, int(LOOKUP_MAX_FRACTION * 1_000_000) + 1, 1_000_000) == "join"
+    assert choose_strategy("auto", True, LOOKUP_MAX_ROWS + 1, 10**12) == "join"
+    assert choose_strategy("auto", False, 1, 10**9) == "join"  # no key index: nothing to look up
+    with pytest.raises(lineage.InvalidArgumentError, match="key index"):
+        choose_strategy("lookup", False, 1, 10**9)
+    with pytest.raises(lineage.InvalidArgumentError, match="strategy"):
+        choose_strategy("hash", True, 1, 10**9)
+
+
+def test_every_spark_path_takes_the_active_session_and_says_so_without_one(spark, warehouse, monkeypatch) -> None:
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch(0, 5))
+    assert t.delete("id = 1", engine="spark").deleted == 1  # spark= omitted: the active session
+    assert cdf.changes(t, 0, engine="spark").count() == 6  # five inserts, one delete
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    for call in (lambda: t.delete("id = 2", engine="spark"), lambda: t.update("id = 2", {"amount": "1"}, engine="spark"),
+                 lambda: t.compact(engine="spark"), lambda: t.purge("id = 2", engine="spark"),
+                 lambda: cdf.changes(t, 0, engine="spark"), lambda: cdf.deleted_rows(t, engine="spark")):
+        with pytest.raises(lineage.InvalidArgumentError, match="no active session"):
+            call()
+    assert t.version == 2 and t.count() == 4

@@ -23,7 +23,7 @@ path's).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
@@ -31,13 +31,12 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 from index.key_index import KeyIndexChange, index_enabled
-import lineage.duck as duck
 import lineage.spark as spark_io
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, LINEAGE_SCHEMA
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError
 from lineage.properties import MERGE_ON_READ, capture_preimages
-from lineage.sql.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
+from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.state import TableState
 from lineage.writes.capture import old_values
 from lineage.writes.loop import run_write
@@ -61,7 +60,7 @@ def delete(table: TableContext, where: str | BooleanExpression, mode: str, spark
         capture = capture_preimages(state.iceberg.metadata.properties)
         select = f"{_POINTER}{_old_keys(key)}{old_values(schema) if capture else ''}"
         out = pa.schema(_pointer_fields() + _old_key_fields(schema, key) + _old_fields(schema, capture))
-        removed = write_removed(table, state, files, _evaluate(spark, state, files, pred, select, out), key, capture)
+        removed = write_removed(table, state, files, spark_io.evaluate(spark, state, files, pred, select, out), key, capture)
         return _plan("delete", removed, key, deleted=removed.images)
 
     return run_write(table, plan, mode=MERGE_ON_READ)
@@ -90,7 +89,7 @@ def update(table: TableContext, where: str | BooleanExpression | None, set_: Map
             + _old_key_fields(schema, key)
             + _old_fields(schema, capture)
         )
-        matched = _evaluate(spark, state, files, pred, images_sql, out_schema).persist()
+        matched = spark_io.evaluate(spark, state, files, pred, images_sql, out_schema).persist()
         try:
             removed = write_removed(table, state, files, matched, key, capture)
             images = matched.select(*[spark_io.column(c) for c in [*schema.names, HIDDEN_ROW_ID, HIDDEN_CREATED]])
@@ -130,38 +129,3 @@ def _pointer_fields() -> list[pa.Field]:
 
 def _old_fields(schema: pa.Schema, capture: bool) -> list[pa.Field]:
     return [pa.field(f"__old_{i}", f.type) for i, f in enumerate(schema)] if capture else []
-
-
-def _evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select: str, out: pa.Schema) -> Any:
-    """Executors run ``SELECT select FROM live WHERE pred`` over the live rows of ``files``; a Spark DataFrame of ``out``."""
-    session = spark_io.spark_session(spark)
-    schema = spark_io.arrow_schema_of(state)
-    if not files:
-        return session.createDataFrame(out.empty_table())
-    live = spark_io.live_rows(session, state, schema.names, files)
-    live_schema = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())])
-    spark_schema = session.createDataFrame(out.empty_table()).schema
-    return live.select(*[spark_io.column(c) for c in live_schema.names]).mapInArrow(
-        _evaluator(select, pred.sql, pred.reads_floats, live_schema, out), spark_schema
-    )
-
-
-def _evaluator(select: str, where: str, exact_floats: bool, live: pa.Schema, out: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function evaluating the checked SQL on each batch in a sealed DuckDB database."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        con = duck.connect(isolated=True)
-        try:
-            duck.seal(con, exact_floats=exact_floats)  # reads no file: the rows come from Spark
-            for batch in batches:
-                # Spark hands timestamps with a time zone and may relax nullability: back to the table's types.
-                con.register("live", pa.Table.from_batches([batch]).select(live.names).cast(live))
-                try:
-                    result = con.execute(f"SELECT {select} FROM live WHERE ({where})").to_arrow_table()
-                finally:
-                    con.unregister("live")
-                yield from result.cast(out).to_batches()
-        finally:
-            con.close()
-
-    return run
