@@ -3,9 +3,10 @@
 Executors do all row work: they read the Parquet files (``_metadata.file_path``
 and ``_metadata.row_index`` give positions), and they write new data files
 with this library's own writer inside ``mapInArrow``. The driver handles only
-metadata: file lists, lineage runs, position pointers of removed images, and
-the descriptors of written files, then stamps lineage and commits one
-Iceberg snapshot, exactly like the Python path.
+metadata: file lists, lineage runs, summaries of what executors removed
+(:mod:`lineage.writes.spark_removed`), and the descriptors of written files,
+then stamps lineage and commits one Iceberg snapshot, exactly like the Python
+path.
 
 Spark's Python workers must import this package: run them with the same
 interpreter (``spark.pyspark.python``) or install the package on the workers.

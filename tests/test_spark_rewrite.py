@@ -232,3 +232,20 @@ def test_every_spark_path_takes_the_active_session_and_says_so_without_one(spark
         with pytest.raises(lineage.InvalidArgumentError, match="no active session"):
             call()
     assert t.version == 2 and t.count() == 4
+
+
+def test_a_spark_upsert_by_join_sends_the_driver_no_row_per_matched_key(spark, warehouse, monkeypatch) -> None:
+    from lineage.writes import spark as spark_writes
+
+    crossed = {}
+    for n in (8, 800):
+        t = lineage.create_table(f"s.u{n}", SCHEMA, key=["id"], warehouse=warehouse)
+        for start in range(0, 1600, 400):
+            t.append(_batch(start, 400))  # four data files
+        batch = spark.createDataFrame(_batch(0, 1600).take(pa.array(np.arange(0, 1600, 1600 // n))))
+        counts = _collected_rows(monkeypatch, spark)
+        info = spark_writes.upsert(t._context, batch, "merge-on-read", "join")
+        crossed[n] = sum(counts)
+        monkeypatch.undo()
+        assert (info.updated, info.inserted, t.count()) == (n, 0, 1600)
+    assert crossed[8] == crossed[800] <= 4 + 1 + 1  # a summary per data file, the index segment, the written file
