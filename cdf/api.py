@@ -11,6 +11,7 @@ import cdf.engine_duckdb as engine_duckdb
 import cdf.engine_spark as engine_spark
 from cdf.output import change_schema
 from cdf.retention import resolve_range, window
+import lineage.spark as spark_io
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
 from lineage.memory import release_if_grown
 from lineage.state import TableState
@@ -41,11 +42,11 @@ def check_table(table: object) -> Table:
     return table
 
 
-def _check_engine(engine: str, spark: Any) -> None:
+def _check_engine(engine: str, spark: Any) -> Any:
+    """The Spark session of ``engine="spark"``: ``spark``, else the active session, as every Spark path of the library takes it."""
     if engine not in ENGINES:
         raise InvalidArgumentError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine == "spark" and spark is None:
-        raise InvalidArgumentError("engine='spark' needs spark=<SparkSession>")
+    return spark_io.spark_session(spark) if engine == "spark" else spark
 
 
 def changes(
@@ -71,7 +72,7 @@ def changes(
     ``_changed_columns``. ``net=True`` collapses each row id to its overall effect.
     """
     table = check_table(table)
-    _check_engine(engine, spark)
+    spark = _check_engine(engine, spark)
     state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
     if engine == "spark":
         return engine_spark.changes(spark, state, a, b, data, net)
@@ -157,7 +158,7 @@ def deleted_rows(
     not deleted rows (their row id lives on).
     """
     table = check_table(table)
-    _check_engine(engine, spark)
+    spark = _check_engine(engine, spark)
     data = data_schema(table, columns)
     state = table.state()
     win = window(state)

@@ -85,6 +85,16 @@ class RemovedImages:
         )
 
 
+@dataclass(frozen=True)
+class WrittenIndex:
+    """An index segment written before the commit (by Spark executors): its path, size, image count and ``valid_to``."""
+
+    path: str
+    size: int
+    images: int
+    valid_to: int
+
+
 def captured_values(values: pa.Table, field_ids: dict[str, int]) -> pa.Table:
     """Values named by data column, renamed to their Iceberg field ids (the form :class:`RemovedImages` keeps)."""
     return pa.Table.from_arrays(list(values.columns), names=[str(field_ids[n]) for n in values.column_names])
@@ -142,6 +152,20 @@ def write_index_segment(fileio: FileIO, path: str, removed: list[RemovedImages])
 
     Entries either all carry captured values or none do.
     """
+    size = write_index_table(fileio, path, index_rows(removed))
+    written = _segment_from_parts(path, removed)  # the writer knows what it wrote
+    _CACHE.get(path, lambda: without_values(written))
+    if written.captured:
+        _VALUE_CACHE.get(path, lambda: written)
+    return size
+
+
+def index_rows(removed: list[RemovedImages]) -> pa.Table:
+    """The rows of an index segment for ``removed`` (one per data file), as :func:`write_index_table` stores them.
+
+    Spark executors build them for their share of a commit's files; one task
+    concatenates and writes them (:mod:`lineage.writes.spark_removed`).
+    """
     captured = [r.values is not None for r in removed]
     if any(captured) and not all(captured):
         raise ValueError("an index segment holds the values of all its entries or of none")
@@ -167,12 +191,7 @@ def write_index_segment(fileio: FileIO, path: str, removed: list[RemovedImages])
     table = pa.table(cols, schema=pa.schema(_POINTER_FIELDS))
     if value_parts:
         table = _with_value_columns(table, value_parts, [len(r) for r in removed])
-    size = _write(fileio, path, table)
-    written = _segment_from_parts(path, removed)  # the writer knows what it wrote
-    _CACHE.get(path, lambda: without_values(written))
-    if written.captured:
-        _VALUE_CACHE.get(path, lambda: written)
-    return size
+    return table
 
 
 def _with_value_columns(table: pa.Table, parts: list[pa.Table], lengths: list[int]) -> pa.Table:
@@ -192,7 +211,8 @@ def _with_value_columns(table: pa.Table, parts: list[pa.Table], lengths: list[in
     return table
 
 
-def _write(fileio: FileIO, path: str, table: pa.Table) -> int:
+def write_index_table(fileio: FileIO, path: str, table: pa.Table) -> int:
+    """Write rows of :func:`index_rows` (of one commit) as an index segment at ``path``; return the file size."""
     tagged = table.replace_schema_metadata({"lineage.format": INDEX_FORMAT, "lineage.format-version": str(INDEX_FORMAT_VERSION)})
     sink = _io.BytesIO()
     pq.write_table(tagged, sink, compression="zstd")

@@ -3,9 +3,10 @@
 Executors do all row work: they read the Parquet files (``_metadata.file_path``
 and ``_metadata.row_index`` give positions), and they write new data files
 with this library's own writer inside ``mapInArrow``. The driver handles only
-metadata: file lists, lineage runs, position pointers of removed images, and
-the descriptors of written files, then stamps lineage and commits one
-Iceberg snapshot, exactly like the Python path.
+metadata: file lists, lineage runs, summaries of what executors removed
+(:mod:`lineage.writes.spark_removed`), and the descriptors of written files,
+then stamps lineage and commits one Iceberg snapshot, exactly like the Python
+path.
 
 Spark's Python workers must import this package: run them with the same
 interpreter (``spark.pyspark.python``) or install the package on the workers.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -32,8 +33,10 @@ import lineage.storage.files as store
 import lineage.storage.spark_read as spark_read
 from lineage.state import LiveFile, TableState
 from lineage.read.values import file_columns, layout
-from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED, LINEAGE_SCHEMA
+import lineage.duck as duck
 import lineage.iceberg.v3_metadata as v3_metadata
+from lineage.sql.predicate import Predicate
 from lineage.storage.deletes import is_puffin, vector_table
 from lineage.storage.writer import WrittenFile, write_data_files
 
@@ -238,43 +241,63 @@ def to_spark(spark: Any, state: TableState, with_lineage: bool = True) -> Any:
 
 
 @dataclass(frozen=True)
-class _Target:
+class WriteTarget:
     """What an executor needs to write data files: the table metadata and a FileIO."""
 
     metadata: Any
     io: Any
 
 
-def _executor_writer(metadata_json: str, io_properties: dict[str, str], location: str, schema: pa.Schema, key: list[str]):  # type: ignore[no-untyped-def]
-    """A ``mapInArrow`` function that writes its partition as data files and yields their descriptors."""
+def _executor_writer(metadata_json: str, io_properties: dict[str, str], location: str, schema: pa.Schema, key: list[str], group: str | None = None):  # type: ignore[no-untyped-def]
+    """A ``mapInArrow`` function that writes its partition as data files and yields their descriptors.
+
+    With ``group`` the partition arrives sorted by that column and each
+    group's rows are written to files of their own (compaction's bins).
+    """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyiceberg.io import load_file_io
         from pyiceberg.table.metadata import TableMetadataUtil
 
         metadata = TableMetadataUtil.parse_raw(metadata_json)
-        target = _Target(metadata, load_file_io(io_properties, location))
+        target = WriteTarget(metadata, load_file_io(io_properties, location))
         batches = list(batches)
         if not batches:
             return
         data = pa.Table.from_batches(batches)
-        hidden = [c for c in (HIDDEN_ROW_ID, HIDDEN_CREATED) if c in data.column_names]
-        body = conform(data.drop_columns(hidden), metadata.schema(), key)
-        for h in hidden:
-            body = body.append_column(pa.field(h, pa.int64(), False), data.column(h).cast(pa.int64()))
-        for w in write_data_files(target, body):
-            row_ids = encode_sequence(w.row_ids) if w.row_ids is not None else None
-            created = encode_values(w.created) if w.created is not None else None
-            payload = pickle.dumps(WrittenFile(w.data_file, row_ids, created, None))
-            yield pa.RecordBatch.from_pydict({"payload": [payload]}, schema=pa.schema([("payload", pa.binary())]))
+        if group is None:
+            yield from _write_payloads(target, data, metadata, key)
+            return
+        ids = data.column(group).to_numpy()
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1, [len(ids)]))
+        body = data.drop_columns([group])
+        for s, e in zip(starts[:-1], starts[1:], strict=True):
+            yield from _write_payloads(target, body.slice(int(s), int(e - s)), metadata, key)
 
     return write
 
 
-def write_with_executors(table: TableContext, df: Any) -> list[WrittenFile]:
-    """Executors write ``df`` (table columns, optionally HIDDEN_ROW_ID/HIDDEN_CREATED) as data files; returns their descriptors."""
+def _write_payloads(target: WriteTarget, data: pa.Table, metadata: Any, key: list[str]) -> Iterator[pa.RecordBatch]:
+    """Write ``data`` (table columns, optionally hidden lineage columns) as data files; one pickled WrittenFile per batch."""
+    hidden = [c for c in (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED) if c in data.column_names]
+    body = conform(data.drop_columns(hidden), metadata.schema(), key)
+    for h in hidden:
+        body = body.append_column(pa.field(h, pa.int64(), False), data.column(h).cast(pa.int64()))
+    for w in write_data_files(target, body):
+        row_ids = encode_sequence(w.row_ids) if w.row_ids is not None else None
+        created = encode_values(w.created) if w.created is not None else None
+        updated = encode_values(w.updated) if w.updated is not None else None
+        payload = pickle.dumps(WrittenFile(w.data_file, row_ids, created, updated))
+        yield pa.RecordBatch.from_pydict({"payload": [payload]}, schema=pa.schema([("payload", pa.binary())]))
+
+
+def write_with_executors(table: TableContext, df: Any, group: str | None = None) -> list[WrittenFile]:
+    """Executors write ``df`` (table columns, optionally HIDDEN_ROW_ID/HIDDEN_CREATED/HIDDEN_UPDATED) as data files; returns their descriptors.
+
+    With ``group`` (an integer column; each Spark partition sorted by it) every group's rows go to files of their own.
+    """
     ice = table.iceberg
-    fn = _executor_writer(v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key)
+    fn = _executor_writer(v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key, group)
     payloads = df.mapInArrow(fn, "payload binary").collect()
     return [pickle.loads(r["payload"]) for r in payloads]
 
@@ -304,72 +327,6 @@ def check_spark_keys(df: Any, key: list[str]) -> str | None:
     return None
 
 
-def plan_upsert(spark: Any, table: TableContext, state: TableState, batch: Any) -> tuple[list[LiveFile], pa.Table, list[WrittenFile], int, int]:
-    """Match a Spark batch with the live rows by key on executors.
-
-    Returns the live files, the removed images' pointers (metadata, with
-    their key values for the key index), the written files (new images with
-    kept row ids, and inserts), and the update and insert counts.
-    """
-    from pyspark.sql import functions as F
-
-    key = table.key
-    columns = table.arrow_schema.names
-    files = state.live_files()
-    live = live_rows(spark, state, key, files)
-    b = batch.select(*[column(c) for c in columns]).alias("b")
-    live = live.alias("l")
-    cond = None
-    for k in key:
-        c = F.col(f"b.`{k}`") == F.col(f"l.`{k}`")
-        cond = c if cond is None else (cond & c)
-    matched = b.join(live, cond, "inner").select(
-        *[F.col(f"b.`{c}`").alias(c) for c in columns],
-        F.col("l._row_id").alias("_row_id"),
-        F.col("l._row_created_at_version").alias("_row_created_at_version"),
-        F.col("l._row_last_updated_at_version").alias("_row_last_updated_at_version"),
-        F.col("l.__path").alias("__path"),
-        F.col("l.__pos").alias("__pos"),
-    )
-    matched = matched.persist()
-    try:
-        pointers = matched.select(
-            "__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version", *[column(k) for k in key]
-        ).toArrow()
-        images = matched.select(*[column(c) for c in columns], F.col("_row_id").alias(HIDDEN_ROW_ID), F.col("_row_created_at_version").alias(HIDDEN_CREATED))
-        inserts = b.join(live, cond, "left_anti")
-        # ~2M rows per written file; images sorted by row id so their lineage compresses into runs.
-        written = (
-            write_with_executors(table, images.coalesce(max(1, pointers.num_rows // 2_000_000)).sortWithinPartitions(HIDDEN_ROW_ID))
-            if pointers.num_rows
-            else []
-        )
-        n_inserts = inserts.count()
-        new = write_with_executors(table, inserts.coalesce(max(1, n_inserts // 2_000_000))) if n_inserts else []
-    finally:
-        matched.unpersist()
-    inserted = sum(w.data_file.record_count for w in new)
-    return files, removed_images(files, pointers, key), written + new, pointers.num_rows, inserted
-
-
-def removed_images(files: list[LiveFile], pointers: pa.Table, key: list[str]) -> pa.Table:
-    """Pointers collected from executors (``__path``, ``__pos``, lineage, ``key`` values) as the write loop's removed images (``__file_id``)."""
-    index_of = {local_path(f.path): i for i, f in enumerate(files)}
-    missing = [p for p in set(pointers.column("__path").to_pylist()) if p not in index_of]
-    if missing:
-        raise InvalidArgumentError(f"internal: matched rows point at files not in the snapshot: {missing[:3]}")
-    return pa.table(
-        {
-            "__file_id": pa.array([index_of[p] for p in pointers.column("__path").to_pylist()], pa.int32()),
-            "__pos": pointers.column("__pos").cast(pa.int64()),
-            "_row_id": pointers.column("_row_id"),
-            "_row_created_at_version": pointers.column("_row_created_at_version"),
-            "_row_last_updated_at_version": pointers.column("_row_last_updated_at_version"),
-            **{k: pointers.column(k) for k in key},
-        }
-    )
-
-
 def reject_bad_batch(table: TableContext, df: Any, keyed: bool) -> None:
     """Driver-side validation of a Spark batch (schema; null and duplicate keys when ``keyed``)."""
     check_spark_schema(table, df)
@@ -385,3 +342,43 @@ def existing_keys(spark: Any, state: TableState, batch: Any, key: list[str]) -> 
     """Up to three key values of ``batch`` that live rows already have (computed by executors)."""
     live = live_rows(spark, state, key).select(*[column(k) for k in key])
     return [r.asDict() for r in batch.select(*[column(k) for k in key]).join(live, key, "left_semi").limit(3).collect()]
+
+
+def evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select: str, out: pa.Schema) -> Any:
+    """Executors run ``SELECT select FROM live WHERE pred`` over the live rows of ``files``; a Spark DataFrame of ``out``.
+
+    ``pred`` is the checked predicate (:func:`lineage.sql.predicate.parse_predicate`) and ``select`` a checked
+    select list: each task evaluates them in a sealed DuckDB database of its own (:func:`evaluator`), so they
+    mean on Spark what they mean embedded.
+    """
+    session = spark_session(spark)
+    schema = arrow_schema_of(state)
+    if not files:
+        return session.createDataFrame(out.empty_table())
+    live = live_rows(session, state, schema.names, files)
+    live_schema = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())])
+    spark_schema = session.createDataFrame(out.empty_table()).schema
+    return live.select(*[column(c) for c in live_schema.names]).mapInArrow(
+        evaluator(select, pred.sql, pred.reads_floats, live_schema, out), spark_schema
+    )
+
+
+def evaluator(select: str, where: str, exact_floats: bool, live: pa.Schema, out: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function evaluating the checked SQL on each batch in a sealed DuckDB database."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        con = duck.connect(isolated=True)
+        try:
+            duck.seal(con, exact_floats=exact_floats)  # reads no file: the rows come from Spark
+            for batch in batches:
+                # Spark hands timestamps with a time zone and may relax nullability: back to the table's types.
+                con.register("live", pa.Table.from_batches([batch]).select(live.names).cast(live))
+                try:
+                    result = con.execute(f"SELECT {select} FROM live WHERE ({where})").to_arrow_table()
+                finally:
+                    con.unregister("live")
+                yield from result.cast(out).to_batches()
+        finally:
+            con.close()
+
+    return run

@@ -513,9 +513,13 @@ class Table:
         )
 
     # ------------------------------------------------------------------ maintenance
-    def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None) -> MaintenanceResult:
-        """Rewrite data files with deletes or small files (lineage kept, no change events)."""
-        return maintenance.compact(self._context, target_file_size_bytes, min_file_size_bytes)
+    def compact(self, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *, engine: str = "duckdb",
+                spark: Any = None) -> MaintenanceResult:
+        """Rewrite data files with deletes or small files (lineage kept, no change events).
+
+        ``engine="spark"``: Spark executors rewrite the files (``spark``, or the active session).
+        """
+        return maintenance.compact(self._context, target_file_size_bytes, min_file_size_bytes, engine=_engine(engine), spark=spark)
 
     def rewrite_deletes(self, granularity: str | None = None) -> MaintenanceResult:
         """Merge position delete files into one per data file (or per partition)."""
@@ -568,9 +572,12 @@ class Table:
         """Merge key index segments per the table's merge policy (all into one with ``full``)."""
         return maintenance.merge_key_index(self._context, full)
 
-    def purge(self, where: str | BooleanExpression) -> MaintenanceResult:
-        """Erase matching rows for good (GDPR): live data, pinned files, archives; see lineage.maintenance.purge."""
-        return maintenance.purge(self._context, where)
+    def purge(self, where: str | BooleanExpression, *, engine: str = "duckdb", spark: Any = None) -> MaintenanceResult:
+        """Erase matching rows for good (GDPR): live data, pinned files, archives; see lineage.maintenance.purge.
+
+        ``engine="spark"``: Spark executors find the rows and rewrite the files (``spark``, or the active session).
+        """
+        return maintenance.purge(self._context, where, engine=_engine(engine), spark=spark)
 
     # ------------------------------------------------------------------ Spark
     def to_spark(self, spark: Any, as_of: int | None = None, with_lineage: bool = True) -> Any:

@@ -302,9 +302,18 @@ def test_writes_run_on_spark_executors_keep_native_row_ids(spark, warehouse):
     t.upsert(spark.createDataFrame(_batch([2, 20], qty=5)))
     t.update("id IN (3, 4)", {"qty": "qty * 10"}, engine="spark", spark=spark)
     t.delete("id = 5", engine="spark", spark=spark)
+    t.delete("id = 6", engine="spark", spark=spark)  # a second vector of the same file: merged with the first
     assert_interop(t)  # on v3 it checks DuckDB's native _row_id and _last_updated_sequence_number too
     now = assert_readers_agree(t)
-    assert all({r[0]: r[1] for r in now}[k] == v for k, v in before.items() if k != 5)
+    assert all({r[0]: r[1] for r in now}[k] == v for k, v in before.items() if k not in (5, 6))
+    assert all(len([d for d in f.deletes]) <= 1 for f in t.state().live_files())  # at most one vector per data file
+    v = t.version
+    t.compact(engine="spark", spark=spark)
+    assert t.refresh().version > v and assert_readers_agree(t) == now
+    assert cdf.changes(t, v).num_rows == 0  # compaction makes no change event
+    t.purge("id = 7", engine="spark", spark=spark)
+    assert_interop(t)
+    assert [r for r in assert_readers_agree(t) if r[0] != 7] == [r for r in now if r[0] != 7]
 
 
 def test_expire_vacuum_and_maintain_keep_the_vectors_in_use(warehouse):

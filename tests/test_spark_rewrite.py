@@ -1,6 +1,6 @@
-"""Deletes and updates on Spark executors: the same rows, row ids, lineage and feed as the embedded engine.
+"""Deletes, updates, compaction and purge on Spark executors: the same rows, row ids, lineage and feed as embedded.
 
-A model-based test runs one random sequence of deletes and updates on two tables built alike, one written
+A model-based test runs one random sequence of deletes, updates, compactions and purges on two tables built alike, one written
 by the embedded engine and one by Spark, and compares them after every step; the embedded engine is in turn
 checked against its own model by tests/test_writes_property.py.
 """
@@ -76,7 +76,7 @@ def _same(embedded: lineage.Table, on_spark: lineage.Table) -> None:
 @settings(max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "4")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
-def test_spark_deletes_and_updates_match_the_embedded_engine(spark, tmp_path_factory, data) -> None:
+def test_spark_writes_and_maintenance_match_the_embedded_engine(spark, tmp_path_factory, data) -> None:
     warehouse = str(tmp_path_factory.mktemp("wh"))
     capture = data.draw(st.booleans(), label="capture")
     props = {"lineage.cdf.capture-preimages": "true"} if capture else {}
@@ -89,7 +89,16 @@ def test_spark_deletes_and_updates_match_the_embedded_engine(spark, tmp_path_fac
     embedded, on_spark = tables
     for _ in range(data.draw(st.integers(2, 4), label="steps")):
         where = data.draw(st.sampled_from(WHERES), label="where")
-        if data.draw(st.booleans(), label="delete?"):
+        kind = data.draw(st.sampled_from(["delete", "update", "compact", "purge"]), label="operation")
+        if kind == "compact":
+            feed = _rows(cdf.changes(on_spark, 0))
+            a, b = embedded.compact(), on_spark.compact(engine="spark", spark=spark)
+            assert (a.version, a.files_added, a.files_removed) == (b.version, b.files_added, b.files_removed)
+            assert _rows(cdf.changes(on_spark, 0)) == feed  # compaction makes no change events
+        elif kind == "purge":
+            a, b = embedded.purge(where), on_spark.purge(where, engine="spark", spark=spark)
+            assert (a.version, a.files_removed) == (b.version, b.files_removed)
+        elif kind == "delete":
             a = embedded.delete(where)
             b = on_spark.delete(where, engine="spark", spark=spark)
             assert (a.committed, a.deleted) == (b.committed, b.deleted)
@@ -123,3 +132,135 @@ def test_a_spark_delete_matching_nothing_commits_nothing(spark, warehouse) -> No
     t.append(_batch(0, 5))
     info = t.delete("id > 100", engine="spark", spark=spark)
     assert not info.committed and t.version == 1
+
+
+def _collected_rows(monkeypatch, spark) -> list[int]:
+    """Count the rows every ``collect``/``toArrow`` hands the driver (what crosses from the executors)."""
+    cls = type(spark.range(1))
+    counts: list[int] = []
+    collect, to_arrow = cls.collect, cls.toArrow
+
+    def counted_collect(self):  # type: ignore[no-untyped-def]
+        got = collect(self)
+        counts.append(len(got))
+        return got
+
+    def counted_to_arrow(self):  # type: ignore[no-untyped-def]
+        got = to_arrow(self)
+        counts.append(got.num_rows)
+        return got
+
+    monkeypatch.setattr(cls, "collect", counted_collect)
+    monkeypatch.setattr(cls, "toArrow", counted_to_arrow)
+    return counts
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_what_reaches_the_driver_does_not_grow_with_the_matched_rows(spark, warehouse, monkeypatch, capture) -> None:
+    props = {"lineage.cdf.capture-preimages": "true"} if capture else {}
+    crossed = {}
+    for where, matched in (("id % 400 = 0", 4), ("id % 2 = 0", 800)):
+        t = lineage.create_table(f"s.t{matched}", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+        for start in range(0, 1600, 400):
+            t.append(_batch(start, 400))  # four data files
+        counts = _collected_rows(monkeypatch, spark)
+        assert t.delete(where, engine="spark", spark=spark).deleted == matched
+        counts_delete = sum(counts)
+        counts.clear()
+        assert t.update("id % 3 = 0", {"amount": "amount + 1"}, engine="spark", spark=spark).updated > 100
+        crossed[matched] = (counts_delete, sum(counts))
+        monkeypatch.undo()
+        assert t.count() == 1600 - matched
+    # one summary row per data file touched (4) and one for the index segment, whatever the delete matched
+    assert crossed[4][0] == crossed[800][0] <= 4 + 1
+    assert crossed[4][1] == crossed[800][1] <= 4 + 1 + 1  # and one descriptor per written data file
+
+
+def _without_new_row_ids(table: pa.Table, version: int) -> list[tuple]:
+    """Sorted rows, the row ids of rows inserted at ``version`` left out (engines number fresh rows in their own file order)."""
+    rows_ = table.drop_columns([f.name for f in table.schema if pa.types.is_timestamp(f.type) and f.type.tz]).to_pylist()
+    return sorted((tuple(None if k == "_row_id" and r["_row_created_at_version"] == version else ("NaN" if v != v else v)
+                         for k, v in r.items()) for r in rows_), key=repr)
+
+
+@pytest.mark.parametrize("strategy", ["lookup", "join", "auto"])
+def test_spark_upserts_by_key_index_lookup_or_join_match_the_embedded_engine(spark, warehouse, strategy) -> None:
+    from lineage.writes import spark as spark_writes
+
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse,
+                                   properties={"lineage.cdf.capture-preimages": "true"}) for n in ("embedded", "spark")]
+    for t in tables:
+        t.append(_batch(0, 40))
+        t.delete("id % 4 = 0")
+    embedded, on_spark = tables
+    batch = _batch(35, 10)  # 4 live keys, 1 deleted one (36), 5 new ones
+    a = embedded.upsert(batch, mode="merge-on-read")
+    b = spark_writes.upsert(on_spark._context, spark.createDataFrame(batch), "merge-on-read", strategy)
+    assert (a.version, a.updated, a.inserted) == (b.version, b.updated, b.inserted) == (3, 4, 6)
+    assert _without_new_row_ids(on_spark.scan(), b.version) == _without_new_row_ids(embedded.scan(), a.version)
+    for net in (False, True):
+        assert _without_new_row_ids(cdf.changes(on_spark, 0, net=net), b.version) == _without_new_row_ids(cdf.changes(embedded, 0, net=net), a.version)
+    from lineage.maintenance import verify
+
+    assert verify(on_spark).ok
+
+
+def test_the_upsert_strategy_follows_the_documented_threshold() -> None:
+    from lineage.writes.spark_upsert import LOOKUP_MAX_FRACTION, LOOKUP_MAX_ROWS, choose_strategy
+
+    assert choose_strategy("auto", True, 1_000, 1_000_000) == "lookup"
+    assert choose_strategy("auto", True, int(LOOKUP_MAX_FRACTION * 1_000_000) + 1, 1_000_000) == "join"
+    assert choose_strategy("auto", True, LOOKUP_MAX_ROWS + 1, 10**12) == "join"
+    assert choose_strategy("auto", False, 1, 10**9) == "join"  # no key index: nothing to look up
+    with pytest.raises(lineage.InvalidArgumentError, match="key index"):
+        choose_strategy("lookup", False, 1, 10**9)
+    with pytest.raises(lineage.InvalidArgumentError, match="strategy"):
+        choose_strategy("hash", True, 1, 10**9)
+
+
+def test_every_spark_path_takes_the_active_session_and_says_so_without_one(spark, warehouse, monkeypatch) -> None:
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(_batch(0, 5))
+    assert t.delete("id = 1", engine="spark").deleted == 1  # spark= omitted: the active session
+    assert cdf.changes(t, 0, engine="spark").count() == 6  # five inserts, one delete
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    for call in (lambda: t.delete("id = 2", engine="spark"), lambda: t.update("id = 2", {"amount": "1"}, engine="spark"),
+                 lambda: t.compact(engine="spark"), lambda: t.purge("id = 2", engine="spark"),
+                 lambda: cdf.changes(t, 0, engine="spark"), lambda: cdf.deleted_rows(t, engine="spark")):
+        with pytest.raises(lineage.InvalidArgumentError, match="no active session"):
+            call()
+    assert t.version == 2 and t.count() == 4
+
+
+def test_a_spark_upsert_by_join_sends_the_driver_no_row_per_matched_key(spark, warehouse, monkeypatch) -> None:
+    from lineage.writes import spark as spark_writes
+
+    crossed = {}
+    for n in (8, 800):
+        t = lineage.create_table(f"s.u{n}", SCHEMA, key=["id"], warehouse=warehouse)
+        for start in range(0, 1600, 400):
+            t.append(_batch(start, 400))  # four data files
+        batch = spark.createDataFrame(_batch(0, 1600).take(pa.array(np.arange(0, 1600, 1600 // n))))
+        counts = _collected_rows(monkeypatch, spark)
+        info = spark_writes.upsert(t._context, batch, "merge-on-read", "join")
+        crossed[n] = sum(counts)
+        monkeypatch.undo()
+        assert (info.updated, info.inserted, t.count()) == (n, 0, 1600)
+    assert crossed[8] == crossed[800] <= 4 + 1 + 1  # a summary per data file, the index segment, the written file
+
+
+@pytest.mark.parametrize("granularity", ["file", "partition"])
+def test_executors_group_delete_files_as_the_table_says(spark, warehouse, granularity) -> None:
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse,
+                                   properties={"write.delete.granularity": granularity}) for n in ("embedded", "spark")]
+    for t in tables:
+        for start in range(0, 60, 20):
+            t.append(_batch(start, 20))  # three appends: three data files per bucket
+    embedded, on_spark = tables
+    a = embedded.delete("id % 3 = 0")
+    b = on_spark.delete("id % 3 = 0", engine="spark", spark=spark)
+    assert (a.deleted, a.delete_files_added) == (b.deleted, b.delete_files_added) == (20, 6 if granularity == "file" else 2)
+    _same(embedded, on_spark)
+    assert _rows(cdf.deleted_rows(on_spark)) == _rows(cdf.deleted_rows(embedded))

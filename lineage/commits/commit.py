@@ -27,7 +27,7 @@ from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _Overw
 from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
-from index.deleted_rows import RemovedImages, write_index_segment
+from index.deleted_rows import RemovedImages, WrittenIndex, write_index_segment
 from index.key_index import KeyIndexChange, next_key_index
 from lineage.storage.metadata import (
     LIST_FORMAT_VERSION,
@@ -460,6 +460,7 @@ class CommitRequest:
     foreign: str | None = None  # reconciliation of another engine's snapshot: its name (lineage.reconcile)
     next_row_id: int | None = None  # at least this high-water mark after the commit (reconciliation assigns ids itself)
     gap: bool = False  # reconciliation across expired foreign snapshots (lineage.reconcile.gap)
+    written_index: WrittenIndex | None = None  # the index segment, written already (Spark executors; no removed_images then)
 
 
 @dataclass(frozen=True)
@@ -552,13 +553,19 @@ def build_lineage(
         created.append(segment_path)
         segment_size = write_segment(iceberg.io, segment_path, lineages)
         bytes_written += segment_size
+    n_removed = sum(len(r) for r in removed_images)
     if removed_images:
         index_path = f"{idx_dir}/{tag}-deleted-rows.parquet"
         created.append(index_path)
         bytes_written += write_index_segment(iceberg.io, index_path, removed_images)
+    elif req.written_index is not None:
+        if req.written_index.valid_to != version:
+            raise CommitFailedException(f"the index segment was written for version {req.written_index.valid_to}, the commit is {version}")
+        index_path, n_removed = req.written_index.path, req.written_index.images
+        bytes_written += req.written_index.size
     removed_data = [f for f in req.removed_files if f.content == DataFileContent.DATA]
     key_index, key_bytes = next_key_index(
-        state, req.key_index, lineages, req.delete_files, sum(len(r) for r in removed_images), len(removed_data), version, created, tag=tag
+        state, req.key_index, lineages, req.delete_files, n_removed, len(removed_data), version, created, tag=tag
     )
     bytes_written += key_bytes
     nxt = next_segments(state, removed_data, segment_path, segment_size, lineages, lambda i: f"{lin_dir}/{tag}-{i}-merged-segment.parquet", created)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ from index.key_merge_policy import MAINTENANCE
 from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
 from lineage.storage.deletes import positions_for, read_position_deletes
+import lineage.maintenance.spark_rewrite as spark_rewrite
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, referenced_data_path, snapshot_files
 from lineage.sql.predicate import quote_ident
 from lineage.properties import DELETE_GRANULARITY, TARGET_FILE_SIZE, read
@@ -193,7 +195,8 @@ def compaction_rule(table: TableContext, target_file_size_bytes: int | None = No
 
 
 def compact(
-    table: TableContext | HasContext, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *, rule: CompactionRule | None = None
+    table: TableContext | HasContext, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *,
+    rule: CompactionRule | None = None, engine: str = "duckdb", spark: Any = None,
 ) -> MaintenanceResult:
     """Rewrite data files that have deletes or are small, per partition, up to the target size.
 
@@ -202,9 +205,11 @@ def compact(
     (default: 3/4 of the target, ``write.target-file-size-bytes`` on disk);
     ``rule`` sets Iceberg-style thresholds instead (:class:`CompactionRule`).
     Rows keep their lineage; no change events; the CDF over any range is the
-    same after.
+    same after. ``engine="spark"``: Spark executors read and write the rows
+    (``spark``, or the active session); the driver plans and commits.
     """
     table = context_of(table)
+    spark = spark_rewrite.session_for(engine, spark)
     rule = rule or compaction_rule(table, target_file_size_bytes, min_file_size_bytes)
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)
@@ -217,7 +222,11 @@ def compact(
         _, all_deletes = snapshot_files(state)
         written, removed = [], []
         names = ", ".join(quote_ident(c) for c in schema.names)
-        for group in chosen:
+        if spark is not None:
+            written = spark_rewrite.compact_groups(table, state, chosen, spark)
+            created.extend(w.data_file.file_path for w in written)
+            removed = [f.data_file for group in chosen for f in group]
+        for group in chosen if spark is None else []:
             con = duck.connect()
             try:
                 register_live_view(con, "g", group, schema, field_ids)

@@ -27,6 +27,7 @@ import datetime as _dt
 import time
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,7 @@ from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
 from lineage.storage.deletes import positions_for, read_position_deletes
 from lineage.storage.fileio import local_path, write_parquet
+import lineage.maintenance.spark_rewrite as spark_rewrite
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, snapshot_files
 from lineage.maintenance.rehome import archive_table, repoint
 from lineage.maintenance.vacuum import expire_ids, vacuum
@@ -124,9 +126,26 @@ def _null_rows(table: pa.Table, mask: np.ndarray, donors: dict[str, object] | No
     return pa.Table.from_arrays(cols, schema=table.schema)
 
 
-def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> MaintenanceResult:
-    """Erase the live rows matching ``where`` and every earlier image of them (see the module docstring)."""
+def erased_copy(iceberg, path: str, schema: pa.Schema, mask: np.ndarray, template: DataFile, donors: dict[str, object] | None,  # type: ignore[no-untyped-def]
+                lineage: tuple[np.ndarray, np.ndarray] | None = None) -> DataFile:
+    """A copy of the data file at ``path`` (same rows, same positions) with the ``mask`` rows erased.
+
+    ``lineage`` (row ids, updated versions by position) is written into the
+    copy on Iceberg v3, so that its rows keep their native row lineage.
+    """
+    data = pq.read_table(store.source(path), columns=schema.names)
+    return write_copy(iceberg, _null_rows(data, mask, donors).cast(schema), template, lineage)
+
+
+def purge(table: TableContext | HasContext, where: str | BooleanExpression, *, engine: str = "duckdb", spark: Any = None) -> MaintenanceResult:
+    """Erase the live rows matching ``where`` and every earlier image of them (see the module docstring).
+
+    ``engine="spark"``: Spark executors find the matching rows and rewrite the
+    data files holding them (``spark``, or the active session). The purged
+    rows' ids reach the driver either way: they are recorded in the purged-ids file.
+    """
     table = context_of(table)
+    spark = spark_rewrite.session_for(engine, spark)
 
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)
@@ -138,13 +157,16 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> M
         io = state.iceberg.io
         files = state.live_files()
         key = table.key if index_enabled(state.iceberg) else []
-        con = duck.connect(isolated=True)
-        try:
-            duck.seal(con, register_live_view(con, "live", files, schema, field_ids), exact_floats=pred.reads_floats)
-            keys = "".join(f", {quote_ident(k)}" for k in key)
-            hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id{keys} FROM live WHERE ({pred.sql})")
-        finally:
-            con.close()
+        keys = "".join(f", {quote_ident(k)}" for k in key)
+        if spark is not None:  # the purged rows' pointers reach the driver: the purged ids are recorded there
+            hits = spark_rewrite.matching_rows(state, files, pred, key, spark)
+        else:
+            con = duck.connect(isolated=True)
+            try:
+                duck.seal(con, register_live_view(con, "live", files, schema, field_ids), exact_floats=pred.reads_floats)
+                hits = duck.fetch_arrow(con, f"SELECT __file_id, __pos, _row_id{keys} FROM live WHERE ({pred.sql})")
+            finally:
+                con.close()
         if hits.num_rows == 0:
             return None
         version = state.iceberg.metadata.next_sequence_number()
@@ -168,15 +190,18 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression) -> M
         for d in all_deletes:
             for p, pos in read_position_deletes(d.file_path).items():
                 old_deleted[p] = np.union1d(old_deleted.get(p, np.zeros(0, np.int64)), pos)
+        touched = []
         for i, f in enumerate(files):
             row_ids = decode_sequence(f.lineage.row_ids)
             mask = np.isin(row_ids, purged_arr)
-            if not mask.any():
-                continue
-            data = pq.read_table(store.source(f.path), columns=schema.names)
-            donors = _partition_donors(state.iceberg, f.data_file) if mask.all() else None
-            lineage = (decode_sequence(f.lineage.row_ids), decode_values(f.lineage.updated))  # v3: the copy keeps native row lineage
-            copy = write_copy(state.iceberg, _null_rows(data, mask, donors).cast(schema), f.data_file, lineage)
+            if mask.any():
+                lineage = (row_ids, decode_values(f.lineage.updated))  # v3: the copy keeps native row lineage
+                touched.append((i, f, row_ids, mask, _partition_donors(state.iceberg, f.data_file) if mask.all() else None, lineage))
+        if spark is not None:  # executors read and write the copies
+            copies = spark_rewrite.rewrite_copies(table, [(f, np.flatnonzero(m), d, lin) for _, f, _, m, d, lin in touched], spark, erased_copy)
+        else:
+            copies = [erased_copy(state.iceberg, f.path, schema, mask, f.data_file, donors, lin) for _, f, _, mask, donors, lin in touched]
+        for (i, f, row_ids, mask, _, _), copy in zip(touched, copies, strict=True):
             created.append(copy.file_path)
             w = WrittenFile(copy, f.lineage.row_ids, f.lineage.created, f.lineage.updated)
             written.append(w)

@@ -78,6 +78,10 @@ def repoint(state: TableState, mapping: dict[str, tuple[str, dict[int, int] | No
                 new_entries.append(e)
                 continue
             new_path, positions = mapping[e.file_path]
+            if positions is not None and e.values is not None and not all(int(p) in positions for p in e.positions):
+                # Captured values: the entry needs no file, and the archive (built from entries without values) lacks its rows.
+                new_entries.append(e)
+                continue
             new_pos = e.positions if positions is None else np.array([positions[int(p)] for p in e.positions], np.int64)
             order = np.argsort(new_pos, kind="stable")
             new_entries.append(e.take(order, new_path, new_pos[order]))

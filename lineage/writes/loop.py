@@ -205,6 +205,11 @@ def _materialize_and_commit(
                 created.extend(w.data_file.file_path for w in new)
             written.extend(new)
 
+    if plan.prewritten_deletes:  # written by executors with the index segment of their images
+        created.extend(f.file_path for f in plan.prewritten_deletes)
+        created.append(plan.prewritten_index.path)
+        delete_files.extend(plan.prewritten_deletes)
+        removed_files.extend(plan.prewritten_replaced)
     if plan.prewritten:
         if not plan.reusable:
             created.extend(w.data_file.file_path for w in plan.prewritten)
@@ -222,6 +227,7 @@ def _materialize_and_commit(
         deleted=plan.deleted,
         properties=plan.properties,
         key_index=plan.key_index,
+        written_index=plan.prewritten_index,
     )
 
     number = attempt.number  # not the attempt itself: it holds ``info``, and a cycle would keep the plan's arrays until a full GC

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from pyiceberg.manifest import DataFile
+
+from index.deleted_rows import WrittenIndex
 from index.key_index import KeyIndexChange
 from lineage.state import LiveFile
 from lineage.storage.writer import WrittenFile
@@ -52,6 +55,9 @@ class Plan:
     new_images: pa.Table | None = None  # data columns + HIDDEN_ROW_ID, HIDDEN_CREATED: updated images of existing rows
     inserts: pa.Table | None = None  # data columns: rows with fresh ids
     prewritten: list[WrittenFile] = field(default_factory=list)  # files an engine (Spark) already wrote
+    prewritten_deletes: list[DataFile] = field(default_factory=list)  # position delete files an engine (Spark) already wrote
+    prewritten_index: WrittenIndex | None = None  # the index segment of those deletes' images, already written
+    prewritten_replaced: list[DataFile] = field(default_factory=list)  # v3: the vectors those new vectors replace
     reusable: bool = False  # prewritten files stay valid on a retry (appends): never cleaned up between attempts
     properties: dict[str, str] = field(default_factory=dict)  # extra snapshot summary / commit log properties
     key_index: KeyIndexChange | None = None  # keyed tables: the keys of removed images (and the index planned with)
@@ -62,7 +68,7 @@ class Plan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.prewritten and not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
+        return not self.prewritten and not self.prewritten_deletes and not any(t is not None and t.num_rows for t in (self.removed, self.new_images, self.inserts))
 
 
 def ms_to_datetime(ms: int) -> _dt.datetime:

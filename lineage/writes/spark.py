@@ -7,7 +7,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from index.key_index import KeyIndex, KeyIndexChange, index_enabled, read_file_keys
+from index.key_index import KeyIndex, KeyIndexChange, read_file_keys
 import lineage.spark as spark_io
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError, KeyViolationError
@@ -17,7 +17,7 @@ from lineage.writes import key_checks
 from lineage.writes.loop import run_write
 from lineage.writes.plan import CommitInfo, Plan
 from lineage.properties import MERGE_ON_READ
-from lineage.writes.rows import REMOVED_COLS
+from lineage.writes.spark_upsert import choose_strategy, plan_upsert
 
 
 
@@ -47,16 +47,13 @@ def append(table: TableContext, df: Any, check_keys: bool) -> CommitInfo:
     return run_write(table, plan, mode=MERGE_ON_READ, reuse_inserts=cache)
 
 
-def upsert(table: TableContext, df: Any, mode: str) -> CommitInfo:
-    """Upsert a Spark DataFrame by the table key (``mode``, the resolved merge mode, must be merge-on-read)."""
+def upsert(table: TableContext, df: Any, mode: str, strategy: str = "auto") -> CommitInfo:
+    """Upsert a Spark DataFrame by the table key (``mode``, the resolved merge mode, must be merge-on-read).
+
+    ``strategy``: ``auto``, ``lookup`` (the key index) or ``join`` (see :mod:`lineage.writes.spark_upsert`).
+    """
     if mode != MERGE_ON_READ:
         raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
+    choose_strategy(strategy, True, 0, 0)  # a bad strategy fails before any Spark job
     spark_io.reject_bad_batch(table, df, keyed=True)
-
-    def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-        files, removed, written, updated, inserted = spark_io.plan_upsert(df.sparkSession, table, state, df)
-        change = KeyIndexChange(removed_keys=removed.select(table.key)) if index_enabled(state.iceberg) else None
-        removed = removed.select(REMOVED_COLS.split(", "))
-        return Plan("upsert", files=files, removed=removed, prewritten=written, updated=updated, inserted=inserted, key_index=change)
-
-    return run_write(table, plan, mode=MERGE_ON_READ)
+    return run_write(table, lambda state, con: plan_upsert(table, state, df, strategy), mode=MERGE_ON_READ)

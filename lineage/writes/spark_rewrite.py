@@ -8,11 +8,12 @@ embedded path does (:func:`lineage.sql.predicate.parse_predicate`,
 checked DuckDB SQL on its Arrow batches in a sealed DuckDB database of its
 own, so a predicate means on Spark exactly what it means embedded (NULLs,
 NaN, casts, LIKE escapes); no SQL is translated to another dialect. For an
-update, executors also write the new images as data files. What reaches the
-driver is the removed images' pointers (file, position, lineage, key values;
-old values too with pre-image capture) and the written files' descriptors,
-never the new images. The write loop then writes position deletes and
-commits, as for every other write.
+update, executors also write the new images as data files. Executors write
+the position delete files and the index segment of the removed images too
+(:mod:`lineage.writes.spark_removed`): what reaches the driver is one summary
+per data file touched and the written files' descriptors (row ids and
+versions as runs), never a row per matched image. The write loop commits, as
+for every other write.
 
 Both are merge-on-read only (copy-on-write would rewrite the kept rows in
 the driver), and an update may not set a key column of a table whose key is
@@ -22,7 +23,7 @@ path's).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
@@ -30,18 +31,17 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 from index.key_index import KeyIndexChange, index_enabled
-import lineage.duck as duck
 import lineage.spark as spark_io
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, LINEAGE_SCHEMA
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError
 from lineage.properties import MERGE_ON_READ, capture_preimages
-from lineage.sql.predicate import Predicate, parse_predicate, prunable_columns, quote_ident
+from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.state import TableState
-from lineage.writes import key_checks
-from lineage.writes.capture import old_values, split_old
+from lineage.writes.capture import old_values
 from lineage.writes.loop import run_write
 from lineage.writes.plan import CommitInfo, Plan
+from lineage.writes.spark_removed import KEY_PREFIX, RemovedOnSpark, write_removed
 from lineage.writes.update import checked_set
 
 # What identifies a removed image in a Spark row of live_rows: its file's local path, position and lineage.
@@ -58,12 +58,10 @@ def delete(table: TableContext, where: str | BooleanExpression, mode: str, spark
         files = state.live_files(pred.prune)
         key = table.key if index_enabled(state.iceberg) else []
         capture = capture_preimages(state.iceberg.metadata.properties)
-        select = f"{_POINTER}{key_checks.select_list(key)}{old_values(schema) if capture else ''}"
-        out = pa.schema(_pointer_fields() + [schema.field(k).with_nullable(True) for k in key] + _old_fields(schema, capture))
-        rows, values = split_old(_evaluate(spark, state, files, pred, select, out).toArrow(), schema)
-        removed = spark_io.removed_images(files, rows, key)
-        change = KeyIndexChange(removed_keys=removed.select(key)) if key else None
-        return Plan("delete", files=files, removed=removed.select(_REMOVED), removed_values=values, deleted=removed.num_rows, key_index=change)
+        select = f"{_POINTER}{_old_keys(key)}{old_values(schema) if capture else ''}"
+        out = pa.schema(_pointer_fields() + _old_key_fields(schema, key) + _old_fields(schema, capture))
+        removed = write_removed(table, state, files, spark_io.evaluate(spark, state, files, pred, select, out), key, capture)
+        return _plan("delete", removed, key, deleted=removed.images)
 
     return run_write(table, plan, mode=MERGE_ON_READ)
 
@@ -83,36 +81,42 @@ def update(table: TableContext, where: str | BooleanExpression | None, set_: Map
         files = state.live_files(pred.prune)
         key = table.key if index_enabled(state.iceberg) else []
         capture = capture_preimages(state.iceberg.metadata.properties)
-        old_keys = "".join(f", {quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
-        images_sql = f"{select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, {_POINTER}{old_keys}{old_values(schema) if capture else ''}"
+        images_sql = f"{select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, {_POINTER}{_old_keys(key)}{old_values(schema) if capture else ''}"
         out_schema = pa.schema(
             [f.with_nullable(True) for f in schema]
             + [pa.field(HIDDEN_ROW_ID, pa.int64()), pa.field(HIDDEN_CREATED, pa.int64())]
             + _pointer_fields()
-            + [pa.field(f"__old_key_{i}", schema.field(k).type) for i, k in enumerate(key)]
+            + _old_key_fields(schema, key)
             + _old_fields(schema, capture)
         )
-        matched = _evaluate(spark, state, files, pred, images_sql, out_schema).persist()
+        matched = spark_io.evaluate(spark, state, files, pred, images_sql, out_schema).persist()
         try:
-            pointer_cols = [*(c.strip() for c in _POINTER.split(",")), *[f"__old_key_{i}" for i in range(len(key))]]
-            old_cols = [f"__old_{i}" for i in range(len(schema))] if capture else []
-            pointers = matched.select(*[spark_io.column(c) for c in pointer_cols + old_cols]).toArrow()
-            rows, values = split_old(pointers, schema)
-            rows = rows.rename_columns([*rows.column_names[:5], *key])
-            removed = spark_io.removed_images(files, rows, key)
+            removed = write_removed(table, state, files, matched, key, capture)
             images = matched.select(*[spark_io.column(c) for c in [*schema.names, HIDDEN_ROW_ID, HIDDEN_CREATED]])
             # about 2M rows per written file; images sorted by row id so their lineage compresses into runs
-            written = spark_io.write_with_executors(table, images.coalesce(max(1, rows.num_rows // 2_000_000)).sortWithinPartitions(HIDDEN_ROW_ID)) if rows.num_rows else []
+            written = (spark_io.write_with_executors(table, images.coalesce(max(1, removed.images // 2_000_000)).sortWithinPartitions(HIDDEN_ROW_ID))
+                       if removed.images else [])
         finally:
             matched.unpersist()
-        change = KeyIndexChange(removed_keys=removed.select(key)) if key else None
-        return Plan("update", files=files, removed=removed.select(_REMOVED), removed_values=values, prewritten=written,
-                    updated=removed.num_rows, key_index=change)
+        return _plan("update", removed, key, prewritten=written, updated=removed.images)
 
     return run_write(table, plan, mode=MERGE_ON_READ)
 
 
-_REMOVED = ["__file_id", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version"]
+def _plan(operation: str, removed: RemovedOnSpark, key: list[str], **counts: Any) -> Plan:
+    """The write loop's plan for images executors removed (delete files and index segment already written)."""
+    change = KeyIndexChange(removed_keys=removed.removed_keys) if key else None
+    return Plan(operation, prewritten_deletes=removed.delete_files, prewritten_index=removed.index, prewritten_replaced=removed.replaced,
+                key_index=change, **counts)
+
+
+def _old_keys(key: list[str]) -> str:
+    """The SELECT-list tail naming the removed images' key values as :func:`lineage.writes.spark_removed.write_removed` wants them."""
+    return "".join(f", {quote_ident(k)} AS {quote_ident(f'{KEY_PREFIX}{i}')}" for i, k in enumerate(key))
+
+
+def _old_key_fields(schema: pa.Schema, key: list[str]) -> list[pa.Field]:
+    return [pa.field(f"{KEY_PREFIX}{i}", schema.field(k).type) for i, k in enumerate(key)]
 
 
 def _merge_on_read_only(mode: str, what: str) -> None:
@@ -126,38 +130,3 @@ def _pointer_fields() -> list[pa.Field]:
 
 def _old_fields(schema: pa.Schema, capture: bool) -> list[pa.Field]:
     return [pa.field(f"__old_{i}", f.type) for i, f in enumerate(schema)] if capture else []
-
-
-def _evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select: str, out: pa.Schema) -> Any:
-    """Executors run ``SELECT select FROM live WHERE pred`` over the live rows of ``files``; a Spark DataFrame of ``out``."""
-    session = spark_io.spark_session(spark)
-    schema = spark_io.arrow_schema_of(state)
-    if not files:
-        return session.createDataFrame(out.empty_table())
-    live = spark_io.live_rows(session, state, schema.names, files)
-    live_schema = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())])
-    spark_schema = session.createDataFrame(out.empty_table()).schema
-    return live.select(*[spark_io.column(c) for c in live_schema.names]).mapInArrow(
-        _evaluator(select, pred.sql, pred.reads_floats, live_schema, out), spark_schema
-    )
-
-
-def _evaluator(select: str, where: str, exact_floats: bool, live: pa.Schema, out: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function evaluating the checked SQL on each batch in a sealed DuckDB database."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        con = duck.connect(isolated=True)
-        try:
-            duck.seal(con, exact_floats=exact_floats)  # reads no file: the rows come from Spark
-            for batch in batches:
-                # Spark hands timestamps with a time zone and may relax nullability: back to the table's types.
-                con.register("live", pa.Table.from_batches([batch]).select(live.names).cast(live))
-                try:
-                    result = con.execute(f"SELECT {select} FROM live WHERE ({where})").to_arrow_table()
-                finally:
-                    con.unregister("live")
-                yield from result.cast(out).to_batches()
-        finally:
-            con.close()
-
-    return run

@@ -1,0 +1,248 @@
+"""Removed images written by Spark executors: position delete files and the deleted-rows index segment.
+
+A Spark delete, update or upsert finds the live images it removes on
+executors (a DataFrame of pointers: ``__path``, ``__pos``, the lineage
+columns, and optionally key values and old values). :func:`write_removed`
+keeps them there. The pointers are repartitioned by delete-file group (a
+data file, or a partition when the table's delete granularity groups by
+partition) and each task, for its groups:
+
+* writes the position delete files (:func:`lineage.storage.writer.write_position_deletes`,
+  the embedded engine's writer and grouping), or on an Iceberg v3 table one
+  deletion vector per data file, merged with the file's current deletes
+  (:func:`lineage.storage.deletion_vectors.write_vectors`, as embedded);
+* builds the index segment's row of each data file (positions as a roaring
+  bitmap, row ids, created and valid-from versions as runs, captured values):
+  :func:`index.deleted_rows.index_rows`;
+* with the key index on, writes the removed images' keys to a scratch file.
+
+One more task concatenates the index rows and writes the commit's index
+segment. The driver collects one small summary row per data file (its path,
+the number of images removed, the pickled descriptors of the delete files)
+and the segment's path, never a row per removed image. The key index is the
+exception: its delta segment is built on the driver, which reads the removed
+keys back from the scratch files (key columns only).
+"""
+
+from __future__ import annotations
+
+import io as _io
+import pickle
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile
+
+from index.deleted_rows import RemovedImages, WrittenIndex, captured_values, index_rows, write_index_table
+import lineage.iceberg.v3_metadata as v3_metadata
+import lineage.spark as spark_io
+import lineage.storage.files as store
+from lineage.context import TableContext
+from lineage.properties import delete_granularity
+from lineage.state import LiveFile, TableState
+from lineage.storage.fileio import write_bytes
+from lineage.storage.metadata import index_dir
+from lineage.storage.deletion_vectors import VectorTarget, write_vectors
+from lineage.storage.writer import write_position_deletes
+
+POINTER_COLUMNS = ["__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version"]
+KEY_PREFIX = "__old_key_"  # the removed images' key values, one column per key column
+OLD_PREFIX = "__old_"  # their data columns' values (pre-image capture), one column per data column
+
+_SUMMARY = "__path string, __images long, __deletes binary, __index binary, __keys string"
+
+
+@dataclass
+class RemovedOnSpark:
+    """What executors wrote for the removed images, as the driver sees it (O(files touched)).
+
+    ``images``: how many images were removed; ``delete_files``: the position
+    delete files; ``index``: the index segment (None when nothing was removed);
+    ``removed_keys``: the removed images' keys for the key index (None without
+    it); ``files_touched``: data files with a removed image; ``replaced``:
+    on Iceberg v3, the deletion vectors the new ones replace (the commit
+    removes them).
+    """
+
+    images: int = 0
+    delete_files: list[DataFile] = field(default_factory=list)
+    index: WrittenIndex | None = None
+    removed_keys: pa.Table | None = None
+    files_touched: int = 0
+    replaced: list[DataFile] = field(default_factory=list)
+
+
+def write_removed(table: TableContext, state: TableState, files: list[LiveFile], pointers: Any, key: list[str], capture: bool) -> RemovedOnSpark:
+    """Executors write the delete files and the index segment of the images ``pointers`` names.
+
+    ``pointers`` is a Spark DataFrame with :data:`POINTER_COLUMNS`, the key
+    values ``__old_key_<i>`` of ``key`` and, with ``capture``, the old values
+    ``__old_<i>`` of every data column. ``files`` are the live files the
+    pointers point into. The commit that uses the result must be made on
+    ``state`` (its version is in the index segment).
+    """
+    from pyspark.sql import functions as F
+
+    if not files:
+        return RemovedOnSpark()
+    session = pointers.sparkSession
+    ice = table.iceberg
+    schema = table.arrow_schema
+    version = ice.metadata.next_sequence_number()
+    granularity, limit = delete_granularity(ice.metadata.properties)
+    groups = _delete_groups(files, granularity, ice.metadata.default_spec_id)
+    group_df = session.createDataFrame(pa.table({"__gpath": [store.local_path(f.path) for f in files], "__group": groups}))
+    cols = POINTER_COLUMNS + [f"{KEY_PREFIX}{i}" for i in range(len(key))] + ([f"{OLD_PREFIX}{i}" for i in range(len(schema))] if capture else [])
+    keyed = pointers.select(*[spark_io.column(c) for c in cols]).join(F.broadcast(group_df), F.col("__path") == F.col("__gpath")).drop("__gpath")
+    tasks = max(1, min(len(set(groups)), session.sparkContext.defaultParallelism))
+    ordered = keyed.repartition(tasks, "__group").sortWithinPartitions("__group", "__path", "__pos")
+    field_ids = {f.name: f.field_id for f in ice.schema().fields}
+    scratch = f"{index_dir(ice.metadata.location)}/{version:09d}-{uuid.uuid4()}"
+    context = _TaskContext(
+        v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, version, granularity, limit,
+        {store.local_path(f.path): f.data_file for f in files}, schema, field_ids, len(key), capture, scratch if key else None,
+        {store.local_path(f.path): tuple(f.deletes) for f in files} if ice.metadata.format_version >= 3 else None,
+    )
+    summaries = ordered.mapInArrow(_file_writer(context), _SUMMARY).persist()
+    try:
+        rows = summaries.select("__path", "__images", "__deletes", "__keys").collect()  # one row per data file touched
+        if not rows:
+            return RemovedOnSpark()
+        index_path = f"{scratch}-deleted-rows.parquet"
+        written = summaries.select("__index").coalesce(1).mapInArrow(_segment_writer(context, index_path), "size long, images long").collect()
+    finally:
+        summaries.unpersist()
+    images = sum(r["__images"] for r in rows)
+    if written[0]["images"] != images:
+        raise RuntimeError(f"internal: the index segment holds {written[0]['images']} images, the delete files {images}")
+    written_deletes = [pickle.loads(r["__deletes"]) for r in rows if r["__deletes"] is not None]
+    deletes = [d for new, _ in written_deletes for d in new]
+    replaced = [d for _, old in written_deletes for d in old]
+    keys = _read_keys(ice.io, sorted({r["__keys"] for r in rows if r["__keys"]}), key, schema) if key else None
+    return RemovedOnSpark(images, deletes, WrittenIndex(index_path, written[0]["size"], images, version), keys, len(rows), replaced)
+
+
+def _delete_groups(files: list[LiveFile], granularity: str, default_spec: int) -> list[int]:
+    """Which files' deletes one task writes together: each file alone, or a partition's files (``partition``, ``auto``)."""
+    if granularity == "file":
+        return list(range(len(files)))
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault((getattr(f.data_file, "_spec_id", None) or default_spec, repr(f.data_file.partition)), len(ids)) for f in files]
+
+
+@dataclass(frozen=True)
+class _TaskContext:
+    """What an executor task needs (pickled with the task): table metadata, a FileIO's settings, the commit's facts."""
+
+    metadata_json: str
+    io_properties: dict[str, str]
+    location: str
+    version: int
+    granularity: str
+    file_scoped_limit: int
+    data_files: dict[str, DataFile]  # by local path, as Spark rows name them
+    schema: pa.Schema
+    field_ids: dict[str, int]
+    keys: int
+    capture: bool
+    scratch: str | None  # prefix of the removed-keys files (key index on)
+    vectors_over: dict[str, tuple[DataFile, ...]] | None = None  # Iceberg v3: each data file's current deletes, by local path
+
+    def target(self) -> Any:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        return spark_io.WriteTarget(TableMetadataUtil.parse_raw(self.metadata_json), load_file_io(self.io_properties, self.location))
+
+
+def _file_writer(ctx: _TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: a task's pointers (sorted by group, file, position) to delete files and index rows."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        got = list(batches)
+        data = pa.Table.from_batches(got) if got else None
+        if data is None or not data.num_rows:
+            return
+        target = ctx.target()
+        codes = data.column("__path").combine_chunks().dictionary_encode()
+        ids = codes.indices.to_numpy()
+        paths = codes.dictionary.to_pylist()
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1))
+        bounds = [*starts.tolist(), len(ids)]
+        group_of = data.column("__group").to_numpy()
+        ints = {c: data.column(c).to_numpy().astype(np.int64) for c in POINTER_COLUMNS[1:]}
+        keys_path = None
+        if ctx.scratch is not None:
+            # named by the task's partition: a task Spark runs again rewrites the same file
+            keys_path = f"{ctx.scratch}-{TaskContext.get().partitionId()}-removed-keys.parquet"
+            sink = _io.BytesIO()
+            pq.write_table(data.select([f"{KEY_PREFIX}{i}" for i in range(ctx.keys)]), sink)
+            write_bytes(target.io, keys_path, sink.getvalue())
+        by_group: dict[int, list[tuple[int, int]]] = {}
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+            by_group.setdefault(int(group_of[s]), []).append((s, e))
+        out_schema = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__index", pa.binary()), ("__keys", pa.string())])
+        for spans in by_group.values():
+            targets = [(ctx.data_files[paths[ids[s]]], ints["__pos"][s:e]) for s, e in spans]
+            if ctx.vectors_over is not None:  # Iceberg v3: one vector per data file, holding its earlier deletes too
+                written = write_vectors(target, [VectorTarget(df, pos, ctx.vectors_over[paths[ids[s]]])
+                                                 for (df, pos), (s, _) in zip(targets, spans, strict=True)])
+            else:
+                written = (write_position_deletes(target, targets, ctx.granularity, file_scoped_limit=ctx.file_scoped_limit), [])
+            for n, (s, e) in enumerate(spans):
+                removed = RemovedImages(ctx.data_files[paths[ids[s]]].file_path, ints["__pos"][s:e], ints["_row_id"][s:e],
+                                        ints["_row_created_at_version"][s:e], ints["_row_last_updated_at_version"][s:e], ctx.version,
+                                        _values(data.slice(s, e - s), ctx) if ctx.capture else None)
+                sink = _io.BytesIO()
+                with pa.ipc.new_stream(sink, (rows := index_rows([removed])).schema) as w:
+                    w.write_table(rows)
+                yield pa.RecordBatch.from_pydict(
+                    {"__path": [paths[ids[s]]], "__images": [e - s], "__deletes": [pickle.dumps(written) if n == 0 else None],
+                     "__index": [sink.getvalue()], "__keys": [keys_path]},
+                    schema=out_schema,
+                )
+
+    return run
+
+
+def _values(rows: pa.Table, ctx: _TaskContext) -> pa.Table:
+    """The removed images' old values (``__old_<i>``), in the table's types, columns named by field id."""
+    values = pa.Table.from_arrays([rows.column(f"{OLD_PREFIX}{i}").cast(f.type) for i, f in enumerate(ctx.schema)], names=ctx.schema.names)
+    return captured_values(values, ctx.field_ids)
+
+
+def _segment_writer(ctx: _TaskContext, path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function (one task): the index rows of every data file written as one index segment."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parts = [pa.ipc.open_stream(blob).read_all() for b in batches for blob in b.column("__index").to_pylist()]
+        if not parts:
+            return
+        rows = pa.concat_tables(parts, promote_options="permissive")
+        size = write_index_table(ctx.target().io, path, rows)
+        images = sum(len(p.column("row_ids")[0]) for p in parts)
+        yield pa.RecordBatch.from_pydict({"size": [size], "images": [images]}, schema=pa.schema([("size", pa.int64()), ("images", pa.int64())]))
+
+    return run
+
+
+def _read_keys(io: Any, paths: list[str], key: list[str], schema: pa.Schema) -> pa.Table:
+    """The removed images' keys from the executors' scratch files (which are deleted)."""
+    names = [f"{KEY_PREFIX}{i}" for i in range(len(key))]
+    out = pa.schema([schema.field(k).with_nullable(True) for k in key])
+    parts = []
+    try:
+        for p in paths:
+            with io.new_input(p).open() as f:
+                got = pq.read_table(f, columns=names)
+            parts.append(pa.Table.from_arrays([got.column(n).cast(out.field(i).type) for i, n in enumerate(names)], schema=out))
+    finally:
+        store.delete_many(paths)
+    return pa.concat_tables(parts) if parts else out.empty_table()
