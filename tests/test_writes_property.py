@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from pyiceberg.manifest import DataFileContent, ManifestContent
 
 import lineage
-from lineage.storage.deletes import read_position_deletes
+from lineage.storage.deletes import read_position_deletes, referenced_data_path
 
 # ---------------------------------------------------------------- the model
 
@@ -267,9 +267,9 @@ def _check_as_of(table: lineage.Table, model: Model, version: int) -> None:
     assert got == want, f"scan(as_of={version}) differs from the model's state at that version"
 
 
-def _read_delete_pairs(table: lineage.Table, path: str) -> list[tuple[str, int]]:
-    if path.endswith(".puffin"):  # deletion vectors (Iceberg v3)
-        return [(p, int(pos)) for p, positions in read_position_deletes(path).items() for pos in positions]
+def _read_delete_pairs(table: lineage.Table, path: str, referenced: str | None = None) -> list[tuple[str, int]]:
+    if path.endswith(".puffin"):  # deletion vectors (Iceberg v3): one Puffin file holds a commit's vectors, an entry names one
+        return [(p, int(pos)) for p, positions in read_position_deletes(path).items() if p == referenced for pos in positions]
     with table.iceberg.io.new_input(path).open() as f:
         t = pq.read_table(_io.BytesIO(f.read()))
     return list(zip(t.column("file_path").to_pylist(), t.column("pos").to_pylist(), strict=True))
@@ -296,7 +296,7 @@ def _check_summary(table: lineage.Table, model: Model, ci: lineage.CommitInfo, e
                 assert df.content == DataFileContent.POSITION_DELETES, f"unexpected delete file content {df.content}"
                 delete_files += 1
                 position_deletes += df.record_count
-                delete_paths.append(df.file_path)
+                delete_paths.append((df.file_path, referenced_data_path(df)))
             else:
                 assert df.content == DataFileContent.DATA
                 data_files += 1
@@ -315,8 +315,8 @@ def _check_summary(table: lineage.Table, model: Model, ci: lineage.CommitInfo, e
     # Delete files: record counts are exact, no position is deleted twice, and
     # live rows = records of live data files - positions deleted in them.
     pairs: list[tuple[str, int]] = []
-    for path in delete_paths:
-        got = _read_delete_pairs(table, path)
+    for path, referenced in delete_paths:
+        got = _read_delete_pairs(table, path, referenced)
         pairs.extend(got)
     assert len(pairs) == position_deletes, "delete file record_count does not match the rows in the file"
     effective = [p for p in pairs if p[0] in live_data]

@@ -122,7 +122,7 @@ def cmd_create(ctx: Context) -> int:
         {
             "columns": _columns_text(rec["columns"], t.key),
             "partitioned by": ", ".join(rec["partition_by"]) or "unpartitioned",
-            "format version": str(rec["format_version"]),
+            **({"format version": str(rec["format_version"])} if rec["format_version"] != 2 else {}),
             "properties": ", ".join(f"{k}={v}" for k, v in props.items()) or "-",
         },
         indent=2,

@@ -22,9 +22,9 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
-from pyiceberg.manifest import write_manifest_list
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
 from index.deleted_rows import RemovedImages, WrittenIndex, write_index_segment
@@ -55,6 +55,7 @@ from lineage.state import SnapshotFiles, TableState, writable_state
 from lineage.storage.writer import FRESH, WrittenFile
 import lineage.storage.puts as puts
 import lineage.storage.manifests_v3 as v3
+import lineage.commits.v3_commit as v3_commit
 
 
 class _ManifestWriter(ManifestWriterV2):
@@ -123,9 +124,8 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self.delete_sequence_numbers: dict[str, int] = {}  # delete file path -> an explicit data sequence number (CONVERT)
         self._merge_settings = MergeSettings.for_manifests(transaction.table_metadata.properties)
         self._v3 = transaction.table_metadata.format_version >= 3
-        # v3: deletion vectors to remove, by (Puffin file, referenced data file): one Puffin file may hold the vectors of
-        # several data files (Iceberg Java writes them so), and only the named one leaves. Removed only if still there.
-        self.removed_vectors: set[tuple[str, str]] = set()
+        self.removed_vectors: set[tuple[str, str]] = set()  # v3: (Puffin file, data file) of vectors leaving (lineage.commits.v3_commit)
+        self._removed_vector_files: list[DataFile] = []  # their entries as found: the summary counts them
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
 
     def _manifests(self) -> list[ManifestFile]:
@@ -216,7 +216,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         return writer.to_manifest_file() if count else None
 
     def new_manifest_writer(self, spec):  # type: ignore[no-untyped-def]
-        """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`)."""
+        """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`; v3: ``first_row_id``)."""
         if self._v3:
             return v3.ManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression, self._unassigned)
         if self._transaction.table_metadata.format_version != 2:
@@ -224,15 +224,13 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
-        if self._v3:
-            return v3.DeleteManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
-        return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+        cls = v3.DeleteManifestWriterV3 if self._v3 else _DeleteManifestWriter
+        return cls(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _entries(self, manifest: ManifestFile, discard_deleted: bool) -> list[ManifestEntry]:
         """A manifest's entries; on v3 with every v3 field and inherited ``first_row_id`` (they are written back)."""
-        if self._v3:
-            return v3.read_entries(manifest, self._io, discard_deleted=discard_deleted)
-        return manifest.fetch_manifest_entry(self._io, discard_deleted=discard_deleted)
+        read = v3.read_entries if self._v3 else ManifestFile.fetch_manifest_entry
+        return read(manifest, self._io, discard_deleted=discard_deleted)
 
     def _carried_manifests(self) -> list[ManifestFile]:
         """The parent's manifests; those holding a removed file are rewritten with it marked DELETED."""
@@ -242,9 +240,8 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         removed = self._deleted_data_files
         vectors = self.removed_vectors
 
-        def leaves(e: ManifestEntry) -> bool:
+        def leaves(e: ManifestEntry) -> bool:  # v3: a vector leaves by (Puffin file, data file), not by path
             return e.data_file in removed or (bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
-
         out: list[ManifestFile] = []
         found: set[str] = set()
         for manifest in manifests_of(parent, self._io, self._v3):
@@ -267,6 +264,8 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                     if leaves(e):
                         writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
                         found.add(e.data_file.file_path)
+                        if e.data_file not in removed:
+                            self._removed_vector_files.append(e.data_file)
                     else:
                         writer.existing(e)
             if entries:
@@ -293,26 +292,14 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             _new_manifest_list_file_name(snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid)
         )
         self._written_manifest_lists.append(location)
-        lineage: dict[str, int] = {}
         if self._v3:
-            new_manifests = v3_list_order(new_manifests, self._snapshot_id)
-            first_row_id = int(metadata.next_row_id or 0)  # type: ignore[union-attr]
-            writer = v3.ManifestListWriterV3(self._io.new_output(location), self._snapshot_id, self._parent_snapshot_id, sequence_number,
-                                             first_row_id, self._compression, self._unassigned)
-        else:
-            writer = write_manifest_list(
-                format_version=metadata.format_version,
-                output_file=self._io.new_output(location),
-                snapshot_id=self._snapshot_id,
-                parent_snapshot_id=self._parent_snapshot_id,
-                sequence_number=sequence_number,
-                avro_compression=self._compression,
-            )
+            new_manifests = v3.list_order(new_manifests, self._snapshot_id)
+        writer = v3_commit.list_writer(metadata, self._io.new_output(location), self._snapshot_id, self._parent_snapshot_id,
+                                       sequence_number, self._compression, self._unassigned)
         with writer:
             listed = tuple(writer.prepare_manifest(m) for m in new_manifests)  # as a reader of the list will see them
             writer._writer.write_block(list(listed))
-        if self._v3:
-            lineage = {"first_row_id": writer.first_row_id, "added_rows": writer.added_rows}
+        lineage = v3_commit.snapshot_row_ids(writer)  # v3: first-row-id and added-rows
         _WRITTEN_LISTS.get(location, lambda: listed)
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,
@@ -337,6 +324,12 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             (AssertRefSnapshotId(snapshot_id=self._parent_snapshot_id, ref=MAIN_BRANCH),),
         )
 
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """pyiceberg's summary, also counting vectors removed entry by entry (pyiceberg keys removed files by path)."""
+        removed = list(self._deleted_data_files) + self._removed_vector_files
+        return v3_commit.summary(self._transaction.table_metadata, self._operation, self._added_data_files, removed,
+                                 self._parent_snapshot_id, snapshot_properties)
+
     def written_files(self) -> list[str]:
         """Manifests and manifest lists this producer wrote (to clean up after a lost race)."""
         return list(self._written_manifests) + list(self._written_manifest_lists)
@@ -348,27 +341,9 @@ _WRITTEN_LISTS: ImmutableFileCache[tuple[ManifestFile, ...]] = ImmutableFileCach
 
 
 def manifests_of(snapshot: Snapshot, io, v3_fields: bool = False) -> tuple[ManifestFile, ...]:  # type: ignore[no-untyped-def]
-    """The manifests of ``snapshot`` (from memory when this process wrote its manifest list).
-
-    ``v3_fields`` reads a list this process did not write with the v3 fields (``first_row_id``).
-    """
-    if v3_fields:
-        return _WRITTEN_LISTS.get(snapshot.manifest_list, lambda: v3.read_manifest_list(io, snapshot.manifest_list))
-    return _WRITTEN_LISTS.get(snapshot.manifest_list, lambda: tuple(snapshot.manifests(io)))
-
-
-def v3_list_order(manifests: list[ManifestFile], snapshot_id: int) -> list[ManifestFile]:
-    """``manifests`` with the data manifest holding this snapshot's added files first.
-
-    Row ids are assigned in manifest-list order (spec, "First Row ID
-    Assignment"); the lineage of the commit numbers the added files from the
-    table's ``next-row-id`` in the order they were added, so their manifest
-    must be the first one assigned ids.
-    """
-    def holds_added(m: ManifestFile) -> bool:
-        return m.content == ManifestContent.DATA and m.added_snapshot_id == snapshot_id and bool(m.added_files_count)
-
-    return [m for m in manifests if holds_added(m)] + [m for m in manifests if not holds_added(m)]
+    """The manifests of ``snapshot`` (from memory when this process wrote its manifest list), with ``first_row_id`` if ``v3_fields``."""
+    read = (lambda: v3.read_manifest_list(io, snapshot.manifest_list)) if v3_fields else (lambda: tuple(snapshot.manifests(io)))
+    return _WRITTEN_LISTS.get(snapshot.manifest_list, read)
 
 
 def _manifest_weight(manifest: ManifestFile) -> int:
@@ -414,10 +389,10 @@ def commit_files(
     for f in added:
         producer.append_data_file(f)
     for f in removed:
-        if v3.is_deletion_vector(f) and v3.referenced_data_file(f):
-            producer.removed_vectors.add((f.file_path, v3.referenced_data_file(f)))
-        else:
-            producer.delete_data_file(f)
+        if v3_commit.names_one_vector(f):
+            producer.removed_vectors.add((f.file_path, v3.referenced_data_file(f)))  # type: ignore[arg-type]
+            continue
+        producer.delete_data_file(f)
     try:
         with puts.parallel_puts():  # manifests and the manifest list in flight at once (and with the caller's files)
             updates, requirements = producer.updates_and_requirements()
@@ -508,14 +483,10 @@ def build_lineage(
     so reconciling the same snapshot twice writes the same files).
     """
     next_row_id = state.lineage.next_row_id
-    # On v3 every added data file inherits a first_row_id from the table's next-row-id, in the order added
-    # (lineage.storage.manifests_v3), whether its rows are new or keep their ids: number them the same way.
+    # On v3 every added data file inherits a first_row_id from the snapshot's first-row-id, in the order added, whether
+    # its rows are new or keep their ids (lineage.storage.manifests_v3): number them the same way.
     native = iceberg.metadata.format_version >= 3
-    if native:
-        # Our commit's first-row-id is the table's next-row-id; a reconciled foreign snapshot has its own.
-        snap = iceberg.metadata.snapshot_by_id(snapshot_id)
-        first = snap.first_row_id if snap is not None else None
-        next_row_id = int(first if first is not None else (iceberg.metadata.next_row_id or 0))  # type: ignore[union-attr]
+    next_row_id = v3_commit.first_row_id(iceberg.metadata, snapshot_id) if native else next_row_id
     lineages = []
     for w in req.written:
         n = w.data_file.record_count
@@ -654,12 +625,14 @@ def _next_files(
 ) -> SnapshotFiles | None:
     """The committed snapshot's live files, derived from the base's when it has them (None: plan afresh)."""
     known = state.files_if_known()
-    if known is None or any(v3.is_deletion_vector(f) and v3.referenced_data_file(f) for f in req.removed_files):
-        return None  # a removed vector may share its Puffin file with vectors that stay: plan afresh
+    if known is None:
+        return None
+    known, removed = v3_commit.without_vectors(known, req.removed_files)
     by_path = {fl.file_path: fl for fl in lineages}
     default_spec = state.iceberg.metadata.default_spec_id
     for f in [w.data_file for w in req.written] + req.delete_files:
         if getattr(f, "_spec_id", None) is None:
             f.spec_id = default_spec  # fresh from the writer; a manifest read sets it, later commits need it
     added = [(w.data_file, by_path[w.data_file.file_path]) for w in req.written]
-    return known.advance(snapshot_id, added, segment, req.delete_files, req.removed_files, moved)
+    return known.advance(snapshot_id, added, segment, req.delete_files, removed, moved)
+

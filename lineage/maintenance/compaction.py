@@ -30,7 +30,7 @@ from index.key_index import KeyIndexChange
 from index.key_merge_policy import MAINTENANCE
 from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
-from lineage.storage.deletes import positions_for, read_position_deletes
+from lineage.storage.deletes import is_puffin, positions_for, read_position_deletes
 import lineage.maintenance.spark_rewrite as spark_rewrite
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries, position_delete_files, referenced_data_path, snapshot_files
 from lineage.sql.predicate import quote_ident
@@ -39,7 +39,7 @@ from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState, state_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
-from lineage.storage.deletion_vectors import VectorTarget, write_vectors
+from lineage.storage.deletion_vectors import VectorTarget, vectors_of, write_vectors
 from lineage.storage.writer import write_data_files, write_position_deletes
 
 
@@ -59,6 +59,8 @@ def _delete_rewrite_plan(
     """
     live_data, all_deletes = snapshot_files(state)
     delete_files = position_delete_files(all_deletes)
+    if state.iceberg.metadata.format_version >= 3:  # deletion vectors are one per data file already
+        delete_files = [d for d in delete_files if not is_puffin(d.file_path)]
     if not delete_files:
         return [], []
     live = {f.file_path: f for f in live_data}
@@ -243,7 +245,10 @@ def compact(
             written.extend(new)
             removed.extend(f.data_file for f in group)
         gone = {f.file_path for f in removed}
-        removed_deletes = [d for d in all_deletes if referenced_data_path(d) in gone]
+        if table.iceberg.metadata.format_version >= 3:  # a vector leaves by entry: its Puffin file may hold others
+            removed_deletes = vectors_of(gone, all_deletes)
+        else:
+            removed_deletes = [d for d in all_deletes if referenced_data_path(d) in gone]
         stats.update(
             added=len(written),
             removed=len(removed) + len(removed_deletes),

@@ -86,6 +86,13 @@ def vector_table(paths: Sequence[str]) -> pa.Table:
     return pa.table({"file_path": file_path, "pos": pa.array(np.concatenate(parts), pa.int64())})
 
 
+def remember_vectors(path: str, vectors: dict[str, np.ndarray]) -> None:
+    """Keep the vectors of a Puffin file this process just wrote, so reading them back costs nothing."""
+    for arr in vectors.values():
+        arr.setflags(write=False)
+    _CACHE.get(path, lambda: vectors)
+
+
 def is_puffin(path: str) -> bool:
     """Whether a delete file is a Puffin file of deletion vectors (Iceberg v3) rather than a Parquet position delete file."""
     return path.endswith(".puffin")

@@ -7,14 +7,16 @@ data file writes a new vector holding the file's earlier deleted positions
 (its current vector, and any position delete file of the table's v2 past)
 plus the new ones, and removes the vector it replaces.
 
-Each vector is written to a Puffin file of its own. Its manifest entry records
-``referenced_data_file``, ``content_offset`` and ``content_size_in_bytes`` (the
-v3 fields), and also the referenced path as the lower and upper bound of the
-reserved ``file_path`` field (2147483546), the metrics a position delete file
-scoped to one data file has: readers that plan by bounds (this library's
-planner, which reads manifests with pyiceberg's v2 schema) pair the vector with
-its one data file. One file per vector keeps every delete entry's path unique,
-which replacing one vector (by path) relies on.
+The vectors of one commit share one Puffin file (as Iceberg Java writes
+them). Each vector's manifest entry records ``referenced_data_file``,
+``content_offset`` and ``content_size_in_bytes`` (the v3 fields), and also the
+referenced path as the lower and upper bound of the reserved ``file_path``
+field (2147483546), the metrics a position delete file scoped to one data file
+has: readers that plan by bounds (this library's planner, which reads manifests
+with pyiceberg's v2 schema) pair the vector with its one data file. Since a
+Puffin file holds several vectors, a vector leaves the snapshot by entry, not
+by path: :func:`vector_removal` names it by its Puffin file and referenced data
+file, and the commit removes that entry only.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pyiceberg.types import StringType
 
 import lineage.storage.manifests_v3 as manifests_v3
 import lineage.storage.puffin as puffin
-from lineage.storage.deletes import PATH_FIELD_ID, is_puffin, positions_for, read_position_deletes, referenced_data_path
+from lineage.storage.deletes import PATH_FIELD_ID, is_puffin, positions_for, read_position_deletes, referenced_data_path, remember_vectors
 
 
 @dataclass(frozen=True)
@@ -44,27 +46,45 @@ class VectorTarget:
     current: Sequence[DataFile] = ()
 
 
-def replaced_by_vector(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
-    """The delete files a new vector of ``data_path`` replaces: those scoped to that one data file, and its vectors.
+def vector_removal(delete_file: DataFile, data_path: str) -> DataFile:
+    """What a commit removes to drop the vector of ``data_path`` held in ``delete_file``'s Puffin file (that entry only)."""
+    return manifests_v3.as_v3(delete_file, referenced_data_file=data_path)
+
+
+def is_vector_removal(delete_file: DataFile) -> bool:
+    """Whether a removed file names one vector of a Puffin file (see :func:`vector_removal`)."""
+    return manifests_v3.is_deletion_vector(delete_file) and manifests_v3.referenced_data_file(delete_file) is not None
+
+
+def vectors_of(data_paths: set[str], deletes: Sequence[DataFile]) -> list[DataFile]:
+    """The delete entries that leave with the data files ``data_paths``: their vectors, and position delete files scoped to one of them.
 
     A position delete file naming other data files too stays (a vector
     supersedes it for this file: readers ignore position delete files where a
-    vector applies, and this library's readers take the union, which the new
-    vector contains). A vector of ``data_path`` in a Puffin file another
-    engine wrote (which may hold the vectors of other data files too) is named
-    by its Puffin file and ``data_path`` as referenced data file: the commit
-    removes that one entry (:func:`lineage.commits.commit.commit_files`).
+    vector applies, and this library's readers take the union, which a new
+    vector contains). A vector is named by its Puffin file and its data file
+    (:func:`vector_removal`); one without ``file_path`` bounds (another
+    engine's) is found by reading its Puffin file.
     """
     out = []
-    for d in current:
+    for d in deletes:
         if d.content != DataFileContent.POSITION_DELETES:
             continue
-        if is_puffin(d.file_path):  # named by its Puffin file and data file, whoever wrote it
-            if referenced_data_path(d) == data_path or data_path in read_position_deletes(d.file_path):
-                out.append(manifests_v3.as_v3(d, referenced_data_file=data_path))
-        elif referenced_data_path(d) == data_path:  # a position delete file of its own: it leaves by path
-            out.append(d)
+        target = referenced_data_path(d)
+        if not is_puffin(d.file_path):
+            if target in data_paths:
+                out.append(d)
+        elif target is not None:
+            if target in data_paths:
+                out.append(vector_removal(d, target))
+        else:
+            out.extend(vector_removal(d, p) for p in sorted(data_paths & read_position_deletes(d.file_path).keys()))
     return out
+
+
+def replaced_by_vector(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
+    """The delete entries a new vector of ``data_path`` replaces (see :func:`vectors_of`)."""
+    return vectors_of({data_path}, current)
 
 
 def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tuple[list[DataFile], list[DataFile]]:
@@ -74,8 +94,8 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
     ``current`` delete files remove. Targets without positions are skipped.
     """
     metadata = iceberg.metadata
-    provider = load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
-    added: list[DataFile] = []
+    vectors: list[tuple[str, np.ndarray]] = []
+    data_files: list[DataFile] = []
     replaced: list[DataFile] = []
     for t in targets:
         path = t.data_file.file_path
@@ -83,12 +103,16 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
         if len(new) == 0:
             continue
         old = positions_for(path, [d.file_path for d in t.current if d.content == DataFileContent.POSITION_DELETES])
-        merged = np.union1d(old, new).astype(np.int64)
-        location = provider.new_data_location(f"{uuid.uuid4()}-dv.puffin")
-        (blob,) = puffin.write_deletion_vectors(iceberg.io, location, [(path, merged)])
-        added.append(vector_entry(blob, t.data_file, metadata.default_spec_id))
+        vectors.append((path, np.union1d(old, new).astype(np.int64)))
+        data_files.append(t.data_file)
         replaced.extend(replaced_by_vector(path, t.current))
-    return added, replaced
+    if not vectors:
+        return [], []
+    provider = load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
+    location = provider.new_data_location(f"{uuid.uuid4()}-dv.puffin")
+    blobs = puffin.write_deletion_vectors(iceberg.io, location, vectors)
+    remember_vectors(location, dict(vectors))
+    return [vector_entry(b, f, metadata.default_spec_id) for b, f in zip(blobs, data_files, strict=True)], replaced
 
 
 def vector_entry(blob: puffin.DeletionVectorBlob, data_file: DataFile, default_spec_id: int) -> DataFile:

@@ -56,6 +56,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
+from lineage.storage.fileio import ImmutableFileCache
+
 FORMAT_VERSION = 3
 _V3_DATA_FIELDS = len(DATA_FILE_TYPE[3].fields)  # 20: v2's 16 plus first_row_id, referenced_data_file, content_offset, size
 _FIRST_ROW_ID, _REFERENCED, _OFFSET, _SIZE = 16, 17, 18, 19  # positions in the v3 data_file struct
@@ -159,8 +161,20 @@ def read_entries(manifest: ManifestFile, io: FileIO, discard_deleted: bool = Tru
     For a data manifest with a ``first_row_id``, a data file whose own value
     is null gets the manifest's value plus the record counts of the files
     before it that had a null value; without one (a snapshot older than the
-    table's upgrade to v3) the files keep null.
+    table's upgrade to v3) the files keep null. Parsed entries are cached by
+    manifest (manifests are immutable); callers must not modify them.
     """
+    key = (manifest.manifest_path, manifest_first_row_id(manifest), manifest.sequence_number)
+    entries = _ENTRIES.get(key, lambda: _read_entries(manifest, io))
+    return [e for e in entries if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
+
+
+# Parsed manifests, bounded by the entries held: a commit that replaces deletion vectors rewrites the manifests
+# holding them, and reading an Avro manifest costs more in schema conversion than in its few entries.
+_ENTRIES: ImmutableFileCache[tuple[ManifestEntry, ...]] = ImmutableFileCache(200_000, weigh=lambda e: 1 + len(e), max_share=0.25)
+
+
+def _read_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ...]:
     with AvroFile[ManifestEntry](
         io.new_input(manifest.manifest_path),
         MANIFEST_ENTRY_SCHEMAS[3],
@@ -175,7 +189,7 @@ def read_entries(manifest: ManifestFile, io: FileIO, discard_deleted: bool = Tru
             if df._data[_FIRST_ROW_ID] is None:
                 df._data[_FIRST_ROW_ID] = next_id
                 next_id += int(df.record_count)
-    return [e for e in entries if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
+    return tuple(entries)
 
 
 # ---------------------------------------------------------------- writing
@@ -327,3 +341,17 @@ class ManifestListWriterV3(ManifestListWriter):
     def added_rows(self) -> int:
         """Row ids this list assigned: the snapshot's ``added-rows``."""
         return self.next_row_id - self.first_row_id
+
+
+def list_order(manifests: list[ManifestFile], snapshot_id: int) -> list[ManifestFile]:
+    """``manifests`` with the data manifest holding this snapshot's added files first.
+
+    Row ids are assigned in manifest-list order (spec, "First Row ID
+    Assignment"); the lineage of a commit numbers its added files from the
+    table's ``next-row-id`` in the order they were added, so their manifest
+    must be the first one assigned ids.
+    """
+    def holds_added(m: ManifestFile) -> bool:
+        return m.content == ManifestContent.DATA and m.added_snapshot_id == snapshot_id and bool(m.added_files_count)
+
+    return [m for m in manifests if holds_added(m)] + [m for m in manifests if not holds_added(m)]
