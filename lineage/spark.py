@@ -248,6 +248,39 @@ class WriteTarget:
     io: Any
 
 
+def executor_io(io_properties: dict[str, str], location: str) -> Any:
+    """A FileIO for an executor task, from the driver's FileIO properties.
+
+    The object-store bucket of ``location`` is registered with those
+    properties first: the library's own object writes and ranged reads
+    (scratch files, Puffin files, deletion vectors) find its endpoint and
+    credentials through :mod:`lineage.storage.files`, which a fresh Python
+    worker knows nothing of.
+    """
+    from pyiceberg.io import load_file_io
+
+    store.register(location, io_properties)
+    return load_file_io(io_properties, location)
+
+
+def removed_images(files: list[LiveFile], pointers: pa.Table, key: list[str]) -> pa.Table:
+    """Pointers collected from executors (``__path``, ``__pos``, lineage, ``key`` values) as the write loop's removed images (``__file_id``)."""
+    index_of = {local_path(f.path): i for i, f in enumerate(files)}
+    missing = [p for p in set(pointers.column("__path").to_pylist()) if p not in index_of]
+    if missing:
+        raise InvalidArgumentError(f"internal: matched rows point at files not in the snapshot: {missing[:3]}")
+    return pa.table(
+        {
+            "__file_id": pa.array([index_of[p] for p in pointers.column("__path").to_pylist()], pa.int32()),
+            "__pos": pointers.column("__pos").cast(pa.int64()),
+            "_row_id": pointers.column("_row_id"),
+            "_row_created_at_version": pointers.column("_row_created_at_version"),
+            "_row_last_updated_at_version": pointers.column("_row_last_updated_at_version"),
+            **{k: pointers.column(k) for k in key},
+        }
+    )
+
+
 def _executor_writer(metadata_json: str, io_properties: dict[str, str], location: str, schema: pa.Schema, key: list[str], group: str | None = None):  # type: ignore[no-untyped-def]
     """A ``mapInArrow`` function that writes its partition as data files and yields their descriptors.
 
@@ -256,11 +289,10 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
     """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyiceberg.io import load_file_io
         from pyiceberg.table.metadata import TableMetadataUtil
 
         metadata = TableMetadataUtil.parse_raw(metadata_json)
-        target = WriteTarget(metadata, load_file_io(io_properties, location))
+        target = WriteTarget(metadata, executor_io(io_properties, location))
         batches = list(batches)
         if not batches:
             return

@@ -99,14 +99,13 @@ class _CopyJob:
         self.schema, self.specs, self.copy_fn = schema, specs, copy_fn
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyiceberg.io import load_file_io
         from pyiceberg.table.metadata import TableMetadataUtil
 
         wanted = [i for b in batches for i in b.column("__i").to_pylist()]
         if not wanted:
             return
         specs = pickle.loads(self.specs)
-        target = spark_io.WriteTarget(TableMetadataUtil.parse_raw(self.metadata_json), load_file_io(self.io_properties, self.location))
+        target = spark_io.WriteTarget(TableMetadataUtil.parse_raw(self.metadata_json), spark_io.executor_io(self.io_properties, self.location))
         out = pa.schema([("__i", pa.int64()), ("payload", pa.binary())])
         for i in wanted:
             path, rows, positions, data_file, donors, lineage = specs[i]

@@ -154,10 +154,9 @@ class _TaskContext:
     vectors_over: dict[str, tuple[DataFile, ...]] | None = None  # Iceberg v3: each data file's current deletes, by local path
 
     def target(self) -> Any:
-        from pyiceberg.io import load_file_io
         from pyiceberg.table.metadata import TableMetadataUtil
 
-        return spark_io.WriteTarget(TableMetadataUtil.parse_raw(self.metadata_json), load_file_io(self.io_properties, self.location))
+        return spark_io.WriteTarget(TableMetadataUtil.parse_raw(self.metadata_json), spark_io.executor_io(self.io_properties, self.location))
 
 
 def _file_writer(ctx: _TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
