@@ -145,3 +145,28 @@ def test_cli_upgrade(warehouse):
     again = json.loads(ok(run("--warehouse", warehouse, "-f", "json", "upgrade", t.name)).stdout)
     assert not again["committed"] and "nothing to upgrade" in again["detail"]
     assert assert_readers_agree(t.refresh()) == before
+
+
+def test_a_failed_upgrade_leaves_the_table_as_it_was(warehouse, monkeypatch):
+    from pyiceberg.exceptions import CommitFailedException
+
+    import lineage.catalog
+    from lineage.errors import CommitConflictError
+
+    t = _v2(warehouse, "merge-on-read")
+    t.append(_batch([1, 2, 3]))
+    t.update("id = 2", {"qty": "5"})
+    before, location = ours(t), t.iceberg.metadata_location
+
+    def lost(*args, **kwargs):
+        raise CommitFailedException("another writer committed first")
+
+    monkeypatch.setattr(lineage.catalog, "commit_metadata", lost)
+    with pytest.raises(CommitConflictError):
+        t.upgrade()
+    monkeypatch.undo()
+    t.refresh()
+    assert t.iceberg.metadata_location == location and t.iceberg.metadata.format_version == 2
+    assert ours(t) == before
+    t.upgrade()
+    assert assert_readers_agree(t) == before
