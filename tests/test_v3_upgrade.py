@@ -170,3 +170,17 @@ def test_a_failed_upgrade_leaves_the_table_as_it_was(warehouse, monkeypatch):
     assert ours(t) == before
     t.upgrade()
     assert assert_readers_agree(t) == before
+
+
+def test_upgrade_of_a_partitioned_table_with_partition_scoped_deletes(warehouse):
+    t = lineage.create_table("shop.parts", SCHEMA, key=["id"], partition_by=["bucket(3, id)"], warehouse=warehouse,
+                             properties={"write.delete.granularity": "partition"})
+    t.append(_batch(list(range(30))))
+    t.delete("id IN (1, 2, 3, 4)")
+    t.update("id IN (5, 6, 7)", {"qty": "8"})
+    before, feed = ours(t), _feed(t, 0, t.version)
+    t.upgrade()
+    assert assert_readers_agree(t) == before and _feed(t, 0, t.version) == feed
+    t.delete("id IN (8, 9)")
+    t.update("id IN (5, 10)", {"qty": "2"})
+    assert_readers_agree(t)
