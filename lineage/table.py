@@ -521,6 +521,10 @@ class Table:
         """
         return maintenance.compact(self._context, target_file_size_bytes, min_file_size_bytes, engine=_engine(engine), spark=spark)
 
+    def upgrade(self, format_version: int = 3) -> MaintenanceResult:
+        """Make this v2 table an Iceberg v3 table in one commit; every v3 reader then returns its ``_row_id`` (no change events)."""
+        return maintenance.upgrade(self._context, format_version)
+
     def rewrite_deletes(self, granularity: str | None = None) -> MaintenanceResult:
         """Merge position delete files into one per data file (or per partition)."""
         return maintenance.rewrite_deletes(self._context, granularity)

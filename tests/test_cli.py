@@ -121,6 +121,7 @@ def test_script_help_and_usage_errors(wh, tmp_path):
         "changes",
         "deleted-rows",
         "compact",
+        "upgrade",
         "rewrite-deletes",
         "expire",
         "vacuum",

@@ -1,4 +1,4 @@
-"""``lineage compact``, ``rewrite-deletes``, ``convert-deletes``, ``rewrite-manifests``, ``expire``, ``vacuum``, ``rehome``, ``reindex``,
+"""``lineage compact``, ``upgrade``, ``rewrite-deletes``, ``convert-deletes``, ``rewrite-manifests``, ``expire``, ``vacuum``, ``rehome``, ``reindex``,
 ``purge``, ``maintain`` and ``verify``."""
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ def cmd_compact(ctx: Context) -> int:
     target = parse_size(a.target_file_size, "--target-file-size") if a.target_file_size else None
     minimum = parse_size(a.min_file_size, "--min-file-size") if a.min_file_size else None
     return _run_maintenance(ctx, "compacting", lambda t: t.compact(target, minimum))
+
+
+def cmd_upgrade(ctx: Context) -> int:
+    """``lineage upgrade TABLE --format-version 3``: make a v2 table an Iceberg v3 table keeping every row id."""
+    return _run_maintenance(ctx, "upgrading", lambda t: t.upgrade(ctx.args.format_version))
 
 
 def cmd_rewrite_deletes(ctx: Context) -> int:

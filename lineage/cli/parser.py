@@ -19,6 +19,7 @@ from lineage.cli.maintenance import (
     cmd_reindex,
     cmd_rewrite_deletes,
     cmd_rewrite_manifests,
+    cmd_upgrade,
     cmd_vacuum,
     cmd_verify,
 )
@@ -234,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="target size of the new files (e.g. 128MB; default: write.target-file-size-bytes)",
     )
     p.add_argument("--min-file-size", metavar="SIZE", help="files under this size are rewritten (default: 3/4 of the target)")
+
+    p = sub("upgrade", cmd_upgrade, "make a v2 table an Iceberg v3 table: every v3 reader returns its row ids (no change events)")
+    table_arg(p)
+    p.add_argument("--format-version", type=int, default=3, metavar="N", help="the format version to upgrade to (3)")
 
     p = sub("rewrite-deletes", cmd_rewrite_deletes, "merge position delete files (one per data file or partition)")
     table_arg(p)

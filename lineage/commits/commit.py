@@ -127,6 +127,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         self.removed_vectors: set[tuple[str, str]] = set()  # v3: (Puffin file, data file) of vectors leaving (lineage.commits.v3_commit)
         self._removed_vector_files: list[DataFile] = []  # their entries as found: the summary counts them
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
+        self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
 
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
@@ -211,7 +212,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                         writer.add(entry)
                         count += 1
                     else:
-                        writer.existing(entry)
+                        writer.existing(self._with_first_row_id(entry))
                         count += 1
         return writer.to_manifest_file() if count else None
 
@@ -232,6 +233,11 @@ class _LineageSnapshotProducer(_OverwriteFiles):
         read = v3.read_entries if self._v3 else ManifestFile.fetch_manifest_entry
         return read(manifest, self._io, discard_deleted=discard_deleted)
 
+    def _with_first_row_id(self, e: ManifestEntry) -> ManifestEntry:
+        """``e`` with the explicit ``first_row_id`` an upgrade to v3 gives its data file, if any."""
+        first = self.first_row_ids.get(e.data_file.file_path) if self.first_row_ids else None
+        return e if first is None else v3.with_data_file(e, v3.as_v3(e.data_file, first_row_id=first))
+
     def _carried_manifests(self) -> list[ManifestFile]:
         """The parent's manifests; those holding a removed file are rewritten with it marked DELETED."""
         parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
@@ -249,12 +255,13 @@ class _LineageSnapshotProducer(_OverwriteFiles):
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
                 continue  # only DELETED entries of an earlier commit: nothing to carry
             stale = self.strip_removed_stats and bool(manifest.deleted_files_count)
-            if not removed and not vectors and not stale:
+            upgrade = self.first_row_ids is not None  # every manifest is written anew, in the v3 structs
+            if not removed and not vectors and not stale and not upgrade:
                 out.append(manifest)
                 continue
             entries = self._entries(manifest, discard_deleted=True)
             hit = [e for e in entries if leaves(e)]
-            if not hit and not stale:
+            if not hit and not stale and not upgrade:
                 out.append(manifest)
                 continue
             spec = self.spec(manifest.partition_spec_id)
@@ -267,7 +274,7 @@ class _LineageSnapshotProducer(_OverwriteFiles):
                         if e.data_file not in removed:
                             self._removed_vector_files.append(e.data_file)
                     else:
-                        writer.existing(e)
+                        writer.existing(self._with_first_row_id(e))
             if entries:
                 out.append(writer.to_manifest_file())
         missing = [f.file_path for f in removed if f.file_path not in found]
@@ -366,6 +373,7 @@ def commit_files(
     delete_sequence_numbers: dict[str, int] | None = None,
     metadata_updates: tuple = (),
     metadata_requirements: tuple = (),
+    first_row_ids: dict[str, int] | None = None,
 ) -> None:
     """Commit snapshot ``snapshot_id`` on ``main``, based on ``iceberg``'s current metadata.
 
@@ -386,6 +394,7 @@ def commit_files(
     producer.strip_removed_stats = strip_removed_stats
     producer.rewrite_all = rewrite_manifests
     producer.delete_sequence_numbers = dict(delete_sequence_numbers or {})
+    producer.first_row_ids = dict(first_row_ids) if first_row_ids is not None else None
     for f in added:
         producer.append_data_file(f)
     for f in removed:
@@ -436,6 +445,7 @@ class CommitRequest:
     next_row_id: int | None = None  # at least this high-water mark after the commit (reconciliation assigns ids itself)
     gap: bool = False  # reconciliation across expired foreign snapshots (lineage.reconcile.gap)
     written_index: WrittenIndex | None = None  # the index segment, written already (Spark executors; no removed_images then)
+    first_row_ids: dict[str, int] | None = None  # upgrade to v3: explicit first_row_id of data files kept (lineage.maintenance.upgrade)
 
 
 @dataclass(frozen=True)
@@ -616,6 +626,7 @@ def _commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest,
         rewrite_manifests=req.rewrite_manifests,
         metadata_updates=req.metadata_updates,
         metadata_requirements=req.metadata_requirements,
+        first_row_ids=req.first_row_ids,
     )
     return attempt.result
 

@@ -58,6 +58,17 @@ def apply_updates(base: TableMetadata, updates: Iterable[Any], context: Any) -> 
     return metadata
 
 
+def upgraded(metadata: TableMetadata, next_row_id: int) -> TableMetadata:
+    """v2 ``metadata`` as v3 with ``next-row-id`` = ``next_row_id`` (the base of a commit that upgrades a lineage table).
+
+    The spec's upgrade sets ``next-row-id`` to 0; a lineage table's rows already
+    have ids below its own high-water mark, so the commit that upgrades it
+    starts assigning ids there (a snapshot's ``first-row-id`` may exceed the
+    table's ``next-row-id``; ids are unique, not dense).
+    """
+    return _upgraded(metadata).model_copy(update={"next_row_id": int(next_row_id)})
+
+
 def _upgraded(metadata: TableMetadata) -> TableMetadata:
     """v2 ``metadata`` as v3 (the spec's upgrade: ``next-row-id`` 0, snapshots unchanged, so without row ids)."""
     obj = IcebergBaseModel.model_dump(metadata, mode="json")

@@ -40,7 +40,7 @@ from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState, state_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 from lineage.storage.deletion_vectors import VectorTarget, vectors_of, write_vectors
-from lineage.storage.writer import write_data_files, write_position_deletes
+from lineage.storage.writer import WrittenFile, write_data_files, write_position_deletes
 
 
 def _partition_key(f: DataFile) -> tuple:
@@ -196,6 +196,27 @@ def compaction_rule(table: TableContext, target_file_size_bytes: int | None = No
     return CompactionRule(target, small, **{k: v for k, v in thresholds.items() if v is not None})
 
 
+def rewrite_group(iceberg: Any, group: list[LiveFile], schema: pa.Schema, field_ids: dict[str, int]) -> list[WrittenFile]:
+    """The live rows of ``group`` written to new data files, in file and position order, keeping their lineage.
+
+    ``iceberg`` gives the metadata the files are written for: on format
+    version 3 they carry ``_row_id`` and ``_last_updated_sequence_number``.
+    """
+    names = ", ".join(quote_ident(c) for c in schema.names)
+    con = duck.connect()
+    try:
+        register_live_view(con, "g", group, schema, field_ids)
+        rows = duck.fetch_arrow(
+            con,
+            f"SELECT {names}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, "
+            f"_row_last_updated_at_version AS {HIDDEN_UPDATED} FROM g ORDER BY __file_id, __pos",
+        )
+    finally:
+        con.close()
+    hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED)])
+    return write_data_files(iceberg, rows.cast(hidden))
+
+
 def compact(
     table: TableContext | HasContext, target_file_size_bytes: int | None = None, min_file_size_bytes: int | None = None, *,
     rule: CompactionRule | None = None, engine: str = "duckdb", spark: Any = None,
@@ -223,24 +244,12 @@ def compact(
             return None
         _, all_deletes = snapshot_files(state)
         written, removed = [], []
-        names = ", ".join(quote_ident(c) for c in schema.names)
         if spark is not None:
             written = spark_rewrite.compact_groups(table, state, chosen, spark)
             created.extend(w.data_file.file_path for w in written)
             removed = [f.data_file for group in chosen for f in group]
         for group in chosen if spark is None else []:
-            con = duck.connect()
-            try:
-                register_live_view(con, "g", group, schema, field_ids)
-                rows = duck.fetch_arrow(
-                    con,
-                    f"SELECT {names}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, "
-                    f"_row_last_updated_at_version AS {HIDDEN_UPDATED} FROM g ORDER BY __file_id, __pos",
-                )
-            finally:
-                con.close()
-            hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED)])
-            new = write_data_files(table.iceberg, rows.cast(hidden))
+            new = rewrite_group(table.iceberg, group, schema, field_ids)
             created.extend(w.data_file.file_path for w in new)
             written.extend(new)
             removed.extend(f.data_file for f in group)

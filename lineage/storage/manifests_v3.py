@@ -248,7 +248,8 @@ class ManifestWriterV3(ManifestWriter):
         df = entry.data_file
         if len(df._data) < _V3_DATA_FIELDS:
             df = as_v3(df)
-        if self.content() == ManifestContent.DATA and df._data[_FIRST_ROW_ID] is None:
+        if self.content() == ManifestContent.DATA and df._data[_FIRST_ROW_ID] is None and entry.status != ManifestEntryStatus.DELETED:
+            # (a DELETED entry without one is a file of a snapshot older than the table's upgrade: it is read by no one)
             self.unassigned_rows += int(df.record_count)
         return with_data_file(entry, df)
 
