@@ -47,7 +47,8 @@ import lineage.iceberg.v3_tables as v3_tables
 import lineage.storage.manifests_v3 as manifests_v3
 from index.key_index import KeyIndexChange
 from index.key_merge_policy import MAINTENANCE
-from lineage.commits.commit import CommitRequest, CommitResult, commit_change, manifests_of
+from lineage.commits.commit import CommitRequest, CommitResult, commit_change
+from lineage.commits.producer import manifests_of
 from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import CommitConflictError, InvalidArgumentError, UnsupportedFormatError
 from lineage.iceberg.schema import projection_field_ids
