@@ -203,7 +203,6 @@ def build_lineage(
             next_row_id += n
         elif isinstance(w.row_ids, Runs):
             rids = w.row_ids
-            next_row_id += n if native else 0
         else:
             ids = np.asarray(w.row_ids, np.int64)
             fresh = ids == FRESH  # rows inserted with updated images in one file: fresh ids assigned at commit
@@ -215,7 +214,8 @@ def build_lineage(
                     ids[fresh] = np.arange(next_row_id, next_row_id + int(fresh.sum()), dtype=np.int64)
                     next_row_id += int(fresh.sum())
             rids = encode_sequence(ids)
-            next_row_id += n if native else 0
+        if native and w.row_ids is not None:  # the file inherits a first_row_id all the same: it uses up n ids
+            next_row_id += n
         lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
     if req.next_row_id is not None:
         next_row_id = max(next_row_id, req.next_row_id)

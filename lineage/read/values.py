@@ -437,11 +437,11 @@ def decoded(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_at(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, schema: pa.Schema,
-            field_ids: dict[str, int] | None = None, cache: bool = True) -> pa.Table:
+            field_ids: dict[str, int] | None = None, cache: bool = True, *, by_id_only: bool = False) -> pa.Table:
     """The values at ``(paths[file_index[i]], positions[i])`` for every i, in that order (see :func:`gather`)."""
     if len(positions) == 0:
         return schema.empty_table()
-    got = gather(paths, file_index, positions, schema, field_ids, cache)
+    got = gather(paths, file_index, positions, schema, field_ids, cache, by_id_only=by_id_only)
     return take_rows(got.pieces, got.rows, schema)
 
 
@@ -459,14 +459,11 @@ def values_at(paths: Sequence[str], file_ids: np.ndarray, positions: np.ndarray,
         return None
     if field_ids is not None and any(pa.types.is_nested(f.type) for f in schema):
         return None
-    if len(positions) == 0:
-        return schema.empty_table()
     try:
-        got = gather(paths, np.asarray(file_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64), schema, field_ids,
-                     by_id_only=True)
+        return read_at(paths, np.asarray(file_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64), schema, field_ids,
+                       by_id_only=True)
     except _NoFieldIds:
         return None  # only a name mapping could read that file
-    return take_rows(got.pieces, got.rows, schema)
 
 
 def read_positions(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None = None) -> pa.Table:

@@ -34,6 +34,7 @@ from pyiceberg.types import StringType
 
 import lineage.storage.manifests_v3 as manifests_v3
 import lineage.storage.puffin as puffin
+from lineage.storage.writer import spec_id_of
 from lineage.storage.deletes import PATH_FIELD_ID, is_puffin, positions_for, read_position_deletes, referenced_data_path, remember_vectors
 
 
@@ -118,10 +119,7 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
 def vector_entry(blob: puffin.DeletionVectorBlob, data_file: DataFile, default_spec_id: int) -> DataFile:
     """The delete-file manifest entry of one deletion vector of ``data_file`` (same partition and spec)."""
     bound = to_bytes(StringType(), blob.referenced_data_file)
-    try:
-        spec_id = int(data_file.spec_id)
-    except AttributeError:
-        spec_id = default_spec_id
+    spec_id = spec_id_of(data_file, default_spec_id)
     df = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=blob.path,

@@ -148,7 +148,7 @@ def write_copy(
     task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=data.to_batches(), partition_key=None)
     (df,) = list(write_file(bound(iceberg.io), metadata, iter([task])))
     df = lineage_columns.without_lineage_stats(df)
-    return restamped(df, df.content, template.partition, None, _spec_id(template, iceberg.metadata.default_spec_id))
+    return restamped(df, df.content, template.partition, None, spec_id_of(template, iceberg.metadata.default_spec_id))
 
 
 def restamped(df: DataFile, content: DataFileContent, partition: Any, equality_ids: list[int] | None, spec_id: int) -> DataFile:
@@ -207,7 +207,7 @@ def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Seq
     ]
 
 
-def _spec_id(data_file: DataFile, default: int) -> int:
+def spec_id_of(data_file: DataFile, default: int) -> int:
     """A data file's partition spec id (files fresh from the writer do not carry one yet)."""
     try:
         return int(data_file.spec_id)
@@ -235,7 +235,7 @@ def write_position_deletes(
         )
     by_partition: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
     for data_file, positions in targets:
-        by_partition[(_spec_id(data_file, metadata.default_spec_id), data_file.partition)].append((data_file, positions))
+        by_partition[(spec_id_of(data_file, metadata.default_spec_id), data_file.partition)].append((data_file, positions))
     groups: dict[object, list[tuple[DataFile, np.ndarray]]] = defaultdict(list)
     for partition, members in by_partition.items():
         scoped = granularity == "partition" or (granularity == "auto" and len(members) > file_scoped_limit)
@@ -280,7 +280,7 @@ def write_position_deletes(
                 split_offsets=None,
                 equality_ids=None,
                 sort_order_id=None,
-                spec_id=_spec_id(first, metadata.default_spec_id),
+                spec_id=spec_id_of(first, metadata.default_spec_id),
                 key_metadata=None,
             )
         )

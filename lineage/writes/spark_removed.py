@@ -48,7 +48,7 @@ from lineage.state import LiveFile, TableState
 from lineage.storage.fileio import write_bytes
 from lineage.storage.metadata import index_dir
 from lineage.storage.deletion_vectors import VectorTarget, write_vectors
-from lineage.storage.writer import write_position_deletes
+from lineage.storage.writer import spec_id_of, write_position_deletes
 
 POINTER_COLUMNS = ["__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version"]
 KEY_PREFIX = "__old_key_"  # the removed images' key values, one column per key column
@@ -132,7 +132,7 @@ def _delete_groups(files: list[LiveFile], granularity: str, default_spec: int) -
     if granularity == "file":
         return list(range(len(files)))
     ids: dict[tuple, int] = {}
-    return [ids.setdefault((getattr(f.data_file, "_spec_id", None) or default_spec, repr(f.data_file.partition)), len(ids)) for f in files]
+    return [ids.setdefault((spec_id_of(f.data_file, default_spec), repr(f.data_file.partition)), len(ids)) for f in files]
 
 
 @dataclass(frozen=True)
