@@ -10,6 +10,7 @@ and our live rows equal Spark's.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -48,16 +49,6 @@ def _sorted(t: pa.Table, names: list[str]) -> list[tuple]:
     return sorted(zip(*cols, strict=True))
 
 
-@pytest.fixture(scope="module")
-def v3_table(reference, tmp_path_factory):
-    warehouse = str(tmp_path_factory.mktemp("v3") / "wh")
-    os.makedirs(warehouse)
-    reference.sql(warehouse, "CREATE NAMESPACE IF NOT EXISTS db")
-    reference.sql(warehouse, f"CREATE TABLE db.t (id bigint, v string, p int) USING iceberg TBLPROPERTIES "
-                             f"('format-version'='3', {MOR})")
-    return warehouse
-
-
 def _check(reference, warehouse: str, step: str) -> None:
     spark = reference.sql(warehouse, "SELECT id, v, _row_id, _last_updated_sequence_number FROM db.t")
     table = default_catalog(warehouse).load_table("db.t")
@@ -85,22 +76,44 @@ def _check(reference, warehouse: str, step: str) -> None:
             assert manifests_v3.referenced_data_file(f.deletion_vector) == f.path
 
 
-def test_native_lineage_equals_spark_and_duckdb_after_every_step(reference, v3_table):
+@dataclass
+class History:
+    """The table after every step ran, checked against Spark and DuckDB after each one."""
+
+    warehouse: str
+    seen_vectors: bool
+    seen_written: bool
+
+
+@pytest.fixture(scope="module")
+def v3_table(reference, tmp_path_factory) -> History:
+    """Runs every step once per worker: the tests below read the table the whole history left behind."""
+    warehouse = str(tmp_path_factory.mktemp("v3") / "wh")
+    os.makedirs(warehouse)
+    reference.sql(warehouse, "CREATE NAMESPACE IF NOT EXISTS db")
+    reference.sql(warehouse, f"CREATE TABLE db.t (id bigint, v string, p int) USING iceberg TBLPROPERTIES "
+                             f"('format-version'='3', {MOR})")
     seen_vectors = seen_written = False
     for step, statement in STEPS:
-        reference.sql(v3_table, statement)
-        _check(reference, v3_table, step)
-        table = default_catalog(v3_table).load_table("db.t")
+        reference.sql(warehouse, statement)
+        _check(reference, warehouse, step)
+        table = default_catalog(warehouse).load_table("db.t")
         for f in row_lineage.native_files(table, table.current_snapshot()):
             seen_vectors |= f.deletion_vector is not None
             ids = row_lineage.read_row_lineage(f).column("_row_id").to_numpy()
             seen_written |= not np.array_equal(ids, f.first_row_id + np.arange(f.record_count))
-    assert seen_vectors and seen_written  # both deletion vectors and row ids written in files were read
+    return History(warehouse, seen_vectors, seen_written)
+
+
+def test_native_lineage_equals_spark_and_duckdb_after_every_step(v3_table):
+    """The fixture checks every step (``_check``); here: both vectors and row ids written in files were read."""
+    assert v3_table.seen_vectors and v3_table.seen_written
 
 
 def test_first_row_id_inheritance_follows_manifest_order(reference, v3_table):
     """Inherited ids: the manifest's first_row_id plus the record counts of earlier files with a null one."""
-    table = default_catalog(v3_table).load_table("db.t")
+    warehouse = v3_table.warehouse
+    table = default_catalog(warehouse).load_table("db.t")
     snapshot = table.current_snapshot()
     assert snapshot.first_row_id is not None
     ids = row_lineage.first_row_ids(table, snapshot)
@@ -111,15 +124,14 @@ def test_first_row_id_inheritance_follows_manifest_order(reference, v3_table):
     # every earlier snapshot reads the same way (time travel)
     for snap in table.metadata.snapshots[:3]:
         old = row_lineage.live_row_lineage(table, snap, columns=["id"])
-        spark = default_catalog(v3_table)  # noqa: F841 - the catalog stays open for the reads below
-        rows = reference.sql(v3_table, f"SELECT id, _row_id, _last_updated_sequence_number FROM db.t "
+        rows = reference.sql(warehouse, f"SELECT id, _row_id, _last_updated_sequence_number FROM db.t "
                                        f"VERSION AS OF {snap.snapshot_id}")
         names = ["id", "_row_id", "_last_updated_sequence_number"]
         assert _sorted(old, names) == _sorted(rows, names)
 
 
-def test_read_row_lineage_of_selected_positions(reference, v3_table):
-    table = default_catalog(v3_table).load_table("db.t")
+def test_read_row_lineage_of_selected_positions(v3_table):
+    table = default_catalog(v3_table.warehouse).load_table("db.t")
     f = row_lineage.native_files(table, table.current_snapshot())[0]
     everything = row_lineage.read_row_lineage(f)
     picked = np.array([0, f.record_count - 1], np.int64)
