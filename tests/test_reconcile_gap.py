@@ -37,6 +37,18 @@ def _forget() -> None:
     _LIST_CACHE.clear()
 
 
+def _expire_all_but_current(t: lineage.Table) -> list[int]:
+    """pyiceberg expires every snapshot but the current one before any reader of ours reads it; the expired ids."""
+    ice = t.iceberg
+    expired = [s.snapshot_id for s in ice.metadata.snapshots if s.snapshot_id != ice.metadata.current_snapshot_id]
+    ice.maintenance.expire_snapshots().by_ids(expired).commit()
+    ice.refresh()
+    assert ice.metadata.current_snapshot().parent_snapshot_id is None  # pyiceberg clears the survivor's parent
+    _forget()
+    t.refresh()
+    return expired
+
+
 def _foreign_history(t: lineage.Table) -> tuple[list[int], str]:
     """v1 ours (1, 2, 3); v2 foreign append 4; v3 foreign copy-on-write delete of 2 (the file of 1..3 rewritten);
     v4 foreign update of 4 (delete + append); then v1..v3 expired by pyiceberg before any reader reconciled them.
@@ -50,12 +62,7 @@ def _foreign_history(t: lineage.Table) -> tuple[list[int], str]:
     ice.refresh()
     ice.append(_batch([(5, "e", 5.0)], FOREIGN))
     ice.refresh()
-    expired = [s.snapshot_id for s in ice.metadata.snapshots if s.snapshot_id != ice.metadata.current_snapshot_id]
-    ice.maintenance.expire_snapshots().by_ids(expired).commit()
-    ice.refresh()
-    assert ice.metadata.current_snapshot().parent_snapshot_id is None  # pyiceberg clears the survivor's parent
-    _forget()
-    t.refresh()
+    expired = _expire_all_but_current(t)
     return expired, first_file
 
 
@@ -87,6 +94,24 @@ def test_gap_is_reconciled_as_one_step(table):
     assert _feed(t, 4) == [(3, "update_postimage", 2), (3, "update_preimage", 2), (6, "insert", 5)]
     with pytest.raises(lineage.HistoryGapError):
         cdf.changes(t, 2, 5)
+    assert not verify(t).problems
+
+
+def test_one_foreign_commit_whose_parent_expired_is_not_a_gap(table):
+    """Our version 1 was read; one foreign commit lands and its parent (version 1) is expired before we read it:
+    nothing unread was lost, so the commit is reconciled as itself, with its feed, not as a gap."""
+    t = table
+    t.append(_batch([(1, "a", 1.0), (2, "b", 2.0), (3, "c", 3.0)]))
+    assert t.version == 1
+    ice = t.iceberg
+    ice.delete("id = 2")  # foreign copy-on-write: 1 and 3 move to a new file, 2 is deleted
+    ice.refresh()
+    _expire_all_but_current(t)
+    h = t.history()
+    assert [c.version for c in h] == [1, 2] and not h[-1].gap
+    assert (h[-1].inserted, h[-1].updated, h[-1].deleted) == (0, 0, 1)
+    assert _feed(t, 1) == [(2, "delete", 1)]
+    assert _ids(t) == {1: (0, 1, 1), 3: (2, 1, 1)}  # the moved rows keep their ids and versions
     assert not verify(t).problems
 
 

@@ -358,14 +358,8 @@ def _check_gap(t: lineage.Table, then: dict[int, Row], model: Model, before: int
     if after - before <= 1:
         assert after > before or not want, "the step changed rows but made no version"
         if after > before:
-            try:
-                got = rows(cdf.changes(t, before, after), ["_change_type", "id", "name", "qty", "_row_id"])
-            except HistoryGapError:  # a known bug: test_one_unread_spark_commit_whose_parent_expired_keeps_its_feed
-                got = None
-            if got is not None:
-                assert got == want, f"change feed of versions ({before}, {after}] differs from the model"
-            else:
-                _check_gap_entry(t, after, want)
+            got = rows(cdf.changes(t, before, after), ["_change_type", "id", "name", "qty", "_row_id"])
+            assert got == want, f"change feed of versions ({before}, {after}] differs from the model"
         return
     with pytest.raises(HistoryGapError):
         cdf.changes(t, before, after)
@@ -477,11 +471,6 @@ def test_reading_a_gap_keeps_our_next_row_id_the_tables(reference, warehouse, th
     assert t.state().lineage.next_row_id == 5
 
 
-@pytest.mark.xfail(strict=True, raises=HistoryGapError, reason=(
-    "bug: one Spark commit read only after Spark expired its parent (a version we had reconciled) is taken for a "
-    "gap: lineage.reconcile.foreign_list folds a snapshot whose parent is missing from the metadata into a gap even "
-    "when the parent's lineage is known and no unreconciled snapshot was lost, so cdf.changes over that single "
-    "commit raises HistoryGapError instead of returning its pre- and post-images"))
 def test_one_unread_spark_commit_whose_parent_expired_keeps_its_feed(reference, warehouse, three_rows):  # noqa: ANN001
     t = three_rows
     assert t.refresh().version == 1  # version 1 is read (reconciled) before Spark commits on top of it

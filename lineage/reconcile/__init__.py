@@ -108,8 +108,7 @@ def foreign_list(iceberg: IcebergTable, snapshot: Snapshot, persist: bool = Fals
                     "it, and the table's older metadata files no longer name an ancestor whose lineage is known; "
                     "run `lineage reconcile` (Table.reconcile()) before another engine expires snapshots"
                 )
-            base_snapshot, base_list = found
-            base = reconcile_gap(_target(iceberg, persist), base_snapshot, base_list, gap_at)
+            base = reconcile_gap(_target(iceberg, persist), found, gap_at)
             _remember((uuid, gap_at.snapshot_id), base, persist)
             snap = gap_at
             break

@@ -43,7 +43,7 @@ index is rebuilt by the next keyed write.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from collections.abc import Callable
 
 import numpy as np
@@ -73,13 +73,21 @@ log = logging.getLogger(__name__)
 _EMPTY = np.zeros(0, np.int64)
 
 
+@dataclass(frozen=True)
+class KnownAncestor:
+    """The newest ancestor of a surviving snapshot whose lineage is known (:func:`last_known`)."""
+
+    snapshot: Snapshot | None  # None: the whole chain back to the table's first snapshot is foreign
+    lineage: LineageList
+    direct: bool  # the survivor's own parent: nothing between them was expired, so the step is one commit, not a gap
+
+
 def last_known(
     iceberg: IcebergTable, survivor: Snapshot, lookup: Callable[[Snapshot], LineageList | None]
-) -> tuple[Snapshot | None, LineageList] | None:
-    """The newest ancestor of ``survivor`` whose lineage ``lookup`` knows, with its list, found in older metadata files.
+) -> KnownAncestor | None:
+    """The newest ancestor of ``survivor`` whose lineage ``lookup`` knows, found in older metadata files.
 
-    ``(None, empty list)`` when the whole chain back to the table's first
-    snapshot is foreign; None when the metadata files no longer tell.
+    None when the metadata files no longer tell.
     """
     by_id: dict[int, Snapshot] = {}
     for entry in reversed(iceberg.metadata.metadata_log):
@@ -95,14 +103,16 @@ def last_known(
         parent = survivor.parent_snapshot_id
         if parent is None and survivor.snapshot_id in by_id:
             parent = by_id[survivor.snapshot_id].parent_snapshot_id
+        direct = True
         while parent is not None and parent in by_id:
             snap = by_id[parent]
             lst = lookup(snap)
             if lst is not None:
-                return snap, lst
+                return KnownAncestor(snap, lst, direct)
             if snap.parent_snapshot_id is None and snap.sequence_number <= 1:
-                return None, LineageList.empty()
+                return KnownAncestor(None, LineageList.empty(), False)
             parent = snap.parent_snapshot_id
+            direct = False
     return None
 
 
@@ -167,8 +177,16 @@ def _gap_equality_deletes(iceberg: IcebergTable, survivor: Snapshot, planned: li
     return merge_positions(list(resolved.values()))
 
 
-def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: LineageList, survivor: Snapshot) -> LineageList:
-    """The lineage list of ``survivor``, derived in one step from ``base`` (the list of ``base_snapshot``)."""
+def reconcile_gap(iceberg: IcebergTable, known: KnownAncestor, survivor: Snapshot) -> LineageList:
+    """The lineage list of ``survivor``, derived in one step from the list of its newest known ancestor.
+
+    When that ancestor is the survivor's own parent (``known.direct``: the
+    parent's snapshot expired after this library had read it, nothing
+    unread was lost) the step is exactly the survivor's commit: it is
+    recorded as an ordinary reconciled commit, not a gap, and the change
+    feed reads it.
+    """
+    base_snapshot, base = known.snapshot, known.lineage
     version = survivor.sequence_number
     a_files, a_segment, a_live = _images_at(iceberg, base)
     resolved = list(base.resolved_deletes or ())
@@ -286,16 +304,17 @@ def reconcile_gap(iceberg: IcebergTable, base_snapshot: Snapshot | None, base: L
         updated=updates,
         deleted=int((~paired).sum()),
         next_row_id=next_row_id,
-        gap=True,
+        gap=not known.direct,
         transform_list=None if resolved_path is None else lambda lst: replace(lst, resolved_deletes=(*(lst.resolved_deletes or ()), resolved_path)),
     )
     with overwriting():
         built = build_lineage(
             iceberg, parent, req, version=version, snapshot_id=survivor.snapshot_id, timestamp_ms=survivor.timestamp_ms, tag=tag, created=[]
         )
-    log.warning(
-        "snapshots between version %d and %d were expired before they were reconciled; their net change is recorded at "
-        "version %d (a gap: no change feed across it)", base.version, version, version,
-    )
+    if not known.direct:
+        log.warning(
+            "snapshots between version %d and %d were expired before they were reconciled; their net change is recorded "
+            "at version %d (a gap: no change feed across it)", base.version, version, version,
+        )
     return built.lineage_list
 
