@@ -6,12 +6,14 @@ import os
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.metadata import TableMetadata
 
 import lineage.iceberg.v3_metadata as v3_metadata
 import lineage.storage.files as storage_files
@@ -63,36 +65,56 @@ def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...
         )
 
 
+@dataclass(frozen=True)
+class PreparedMetadata:
+    """A metadata commit computed from the metadata a table object holds: the new metadata, its file, its base."""
+
+    metadata: TableMetadata
+    location: str
+    base_location: str
+
+
 def commit_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple) -> None:
     """Commit table metadata updates; on success ``iceberg`` holds the new metadata.
 
     For pyiceberg's ``SqlCatalog`` (the embedded default) the commit is made
-    here, with the same compare-and-swap on the catalog row that
-    ``SqlCatalog.commit_table`` makes, but from the metadata ``iceberg``
+    here (:func:`prepare_metadata`, :func:`write_metadata`,
+    :func:`swap_metadata`), with the same compare-and-swap on the catalog row
+    that ``SqlCatalog.commit_table`` makes, but from the metadata ``iceberg``
     already holds: ``commit_table`` re-reads and re-parses the current
     metadata file and deep-copies the updated metadata, work proportional to
     the number of snapshots (about 1 ms per snapshot on a 2-core machine).
-    The requirements are checked against that base metadata, and the swap
-    succeeds only if the catalog still points at it, so a commit never lands
-    on top of a change it did not see (``CommitFailedException`` otherwise).
     Other catalogs go through ``commit_table``.
     """
-    catalog = iceberg.catalog
-    if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
+    prepared = prepare_metadata(iceberg, updates, requirements)
+    if prepared is None:
         try:
             iceberg._do_commit(updates, requirements)
         except NotImplementedError as exc:  # pyiceberg serialises no v3 metadata; only our SqlCatalog path does
             raise UnsupportedFormatError(
-                f"this catalog ({type(catalog).__name__}) cannot commit Iceberg format version 3 metadata from Python; "
-                "use a SQL catalog (SQLite or PostgreSQL)"
+                f"this catalog ({type(iceberg.catalog).__name__}) cannot commit Iceberg format version 3 metadata from "
+                "Python; use a SQL catalog (SQLite or PostgreSQL)"
             ) from exc
         return
-    from pyiceberg.catalog.sql import IcebergTables
-    from pyiceberg.exceptions import CommitFailedException
+    write_metadata(iceberg, prepared)
+    swap_metadata(iceberg, prepared)
+
+
+def prepare_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple) -> PreparedMetadata | None:
+    """The new metadata and its file name, for a catalog this module commits to itself; None for other catalogs.
+
+    The requirements are checked against the base metadata ``iceberg``
+    holds; :func:`swap_metadata` then succeeds only if the catalog still
+    points at that base, so a commit never lands on top of a change it did
+    not see. Nothing is written: a commit sends the metadata file
+    (:func:`write_metadata`) together with its manifests, one round trip to
+    an object store instead of two.
+    """
+    catalog = iceberg.catalog
+    if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
+        return None
     from pyiceberg.table.locations import load_location_provider
     from pyiceberg.table.update import _TableMetadataUpdateContext, _update_table_metadata_log
-    from sqlalchemy import update as sql_update
-    from sqlalchemy.orm import Session
 
     base, base_location = iceberg.metadata, iceberg.metadata_location
     for requirement in requirements:
@@ -103,7 +125,23 @@ def commit_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple) 
         metadata = metadata.model_copy(update={"last_updated_ms": int(time.time() * 1000)})
     version = catalog._parse_metadata_version(base_location) + 1
     location = load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(version)
-    v3_metadata.write_table_metadata(metadata, iceberg.io, location)
+    return PreparedMetadata(metadata, location, base_location)
+
+
+def write_metadata(iceberg: IcebergTable, prepared: PreparedMetadata) -> None:
+    """Write the prepared metadata file (in the caller's parallel-puts block, if any: it must land before the swap)."""
+    v3_metadata.write_table_metadata(prepared.metadata, iceberg.io, prepared.location)
+
+
+def swap_metadata(iceberg: IcebergTable, prepared: PreparedMetadata) -> None:
+    """Point the catalog at the prepared metadata file if it still points at its base; ``CommitFailedException`` if not."""
+    from pyiceberg.catalog.sql import IcebergTables
+    from pyiceberg.exceptions import CommitFailedException
+    from sqlalchemy import update as sql_update
+    from sqlalchemy.orm import Session
+
+    catalog = iceberg.catalog
+    base = iceberg.metadata
     table_identifier = iceberg.name()
     namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
     name = Catalog.table_name_from(table_identifier)
@@ -114,19 +152,19 @@ def commit_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple) 
                 IcebergTables.catalog_name == catalog.name,
                 IcebergTables.table_namespace == namespace,
                 IcebergTables.table_name == name,
-                IcebergTables.metadata_location == base_location,
+                IcebergTables.metadata_location == prepared.base_location,
             )
-            .values(metadata_location=location, previous_metadata_location=base_location)
+            .values(metadata_location=prepared.location, previous_metadata_location=prepared.base_location)
         )
         if result.rowcount < 1:
             raise CommitFailedException(f"Table has been updated by another process: {namespace}.{name}")
         session.commit()
     try:
-        catalog._delete_old_metadata(iceberg.io, base, metadata)
+        catalog._delete_old_metadata(iceberg.io, base, prepared.metadata)
     except Exception:  # the commit landed; old metadata files are vacuum's to remove
         pass
-    iceberg.metadata = metadata
-    iceberg.metadata_location = location
+    iceberg.metadata = prepared.metadata
+    iceberg.metadata_location = prepared.location
 
 
 def resolve_catalog(warehouse: str | os.PathLike[str] | None, catalog: Catalog | None) -> Catalog:

@@ -100,18 +100,25 @@ def commit_files(
             producer.removed_vectors.add((f.file_path, v3.referenced_data_file(f)))  # type: ignore[arg-type]
             continue
         producer.delete_data_file(f)
+    prepared = None
     try:
-        with puts.parallel_puts():  # manifests and the manifest list in flight at once (and with the caller's files)
+        # manifests, the manifest list and the metadata file in flight at once (and with the caller's files)
+        with puts.parallel_puts():
             updates, requirements = producer.updates_and_requirements()
+            updates = tuple(metadata_updates) + tuple(updates)
+            requirements = tuple(metadata_requirements) + requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
+            prepared = catalog.prepare_metadata(iceberg, updates, requirements)
+            if prepared is not None:
+                attempt.files.append(prepared.location)
+                catalog.write_metadata(iceberg, prepared)
     finally:
         attempt.files.extend(producer.written_files())
-    updates = tuple(metadata_updates) + tuple(updates)
-    requirements = tuple(metadata_requirements) + requirements + (AssertTableUUID(uuid=base.table_metadata.table_uuid),)
     attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True
-    with puts.suspended():  # every file above has landed; the catalog writes the metadata file now, not in the background
+    with puts.suspended():  # every file above has landed; a catalog of another kind writes its metadata file now
         send(
             iceberg,
-            lambda: catalog.commit_metadata(iceberg, updates, requirements),
+            (lambda: catalog.swap_metadata(iceberg, prepared)) if prepared is not None
+            else (lambda: catalog.commit_metadata(iceberg, updates, requirements)),
             lambda ice: has_commit(ice, snapshot_id),
             f"commit of snapshot {snapshot_id}",
         )
