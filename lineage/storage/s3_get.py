@@ -1,49 +1,91 @@
-"""Reading a whole object of an S3-compatible store in one request.
+"""Reading a whole object of an S3-compatible store, or a byte range of it, in one request.
 
 pyarrow's S3 file system (and DuckDB's ``httpfs``) asks for an object's size
 with a HEAD request before every read, so reading a small file whole costs
 two round trips. Where the whole object is wanted (lineage and index files,
 the small files a scan fetches at once) :func:`get` sends a single
-``GetObject`` through botocore, with the bucket's settings
-(without keys, botocore's own credential chain: environment, profile,
-instance role); :func:`get_range` reads a byte range (the tail of a file
+``GetObject``; :func:`get_range` reads a byte range (the tail of a file
 with its footer, a row group's column chunks) and learns the object's size
-from the same reply. One client per set of settings, shared by threads.
+from the same reply.
+
+A request is a plain HTTP GET signed with AWS Signature Version 4
+(botocore's signer) and sent through a pooled ``urllib3`` connection: no
+botocore client, whose creation loads the whole S3 service model (a JSON
+file of several MB: about 0.15 s of CPU on a quiet 2-core machine, paid by
+the first read of every process) and whose event machinery costs
+milliseconds per call. Credentials are the bucket's settings, or without
+keys botocore's own credential chain (environment, profile, instance
+role), resolved when a request is signed so that expiring credentials
+refresh. One connection pool per set of settings, shared by threads.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from lineage.storage.settings import StoreSettings
 
-MAX_CONNECTIONS = 32  # pooled connections per client (readers fetch up to PARALLEL_REQUESTS objects at once)
+MAX_CONNECTIONS = 32  # pooled connections per endpoint (readers fetch up to PARALLEL_REQUESTS objects at once)
+ATTEMPTS = 3  # a request that fails with a connection error or a 5xx/429/503 reply is sent again, up to this often
+_RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
 _LOCK = threading.Lock()
-_CLIENTS: dict[StoreSettings, Any] = {}
 
 
-def _client(settings: StoreSettings) -> Any:
+@dataclass
+class _Endpoint:
+    """How to sign and send requests for one set of settings."""
+
+    pool: Any  # urllib3.PoolManager
+    credentials: Any  # botocore Credentials (refreshing ones for the credential chain), or None: unsigned
+    region: str
+
+
+_ENDPOINTS: dict[StoreSettings, _Endpoint] = {}
+
+
+def _endpoint(settings: StoreSettings) -> _Endpoint:
     with _LOCK:
-        client = _CLIENTS.get(settings)
-        if client is None:
-            import botocore.config
-            import botocore.session
+        found = _ENDPOINTS.get(settings)
+        if found is None:
+            import urllib3
+            from botocore.httpsession import get_cert_path
 
-            style = "virtual" if settings.virtual_addressing else ("path" if settings.endpoint is not None else "auto")
-            config = botocore.config.Config(max_pool_connections=MAX_CONNECTIONS, s3={"addressing_style": style},
-                                            retries={"max_attempts": 3, "mode": "standard"})
-            kwargs: dict[str, Any] = {"region_name": settings.region, "config": config}
-            if settings.endpoint is not None:
-                kwargs["endpoint_url"] = settings.endpoint
             if settings.access_key_id:
-                kwargs.update(aws_access_key_id=settings.access_key_id, aws_secret_access_key=settings.secret_access_key,
-                              aws_session_token=settings.session_token)
-            client = _CLIENTS[settings] = botocore.session.get_session().create_client("s3", **kwargs)
-        return client
+                from botocore.credentials import Credentials
+
+                credentials = Credentials(settings.access_key_id, settings.secret_access_key, settings.session_token)
+            else:
+                import botocore.session
+
+                credentials = botocore.session.get_session().get_credentials()
+            bundle = os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
+            pool = urllib3.PoolManager(num_pools=16, maxsize=MAX_CONNECTIONS, cert_reqs="CERT_REQUIRED", ca_certs=bundle,
+                                       retries=False, timeout=urllib3.Timeout(connect=10.0, read=60.0))
+            found = _ENDPOINTS[settings] = _Endpoint(pool, credentials, settings.region)
+        return found
+
+
+def object_url(location: str, settings: StoreSettings) -> str:
+    """The HTTP URL of the object at ``s3://bucket/key`` under ``settings`` (path-style for a custom endpoint)."""
+    parsed = urlparse(location)
+    bucket, key = parsed.netloc, quote(parsed.path.lstrip("/"), safe="/~")
+    if settings.endpoint is None:
+        host = f"s3.{settings.region}.amazonaws.com"
+        if "." in bucket or bucket.lower() != bucket:  # not a DNS-compatible name: path-style
+            return f"https://{host}/{bucket}/{key}"
+        return f"https://{bucket}.{host}/{key}"
+    base = settings.endpoint if "://" in settings.endpoint else f"https://{settings.endpoint}"
+    base = base.rstrip("/")
+    if settings.virtual_addressing:
+        scheme, rest = base.split("://", 1)
+        return f"{scheme}://{bucket}.{rest}/{key}"
+    return f"{base}/{bucket}/{key}"
 
 
 def get(location: str, settings: StoreSettings) -> bytes:
@@ -58,28 +100,49 @@ def get_range(location: str, settings: StoreSettings, byte_range: str | None) ->
     100 bytes), ``"-65536"`` (the last 64 KiB, or the whole object when it
     is smaller), None (everything).
     """
-    from botocore.exceptions import BotoCoreError, ClientError
+    endpoint = _endpoint(settings)
+    url = object_url(location, settings)
+    headers = {} if byte_range is None else {"Range": f"bytes={byte_range}"}
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            reply = endpoint.pool.request("GET", url, headers=_signed(endpoint, url, headers), preload_content=True)
+        except Exception as exc:  # noqa: BLE001 - urllib3's connection errors: sent again, then reported
+            if attempt == ATTEMPTS:
+                raise OSError(f"reading {location} failed: {type(exc).__name__}: {exc}") from None
+        else:
+            if reply.status in (200, 206):
+                whole = reply.headers.get("Content-Range")  # "bytes 0-99/1234" for a range
+                data = reply.data
+                return data, int(whole.rsplit("/", 1)[1]) if whole else len(data)
+            if reply.status == 404:
+                raise FileNotFoundError(location)
+            if reply.status not in _RETRIED_STATUS or attempt == ATTEMPTS:
+                raise OSError(f"reading {location} failed: HTTP {reply.status} {_error_code(reply.data)}".rstrip())
+        time.sleep(0.05 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
 
-    parsed = urlparse(location)
-    kwargs = {"Bucket": parsed.netloc, "Key": parsed.path.lstrip("/")}
-    if byte_range is not None:
-        kwargs["Range"] = f"bytes={byte_range}"
-    try:
-        reply = _client(settings).get_object(**kwargs)
-        data = reply["Body"].read()
-    except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in ("NoSuchKey", "404", "NotFound"):
-            raise FileNotFoundError(location) from None
-        raise OSError(f"reading {location} failed: {code or exc}") from None
-    except BotoCoreError as exc:
-        raise OSError(f"reading {location} failed: {exc}") from None
-    whole = reply.get("ContentRange")  # "bytes 0-99/1234" for a range
-    return data, int(whole.rsplit("/", 1)[1]) if whole else len(data)
+
+def _signed(endpoint: _Endpoint, url: str, headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with the SigV4 signature of a GET of ``url`` (unchanged without credentials: anonymous reads)."""
+    if endpoint.credentials is None:
+        return headers
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+
+    request = AWSRequest(method="GET", url=url, headers=dict(headers))
+    S3SigV4Auth(endpoint.credentials.get_frozen_credentials(), "s3", endpoint.region).add_auth(request)
+    return dict(request.headers.items())
+
+
+def _error_code(body: bytes) -> str:
+    """The ``<Code>`` of an S3 error reply, if it has one (never the message: it may quote a request's details)."""
+    start = body.find(b"<Code>")
+    end = body.find(b"</Code>", start)
+    return body[start + 6:end].decode("utf-8", "replace") if start >= 0 and end > start else ""
 
 
 def _forget_clients() -> None:  # a forked child opens its own connections
-    _CLIENTS.clear()
+    _ENDPOINTS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_clients)
