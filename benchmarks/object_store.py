@@ -12,6 +12,8 @@ system runs on the same proxy, each in a bucket of its own, in this process one 
 Per system: a table of ``--rows`` rows loaded in one commit; ``--commits`` small upserts (5 updates, 5 inserts)
 by one long-lived writer, each timed (p50, p99) with its requests counted; the change feed of the last 5 and the
 last 25 of those commits (time, bytes read, rows returned, and the bytes of the rows returned); a full scan.
+The reads are measured as a reader in another process would make them: ours drops the objects and footers the
+writer holds in memory, DuckLake's connection turns DuckDB's external file cache off.
 
     python benchmarks/object_store.py [--rows 1000000] [--commits 200] [--latency-ms 20] [--systems ...] [--publish]
 """
@@ -142,11 +144,18 @@ class DuckLake:
         self.con.execute("COMMIT")
         self.con.unregister("src")
 
+    def cold(self) -> None:
+        """Reads from here on go to the store, as a reader in another process reads: DuckDB's in-memory cache of
+        the files this connection read or wrote is turned off (ours drops its footers and objects the same way)."""
+        self.con.execute("SET enable_external_file_cache = false")
+
     def feed(self, last: int) -> pa.Table:
+        self.cold()
         v = self.con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0]
         return self.con.execute(f"SELECT * FROM lake.table_changes('orders', {v - last + 1}, {v})").to_arrow_table()
 
     def scan(self) -> int:
+        self.cold()
         return self.con.execute("SELECT * FROM lake.orders").to_arrow_table().num_rows
 
 
