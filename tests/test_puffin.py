@@ -153,6 +153,38 @@ def test_spark_deletion_vectors_are_read_and_written_bit_for_bit(reference, tmp_
         assert puffin_bytes(vectors, created_by=props["created-by"])[0] == data
 
 
+def test_duckdb_deletion_vectors_are_read_and_written_bit_for_bit(tmp_path):
+    """DuckDB's deletion vectors (DuckLake writes Iceberg's ``deletion-vector-v1`` blobs, one per file, without the
+    Puffin container: its catalog keeps the offsets): ours decode to the positions DuckDB deleted, and our encoding
+    of them is DuckDB's, byte for byte. DuckDB's iceberg_scan reading our vectors is tested in test_iceberg_v3_write."""
+    import pyarrow.parquet as pq
+
+    from lineage import duck
+
+    con = duck.connect("ducklake", isolated=True)
+    try:
+        con.execute(f"ATTACH 'ducklake:{tmp_path}/dl.ducklake' AS dl (DATA_PATH '{tmp_path}/data/', "
+                    "WRITE_DELETION_VECTORS true, DATA_INLINING_ROW_LIMIT 0)")
+        con.execute("CREATE TABLE dl.t AS SELECT i AS id FROM range(200000) t(i)")
+        con.execute("DELETE FROM dl.t WHERE id % 7 = 0 OR id BETWEEN 100000 AND 150000")  # arrays, bitmaps and a run
+        con.execute("DELETE FROM dl.t WHERE id % 5 = 0")  # merged into each file's vector
+        live = con.execute("SELECT count(*) FROM dl.t").fetchone()[0]
+        files = con.execute("SELECT data_file, delete_file FROM ducklake_list_files('dl', 't')").fetchall()
+    finally:
+        con.close()
+    assert files and all(d is not None for _, d in files)
+    deleted = 0
+    for data_file, delete_file in files:
+        raw = open(delete_file, "rb").read()
+        positions = decode_deletion_vector(raw)
+        ids = pq.read_table(data_file, columns=["id"]).column("id").to_numpy()
+        gone = (ids % 7 == 0) | ((ids >= 100_000) & (ids <= 150_000)) | (ids % 5 == 0)
+        assert np.array_equal(positions, np.flatnonzero(gone))
+        assert encode_deletion_vector(positions) == raw  # our bytes are DuckDB's
+        deleted += len(positions)
+    assert deleted == 200_000 - live
+
+
 def test_deletion_vectors_on_an_object_store(s3, monkeypatch):
     from lineage.storage import files
     from lineage.storage.store_fileio import StoreFileIO
