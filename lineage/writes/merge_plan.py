@@ -90,17 +90,18 @@ def merge_planner(
         )
 
     def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-        con.register("batch", batch)
-        probe = f"SELECT {keys} FROM batch"
-        if dkeys is not None:
-            con.register("dkeys", dkeys)
-            both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
-            if both.num_rows:
-                raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
-            probe += f" UNION ALL SELECT {keys} FROM dkeys"
-        con.execute(f"CREATE TEMP TABLE probe AS {probe}")
         files = state.live_files()
         index = KeyIndex.open(state)
+        if dkeys is not None or index is None or skip_unchanged:  # DuckDB joins below; a plain indexed upsert needs none
+            con.register("batch", batch)
+            probe = f"SELECT {keys} FROM batch"
+            if dkeys is not None:
+                con.register("dkeys", dkeys)
+                both = con.execute(f"SELECT b.* FROM dkeys b SEMI JOIN batch l ON {on} LIMIT 3").to_arrow_table()
+                if both.num_rows:
+                    raise KeyViolationError(f"keys both upserted and deleted: {both.to_pylist()}")
+                probe += f" UNION ALL SELECT {keys} FROM dkeys"
+            con.execute(f"CREATE TEMP TABLE probe AS {probe}")
         if index is None:
             return scan_plan(state, files, con, None)
         if skip_unchanged:
