@@ -990,7 +990,7 @@ def _crash_child(warehouse: str | Lake, name: str, op: str, kill_at: int | str |
         from lineage import catalog
 
         new_output, remove, commit_table = PyArrowFileIO.new_output, os.remove, SqlCatalog.commit_table
-        commit_metadata = catalog.commit_metadata
+        swap_metadata = catalog.swap_metadata
 
         def hooked_output(self, location: str):  # noqa: ANN001, ANN202
             tick("write")
@@ -1007,13 +1007,13 @@ def _crash_child(warehouse: str | Lake, name: str, op: str, kill_at: int | str |
             return out
 
         def hooked_metadata(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            tick("commit")  # the library commits to a SqlCatalog itself (lineage.catalog.commit_metadata)
-            out = commit_metadata(*args, **kwargs)
+            tick("commit")  # the library commits to a SqlCatalog itself (lineage.catalog.swap_metadata)
+            out = swap_metadata(*args, **kwargs)
             tick("committed")
             return out
 
         PyArrowFileIO.new_output, os.remove, SqlCatalog.commit_table = hooked_output, hooked_remove, hooked_commit
-        catalog.commit_metadata = hooked_metadata
+        catalog.swap_metadata = hooked_metadata
         conn.send("ready")
         CHILD_OPS[op](t)
         conn.send(("done", events))

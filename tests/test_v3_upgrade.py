@@ -161,7 +161,7 @@ def test_a_failed_upgrade_leaves_the_table_as_it_was(warehouse, monkeypatch):
     def lost(*args, **kwargs):
         raise CommitFailedException("another writer committed first")
 
-    monkeypatch.setattr(lineage.catalog, "commit_metadata", lost)
+    monkeypatch.setattr(lineage.catalog, "swap_metadata", lost)  # the catalog's compare-and-swap
     with pytest.raises(CommitConflictError):
         t.upgrade()
     monkeypatch.undo()
