@@ -66,6 +66,7 @@ COLUMNS = ", ".join(SCHEMA.names)
 DELETE_WHERE, UPDATE_WHERE, UPDATE_SET = "bucket = 0", "bucket = 1", {"amount": "amount + 1"}
 SYSTEMS = ("embedded", "spark", "reference")  # embedded first: a stopped Spark session leaves its JVM running
 SEED = 33
+SMALL_GROUP = 16 << 20  # a second embedded scan reads 16 MiB of Parquet per group instead of the default 128 MiB
 
 
 # ----------------------------------------------------------------------------- the table, built once
@@ -163,6 +164,7 @@ class Steps:
         row = {"system": system, "step": step, "wall_s": round(figures["wall_s"], 2), "cpu_s": figures["cpu_s"],
                "load1": figures["load1"],
                "python_peak_mb": figures["peak_rss_mb"] if python == "self" else memory.get("python_peak_mb", 0.0),
+               "python_before_mb": figures["rss_before_mb"] if python == "self" else None,
                "jvm_peak_mb": memory.get("jvm_peak_mb", 0.0), "workers_peak_mb": memory.get("worker_peak_mb", 0.0),
                "executor_peak_mb": memory.get("executor_peak_mb", 0.0),
                "bytes_written": sum(v["bytes"] for v in written.values()),
@@ -208,13 +210,26 @@ def noop(df: Any) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
+def _import_in_worker(batches: Any) -> Any:
+    import lineage.duck  # noqa: F401  (what the write paths' tasks import)
+
+    yield from batches
+
+
+def warm_up(spark: Any, t: lineage.Table) -> None:
+    """Not timed: the JVM's first jobs and Spark's Python workers started with this library imported, as in a
+    long-running job (the reference engine's server is warm too, and needs no Python workers)."""
+    noop(t.to_spark(spark))
+    spark.range(0, 1000, 1, 2).mapInArrow(_import_in_worker, "id long").collect()
+
+
 def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory: str) -> dict[str, Any]:
     spark = spark_session(memory)
     t = reset_ours(places, info)
     base = t.version
     me, root = os.getpid(), places["table"]
     batch = spark.read.parquet(places["batch"])
-    noop(t.to_spark(spark))  # warm-up, not timed: the JVM's first jobs (the reference engine's server is warm too)
+    warm_up(spark, t)
     steps.run("spark", "delete", lambda: {"rows_changed": t.delete(DELETE_WHERE, engine="spark", spark=spark).deleted}, root=root, tree=me)
     steps.run("spark", "update", lambda: {"rows_changed": t.update(UPDATE_WHERE, UPDATE_SET, engine="spark", spark=spark).updated},
               root=root, tree=me)
@@ -249,6 +264,7 @@ def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any]) -> 
     steps.run("embedded", "upsert", upsert, root=root, tree=me)
     feed = steps.run("embedded", "feed", lambda: drain(cdf.change_batches(t, base)), root=root, tree=me)
     scan = steps.run("embedded", "scan", lambda: drain(t.scan_batches()), root=root, tree=me)
+    steps.run("embedded", "scan-16m", lambda: drain(t.scan_batches(group_bytes=SMALL_GROUP)), root=root, tree=me)
     sizes = lm.table_sizes(record.files_under(places["table"]))
     return {"live_rows": scan["rows"], "feed_rows": feed["rows"], "version": t.version, "amount_sum": scan["amount_sum"],
             "planning_after": lm.planning_memory(REPO, places["ours"], NAME), "sizes_with_runs": sizes}
