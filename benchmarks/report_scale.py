@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_base import Records, fmt_s, load_words, md_table, missing, provenance, rows_label, section
+from report_base import Records, fmt_s, latest_per_scale, load_words, md_table, missing, provenance, rows_label, section
 
 COMMAND = "python benchmarks/large.py --rows 10000000 --data-dir DIR --publish"
 SYSTEM_NAMES = {"spark": "ours on Spark", "embedded": "ours embedded", "reference": "reference engine"}
@@ -22,8 +22,7 @@ TARGETS = (1_000_000_000, 10_000_000_000)
 
 def large_docs(records: Records) -> list[dict[str, Any]]:
     """The newest ``large`` record of each size, smallest first."""
-    scales = sorted({d["scale"] for d in records.select("large")})
-    return [d for d in (records.latest("large", scale=s) for s in scales) if d is not None]
+    return latest_per_scale(records, "large")
 
 
 def _by(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
