@@ -104,8 +104,17 @@ def build_ours(places: dict[str, str], rows: int, append_rows: int) -> dict[str,
     pq.write_table(batch, places["batch"])
     return {"rows": rows, "append_rows": append_rows, "append_s": round(appended, 1), "reindex_s": round(indexed, 1),
             "base_version": t.version, "base_metadata": t.iceberg.metadata_location, "upsert_rows": batch.num_rows,
-            "upsert_existing": len(old), "sizes": lm.table_sizes(record.files_under(places["table"])),
-            "planning": lm.planning_memory(REPO, places["ours"], NAME)}
+            "upsert_existing": len(old)}
+
+
+def measure_base(places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
+    """What grows with the table, at the starting snapshot: the files it refers to, the files on disk, the
+    driver's planning memory and a key index rebuild (time, memory), each in a fresh process."""
+    t = reset_ours(places, info)
+    out = {"sizes": lm.referenced_sizes(t), "on_disk": lm.table_sizes(record.files_under(places["table"])),
+           "planning": lm.planning_memory(REPO, places["ours"], NAME), "reindex": lm.reindex_memory(REPO, places["ours"], NAME)}
+    reset_ours(places, info)  # the rebuild committed
+    return out
 
 
 def build_reference(ref: Any, places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
@@ -265,9 +274,8 @@ def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any]) -> 
     feed = steps.run("embedded", "feed", lambda: drain(cdf.change_batches(t, base)), root=root, tree=me)
     scan = steps.run("embedded", "scan", lambda: drain(t.scan_batches()), root=root, tree=me)
     steps.run("embedded", "scan-16m", lambda: drain(t.scan_batches(group_bytes=SMALL_GROUP)), root=root, tree=me)
-    sizes = lm.table_sizes(record.files_under(places["table"]))
     return {"live_rows": scan["rows"], "feed_rows": feed["rows"], "version": t.version, "amount_sum": scan["amount_sum"],
-            "planning_after": lm.planning_memory(REPO, places["ours"], NAME), "sizes_with_runs": sizes}
+            "planning_after": lm.planning_memory(REPO, places["ours"], NAME), "sizes_after": lm.referenced_sizes(t)}
 
 
 def run_reference(steps: Steps, ref: Any, places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
@@ -321,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     if built_now:
         print(f"building {args.rows:,} rows under {places['root']}", flush=True)
         info = build_ours(places, args.rows, args.append_rows)
+        json.dump(info, open(places["info"], "w", encoding="utf-8"))
+    if "reindex" not in info:
+        info.update(measure_base(places, info))
         json.dump(info, open(places["info"], "w", encoding="utf-8"))
     ref = None
     if "reference" in systems:

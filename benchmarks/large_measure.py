@@ -191,3 +191,61 @@ def planning_memory(repo: str, warehouse: str, name: str) -> dict[str, Any]:
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def referenced_sizes(table: Any) -> dict[str, dict[str, int]]:
+    """The files the table's current snapshot refers to, by kind (what a vacuum keeps; see :func:`table_sizes`).
+
+    Data and delete files from the live files, manifests and the manifest list from the snapshot, lineage
+    segments and key index segments from the lineage list.
+    """
+    from lineage.storage.fileio import local_path
+
+    def size(path: str) -> int:
+        return os.path.getsize(local_path(path))
+
+    state = table.state()
+    files = state.live_files()
+    snapshot = table.iceberg.current_snapshot()
+    manifests = snapshot.manifests(table.iceberg.io)
+    deletes = {d for f in files for d in f.delete_paths}
+    lin = state.lineage
+    keys = lin.key_index or ()
+    return {
+        "data": {"files": len(files), "bytes": sum(int(f.data_file.file_size_in_bytes) for f in files)},
+        "position_deletes": {"files": len(deletes), "bytes": sum(size(d) for d in deletes)},
+        "manifests": {"files": len(manifests), "bytes": sum(int(m.manifest_length) for m in manifests)},
+        "manifest_lists": {"files": 1, "bytes": size(snapshot.manifest_list)},
+        "lineage_segments": {"files": len(lin.segments), "bytes": sum(size(s) for s in lin.segments)},
+        "key_index": {"files": len(keys), "bytes": sum(size(k) for k in keys)},
+    }
+
+
+_REINDEX = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import lineage
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+import time, pyarrow, duckdb, pyiceberg.table  # imports before the baseline
+t = lineage.open_table(sys.argv[3], warehouse=sys.argv[2])
+t.state().live_files()
+base = rss("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+start = time.perf_counter()
+t.reindex()
+print(json.dumps({"seconds": round(time.perf_counter() - start, 2), "baseline_mb": round(base / 1024, 1),
+                  "peak_mb": round(rss("VmHWM") / 1024, 1), "grew_mb": round((rss("VmHWM") - base) / 1024, 1)}))
+"""
+
+
+def reindex_memory(repo: str, warehouse: str, name: str) -> dict[str, Any]:
+    """Time and peak RSS growth of a fresh Python process rebuilding the table's key index (``Table.reindex``,
+    one process holding every key). It commits: the caller puts the table back where it was."""
+    out = subprocess.run([sys.executable, "-c", _REINDEX, repo, warehouse, name], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])

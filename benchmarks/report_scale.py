@@ -106,6 +106,10 @@ def growth(doc: dict[str, Any]) -> dict[str, float]:
         "driver planning memory MB": float(plan.get("plan_grew_mb", 0.0)),
         "driver planning + key index memory MB": float(plan.get("with_key_index_grew_mb", 0.0)),
     }
+    rebuild = r["build"].get("reindex", {})
+    if "grew_mb" in rebuild:
+        out["key index rebuild (reindex) memory MB"] = float(rebuild["grew_mb"])
+        out["key index rebuild (reindex) seconds"] = float(rebuild["seconds"])
     for system in ("embedded", "spark"):
         for step in STEPS:
             if (system, step) in by:
