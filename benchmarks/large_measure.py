@@ -187,10 +187,7 @@ print(json.dumps({"files": len(files), "baseline_mb": round(base / 1024, 1), "pl
 def planning_memory(repo: str, warehouse: str, name: str) -> dict[str, Any]:
     """Peak RSS growth of a fresh Python process that opens the table, plans its live files (with their
     lineage) and opens its key index: the driver's planning memory, apart from the interpreter and imports."""
-    out = subprocess.run([sys.executable, "-c", _PLAN, repo, warehouse, name], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return in_fresh_process(_PLAN, repo, warehouse, name)
 
 
 def referenced_sizes(table: Any) -> dict[str, dict[str, int]]:
@@ -245,7 +242,12 @@ print(json.dumps({"seconds": round(time.perf_counter() - start, 2), "baseline_mb
 def reindex_memory(repo: str, warehouse: str, name: str) -> dict[str, Any]:
     """Time and peak RSS growth of a fresh Python process rebuilding the table's key index (``Table.reindex``,
     one process holding every key). It commits: the caller puts the table back where it was."""
-    out = subprocess.run([sys.executable, "-c", _REINDEX, repo, warehouse, name], capture_output=True, text=True, check=False)
+    return in_fresh_process(_REINDEX, repo, warehouse, name)
+
+
+def in_fresh_process(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script`` in a new Python process; the JSON object its last line prints, or ``{"error": ...}``."""
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
