@@ -80,6 +80,7 @@ def chunk(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 def folders(data_dir: str, rows: int) -> dict[str, str]:
+    """Where a size's table, reference copy, upsert batch and build facts live under ``data_dir``."""
     root = os.path.join(data_dir, record.scale_label(rows))
     return {"root": root, "ours": os.path.join(root, "ours"), "reference": os.path.join(root, "reference"),
             "batch": os.path.join(root, "upsert.parquet"), "info": os.path.join(root, "build.json"),
@@ -233,6 +234,7 @@ def warm_up(spark: Any, t: lineage.Table) -> None:
 
 
 def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory: str) -> dict[str, Any]:
+    """Our Spark path from the starting snapshot; the live rows, feed rows and sum of ``amount`` after it."""
     spark = spark_session(memory)
     t = reset_ours(places, info)
     base = t.version
@@ -260,6 +262,7 @@ def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory
 
 
 def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
+    """Our embedded engine from the starting snapshot; what :func:`run_spark` returns, and the sizes after it."""
     t = reset_ours(places, info)
     base = t.version
     me, root = os.getpid(), places["table"]
@@ -279,6 +282,7 @@ def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any]) -> 
 
 
 def run_reference(steps: Steps, ref: Any, places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
+    """The reference engine's DELETE, UPDATE, MERGE and scan from its starting snapshot; its live rows and sum of ``amount``."""
     wh = places["reference"]
     ref.sql(wh, f"CALL system.rollback_to_snapshot(table => '{NAME}', snapshot_id => {info['reference_snapshot']})")
     ref.sql(wh, f"SELECT count(*) FROM {NAME}")  # warm-up, not timed, as ours
@@ -307,6 +311,7 @@ def run_reference(steps: Steps, ref: Any, places: dict[str, str], info: dict[str
 
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    """Build the table if needed, run the systems, write the record; 1 if the systems' results differ."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000_000)
     parser.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "lineage-large"),

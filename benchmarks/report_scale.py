@@ -76,8 +76,8 @@ def _targets(doc: dict[str, Any]) -> str:
         a, b = by.get(("spark", step)), by.get(("reference", step))
         if a and b:
             ratio = a["wall_s"] / b["wall_s"]
-            compared.append(f"{step} {fmt_s(a['wall_s'])} s against {fmt_s(b['wall_s'])} s ({ratio:.1f}x "
-                            f"{'the time' if ratio > 1 else 'the time, faster'})")
+            compared.append(f"{step} {fmt_s(a['wall_s'])} s against {fmt_s(b['wall_s'])} s ("
+                            + (f"{ratio:.1f}x slower)" if ratio >= 1 else f"{1 / ratio:.1f}x faster)"))
     if compared:
         said.append("Ours on Spark against the reference engine's merge-on-read DELETE, UPDATE and MERGE: " + "; ".join(compared) + ".")
     return " ".join(said)
@@ -107,14 +107,27 @@ def growth(doc: dict[str, Any]) -> dict[str, float]:
         "driver planning + key index memory MB": float(plan.get("with_key_index_grew_mb", 0.0)),
     }
     rebuild = r["build"].get("reindex", {})
-    if "grew_mb" in rebuild:
-        out["key index rebuild (reindex) memory MB"] = float(rebuild["grew_mb"])
+    if "peak_mb" in rebuild:
+        out["key index rebuild (reindex), peak RSS MB"] = float(rebuild["peak_mb"])
         out["key index rebuild (reindex) seconds"] = float(rebuild["seconds"])
+    base = _baseline(doc)
     for system in ("embedded", "spark"):
         for step in STEPS:
-            if (system, step) in by:
-                out[f"Python peak, {SYSTEM_NAMES[system]}, {step} MB"] = float(by[(system, step)]["python_peak_mb"])
+            x = by.get((system, step))
+            if x is not None and x.get("python_before_mb") is not None:
+                grew = max(0.0, x["python_peak_mb"] - x["python_before_mb"])
+                out[f"Python, {SYSTEM_NAMES[system]}, {step}: start + growth in the step MB"] = base + grew
     return out
+
+
+def _baseline(doc: dict[str, Any]) -> float:
+    """The driving process's RSS before its first step (interpreter, imports, the table opened)."""
+    firsts = [x["python_before_mb"] for x in doc["results"]["steps"] if x.get("python_before_mb") is not None]
+    return float(firsts[0]) if firsts else 0.0
+
+
+# Memory a step holds by design whatever the table's size: a scan holds one group of files at a time.
+BOUNDED = ("ours embedded, scan:", "ours embedded, scan-16m:")
 
 
 def extrapolate(points: list[tuple[int, float]], rows: int) -> float:
@@ -127,6 +140,8 @@ def extrapolate(points: list[tuple[int, float]], rows: int) -> float:
 def _fmt(name: str, v: float) -> str:
     if "bytes" in name:
         return f"{v / 1e9:,.2f} GB" if v >= 1e9 else (f"{v / 1e6:,.1f} MB" if v >= 1e6 else f"{v / 1e3:,.1f} kB")
+    if name.endswith("seconds"):
+        return f"{v:,.1f} s"
     if name.endswith("MB"):
         return f"{v / 1024:,.1f} GB" if v >= 1024 else f"{v:,.0f} MB"
     return f"{v:,.0f}"
@@ -139,26 +154,42 @@ def _large_growth(records: Records) -> str:
         return missing("large.py", COMMAND)
     measured = [(d["scale"], growth(d)) for d in docs]
     names = list(measured[-1][1])
-    rows = []
-    limits = []
+    rows, limits, over = [], [], []
+    machine_mb = float(docs[-1]["machine"]["memory_gib"] or 0) * 1024
     for name in names:
         points = [(n, g[name]) for n, g in measured if name in g]
-        ahead = [_fmt(name, extrapolate(points, t)) + " *" if len(points) >= 2 else "—" for t in TARGETS]
-        rows.append([name, *(_fmt(name, v) for _, v in points), *ahead])
-        if name.endswith("MB") and len(points) >= 2:
+        bounded = any(b in name for b in BOUNDED)
+        if bounded:
+            ahead = ["bounded †"] * len(TARGETS)
+        else:
+            ahead = [_fmt(name, extrapolate(points, t)) + " *" if len(points) >= 2 else "—" for t in TARGETS]
+        rows.append([name + (" †" if bounded else ""), *(_fmt(name, v) for _, v in points), *ahead])
+        if not name.endswith("MB"):
+            continue
+        if points[-1][1] >= PYTHON_TARGET_MB:
+            over.append(f"{name.removesuffix(' MB')} ({_fmt(name, points[-1][1])} at {rows_label(points[-1][0])} rows)")
+        if len(points) >= 2 and not bounded:
             slope = (points[-1][1] - points[-2][1]) / (points[-1][0] - points[-2][0])
             if slope > 0:
-                at = points[-1][0] + (PYTHON_TARGET_MB - points[-1][1]) / slope
-                limits.append((at, name))
+                limits.append((points[-1][0] + (PYTHON_TARGET_MB - points[-1][1]) / slope,
+                               points[-1][0] + (machine_mb - points[-1][1]) / slope, name))
     headers = ["grows with the table", *(f"{rows_label(n)} rows" for n, _ in measured), *(f"{t // 1_000_000_000}B rows *" for t in TARGETS)]
     out = [f"Measured at {', '.join(rows_label(n) for n, _ in measured)} rows (records: "
            + ", ".join(f"`benchmarks/results/{d['_file']}`, {load_words(d).split(':')[0]}" for d in docs)
-           + "); columns marked * are extrapolated along the line through the two largest measured sizes.", "",
+           + "); columns marked * are extrapolated along the line through the two largest measured sizes. "
+           "The Python rows are the driving process's memory before its first step plus what the step added; "
+           "rows marked † hold one group of files at a time, so they stop growing once a group is full.", "",
            md_table(headers, rows)]
+    said = []
     if limits:
-        at, name = min(limits)
-        out += ["", f"Of the figures held in one Python process, **{name.removesuffix(' MB')}** reaches the 1.5 GB target first, "
-                    f"at about {_rows_words(at)} rows on this line."]
+        at, machine_at, name = min(limits)
+        said.append(f"Of the figures that grow without a bound in one Python process, **{name.removesuffix(' MB')}** reaches "
+                    f"the 1.5 GB target first, at about {_rows_words(max(at, 0))} rows on this line, and this machine's "
+                    f"{machine_mb / 1024:.1f} GiB at about {_rows_words(machine_at)} rows.")
+    if over:
+        said.append("Over 1.5 GB already at a measured size: " + "; ".join(over) + ".")
+    if said:
+        out += ["", " ".join(said)]
     return "\n".join(out)
 
 
