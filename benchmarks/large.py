@@ -220,17 +220,17 @@ def noop(df: Any) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def _import_in_worker(batches: Any) -> Any:
-    import lineage.duck  # noqa: F401  (what the write paths' tasks import)
-
-    yield from batches
-
-
 def warm_up(spark: Any, t: lineage.Table) -> None:
     """Not timed: the JVM's first jobs and Spark's Python workers started with this library imported, as in a
     long-running job (the reference engine's server is warm too, and needs no Python workers)."""
+
+    def import_in_worker(batches: Any) -> Any:  # nested: pickled by value (workers cannot import this script)
+        import lineage.duck  # noqa: F401  (what the write paths' tasks import)
+
+        yield from batches
+
     noop(t.to_spark(spark))
-    spark.range(0, 1000, 1, 2).mapInArrow(_import_in_worker, "id long").collect()
+    spark.range(0, 1000, 1, 2).mapInArrow(import_in_worker, "id long").collect()
 
 
 def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory: str) -> dict[str, Any]:

@@ -55,3 +55,25 @@ def test_extrapolation_follows_the_line_through_the_two_largest_sizes() -> None:
     points = [(1_000_000, 100.0), (10_000_000, 190.0)]
     assert report_scale.extrapolate(points, 100_000_000) == pytest.approx(1090.0)
     assert report_scale.extrapolate([(1, 5.0), *points], 1_000_000_000) == pytest.approx(190.0 + 10.0 * 990)
+
+
+def test_the_embedded_run_end_to_end(tmp_path) -> None:
+    import json
+
+    import large
+
+    out = tmp_path / "record.json"
+    args = ["--rows", "3000", "--append-rows", "1000", "--data-dir", str(tmp_path / "data"), "--systems", "embedded", "--out", str(out)]
+    assert large.main(args) == 0
+    doc = json.loads(out.read_text())
+    r = doc["results"]
+    assert [s["step"] for s in r["steps"]] == ["delete", "update", "upsert", "feed", "scan", "scan-16m"]
+    assert r["agree"] and r["live_rows"]["embedded"] == r["outcomes"]["embedded"]["live_rows"] > 2900
+    assert r["build"]["sizes"]["data"]["files"] == 3 and r["build"]["sizes"]["key_index"]["bytes"] > 0
+    assert "grew_mb" in r["build"]["reindex"] and "plan_grew_mb" in r["build"]["planning"]
+    changed = {s["step"]: s.get("rows_changed") for s in r["steps"]}
+    assert changed["delete"] > 0 and changed["update"] > 0 and changed["upsert"] == 30
+    # a second run reuses the table from its starting snapshot and gets the same answers
+    assert large.main([*args[:-1], str(tmp_path / "again.json")]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())["results"]
+    assert again["built_this_run"] is False and again["live_rows"] == r["live_rows"] and again["feed_rows"] == r["feed_rows"]
