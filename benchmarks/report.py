@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report_docs  # noqa: E402,F401  (registers its sections)
 import report_peers  # noqa: E402,F401  (registers its sections)
 import report_object_store  # noqa: E402,F401  (registers its sections)
+import report_scale  # noqa: E402,F401  (registers its sections)
 import report_sections  # noqa: E402,F401  (registers its sections)
 from report_base import BLOCK, DOCS, REGENERATE, ROOT, SECTIONS, Records, md_table, record, section  # noqa: E402
 

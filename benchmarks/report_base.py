@@ -59,6 +59,12 @@ class Records:
         return found[-1]
 
 
+def latest_per_scale(records: Records, benchmark: str) -> list[dict[str, Any]]:
+    """The newest record of ``benchmark`` at each scale, smallest scale first."""
+    scales = sorted({d["scale"] for d in records.select(benchmark)})
+    return [d for d in (records.latest(benchmark, scale=s) for s in scales) if d is not None]
+
+
 SECTIONS: dict[str, Callable[[Records], str]] = {}
 
 

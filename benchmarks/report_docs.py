@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from report_base import Records, fmt_s, load_words, md_table, missing, provenance, rows_label, section
+from report_base import Records, fmt_s, latest_per_scale, load_words, md_table, missing, provenance, rows_label, section
 
 
 def _ms(v: float | None) -> str:
@@ -70,8 +70,7 @@ def _med(runs: list[dict[str, Any]], field: str, inner: str | None = None) -> fl
 
 def _ao_docs(records: Records) -> list[dict[str, Any]]:
     """The newest append_overhead record of each scale, smallest scale first."""
-    scales = sorted({d["scale"] for d in records.select("append_overhead")})
-    return [d for d in (records.latest("append_overhead", scale=s) for s in scales) if d is not None]
+    return latest_per_scale(records, "append_overhead")
 
 
 @section("append-overhead")
@@ -145,8 +144,7 @@ def _stream_upkeep(records: Records) -> str:
 # --------------------------------------------------------------------------- reconcile.py
 @section("reconcile")
 def _reconcile(records: Records) -> str:
-    scales = sorted({d["scale"] for d in records.select("reconcile")})
-    docs = [d for d in (records.latest("reconcile", scale=s) for s in scales) if d is not None]
+    docs = latest_per_scale(records, "reconcile")
     if not docs:
         return missing("reconcile.py", "python benchmarks/reconcile.py --rows 1000000 --publish")
     parts = []
