@@ -315,8 +315,8 @@ class Table:
     ) -> pa.RecordBatchReader:
         """The rows :meth:`scan` returns, as a ``pyarrow.RecordBatchReader`` read a group of files at a time.
 
-        Memory stays bounded by ``group_bytes`` of Parquet (default 128 MiB; a
-        larger file is read alone) whatever the table's size. Batches have at
+        Memory stays bounded by ``group_bytes`` of decoded rows (default 128 MiB, estimated from the files'
+        metadata; a larger file is read alone) whatever the table's size. Batches have at
         most ``batch_rows`` rows. The files are fixed when this returns (the
         snapshot of ``as_of``); they are read as the reader is consumed.
         """

@@ -102,3 +102,25 @@ def test_memory_is_bounded_by_a_group_not_by_the_table(warehouse: str) -> None:
         peak = max(peak, pool.bytes_allocated() - base)
     assert seen == 480_000
     assert peak < whole_bytes / 4, f"streaming held {peak} bytes of Arrow memory, a full scan {whole_bytes}"
+
+
+def test_groups_are_sized_by_decoded_rows_not_by_parquet(warehouse: str) -> None:
+    """Repetitive data compresses ten times or more: a group is cut by the rows' size in memory, estimated from
+    the files' metadata (within a factor of 1.5 of the Arrow bytes), not by their Parquet size."""
+    from lineage.read.batched_scan import decoded_bytes, file_groups
+
+    t = lineage.create_table("shop.dense", SCHEMA, key=["id"], warehouse=warehouse)
+    for i in range(4):
+        t.append(pa.table({"id": pa.array(range(i * 50_000, (i + 1) * 50_000), pa.int64()),
+                           "name": pa.array(["paid"] * 50_000), "amount": pa.array([1.0] * 50_000)}))
+    files = t.state().live_files()
+    ids = {f.name: f.field_id for f in t.iceberg.schema().fields}
+    estimates = [decoded_bytes(f, t.arrow_schema, ids) for f in files]
+    arrow = t.scan().nbytes / len(files)
+    assert all(arrow / 1.5 <= e <= arrow * 1.5 for e in estimates), (estimates, arrow)
+    parquet = sum(int(f.data_file.file_size_in_bytes) for f in files)
+    assert parquet * 5 < sum(estimates)  # the data compresses: Parquet size would put all four files in one group
+    assert len(file_groups(files, parquet)) == 1
+    assert len(t.state().live_files()) == 4
+    groups = [g.num_rows for g in t.scan_batches(group_bytes=max(estimates), batch_rows=1 << 20)]
+    assert groups == [50_000] * 4  # one file per group, one batch per group

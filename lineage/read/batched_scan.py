@@ -2,7 +2,8 @@
 
 :meth:`lineage.Table.scan` builds one Arrow table of every matching row.
 :func:`scan_batches` reads the live files in groups of at most
-``group_bytes`` of Parquet (one file when a file is larger), evaluates the
+``group_bytes`` of decoded rows (estimated from the files' metadata without
+reading them; one file when a file is larger), evaluates the
 ``where`` on each group in a DuckDB database of its own and hands the rows on
 as record batches before it reads the next group. Peak memory is one group's
 decoded rows plus DuckDB's buffer pool (limited by
@@ -15,7 +16,7 @@ hung in DuckDB 1.5.5 (see that function).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import duckdb
@@ -47,6 +48,7 @@ class BatchedScan:
     exact_floats: bool
     columns: list[str]
     target: pa.Schema  # the output schema (data and lineage columns as the table declares them)
+    column_ids: dict[str, int]  # Iceberg field id of each top-level data column (a file's column sizes are keyed by it)
 
 
 def plan_scan(
@@ -79,17 +81,49 @@ def plan_scan(
         exact_floats=pred.reads_floats,
         columns=wanted,
         target=pa.schema([probe.field(c) for c in wanted]),
+        column_ids={f.name: f.field_id for f in state.iceberg.schema().fields},
     )
 
 
-def file_groups(files: Sequence[LiveFile], group_bytes: int) -> list[list[LiveFile]]:
-    """``files`` in their order, cut into runs whose Parquet sizes add up to at most ``group_bytes``.
+# Decoded bytes per value of fixed-width Arrow types; variable-width values are estimated from their compressed size.
+_FIXED_WIDTH = 8
+_VARIABLE_EXPANSION = 4  # decoded / compressed bytes assumed for strings and binaries (dictionary pages decode wide)
+_VARIABLE_MIN = 16  # bytes per variable-width value when the file records no column size
 
-    A file larger than ``group_bytes`` is a group of its own.
+
+def decoded_bytes(f: LiveFile, schema: pa.Schema, column_ids: dict[str, int]) -> int:
+    """An estimate of the Arrow bytes ``f``'s rows take decoded (data and lineage columns), from its metadata alone.
+
+    The Parquet size is no measure of memory: well-compressed data decodes to
+    ten or more times its size on disk, so a group of 128 MiB of Parquet could
+    hold 20M rows. Fixed-width columns count their width per row; strings and
+    binaries four times their compressed size (``column_sizes``) plus 8 bytes a value, at least
+    :data:`_VARIABLE_MIN` bytes per value without it. Never less than the file.
+    """
+    rows = int(f.data_file.record_count)
+    sizes = f.data_file.column_sizes or {}
+    total = rows * _FIXED_WIDTH * len(LINEAGE_COLUMNS)
+    for field in schema:
+        width = getattr(field.type, "byte_width", None) if pa.types.is_primitive(field.type) else None
+        if pa.types.is_boolean(field.type):
+            total += rows
+        elif width:
+            total += rows * width
+        else:
+            compressed = sizes.get(column_ids.get(field.name, -1))
+            total += compressed * _VARIABLE_EXPANSION + 8 * rows if compressed else rows * _VARIABLE_MIN
+    return max(total, int(f.data_file.file_size_in_bytes))
+
+
+def file_groups(files: Sequence[LiveFile], group_bytes: int, weight: Callable[[LiveFile], int] | None = None) -> list[list[LiveFile]]:
+    """``files`` in their order, cut into runs whose weights add up to at most ``group_bytes``.
+
+    ``weight`` is a file's size in memory (default: its Parquet size); a file
+    heavier than ``group_bytes`` is a group of its own.
     """
     if group_bytes <= 0:
         raise InvalidArgumentError(f"group_bytes must be a positive number of bytes, got {group_bytes}")
-    return pack_from_end(files, lambda f: int(f.data_file.file_size_in_bytes), group_bytes)
+    return pack_from_end(files, weight or (lambda f: int(f.data_file.file_size_in_bytes)), group_bytes)
 
 
 def scan_batches(
@@ -103,7 +137,8 @@ def scan_batches(
     """
     if batch_rows <= 0:
         raise InvalidArgumentError(f"batch_rows must be a positive number of rows, got {batch_rows}")
-    groups = file_groups(plan.files, group_bytes)  # validates group_bytes now, not at the first batch
+    # validates group_bytes now, not at the first batch
+    groups = file_groups(plan.files, group_bytes, lambda f: decoded_bytes(f, plan.schema, plan.column_ids))
     return pa.RecordBatchReader.from_batches(plan.target, _batches(plan, groups, batch_rows))
 
 
