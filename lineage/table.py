@@ -521,9 +521,9 @@ class Table:
         """
         return maintenance.compact(self._context, target_file_size_bytes, min_file_size_bytes, engine=_engine(engine), spark=spark)
 
-    def upgrade(self, format_version: int = 3) -> MaintenanceResult:
-        """Make this v2 table an Iceberg v3 table in one commit; every v3 reader then returns its ``_row_id`` (no change events)."""
-        return maintenance.upgrade(self._context, format_version)
+    def upgrade(self, format_version: int = 3, convert_deletes: bool = True) -> MaintenanceResult:
+        """Make this v2 table an Iceberg v3 table in one commit (equality deletes converted first); every v3 reader then returns its ``_row_id``."""
+        return maintenance.upgrade(self._context, format_version, convert_deletes)
 
     def rewrite_deletes(self, granularity: str | None = None) -> MaintenanceResult:
         """Merge position delete files into one per data file (or per partition)."""

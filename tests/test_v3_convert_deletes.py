@@ -224,3 +224,29 @@ def test_adoption_of_a_plain_v3_table_converts_to_deletion_vectors(reference, tm
     assert our_rows(t) == before
     assert pyiceberg_rows(t) == [r[:3] for r in before]
     reference.forget(warehouse)
+
+
+def test_upgrade_of_a_v2_table_with_flink_equality_deletes(reference, warehouse):
+    """The upgrade converts Flink's equality deletes first; Spark then reads our row ids, and later Flink
+    checkpoints on the v3 table are converted to deletion vectors."""
+    from test_iceberg_v3_write import spark_native
+
+    t = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=warehouse, properties=MOR)
+    t.append(_batch([1, 2, 3, 4, 5, 6]))
+    t.append(_batch([7, 8, 9]))
+    t.delete("id IN (4, 8)")
+    _flink(reference, warehouse)
+    t.refresh()
+    before, feed = our_rows(t), rows(cdf.changes(t, 0), FEED)
+    result = t.upgrade()
+    assert "equality delete file(s) converted" in result.detail and t.iceberg.metadata.format_version == 3
+    assert spark_rows(reference, warehouse) == our_rows(t) == before
+    assert spark_native(reference, warehouse, t) == ours(t) == duckdb_native(t)
+    assert rows(cdf.changes(t, 0), FEED) == feed
+    reference.flink_commit(warehouse, NAME, [("+I", {"id": 5, "name": "r", "qty": 2}), ("-D", {"id": 6})], upsert=True)
+    t.refresh()
+    expected = spark_rows(reference, warehouse)
+    assert t.convert_equality_deletes().deletion_vectors >= 1
+    assert not [e for e in live_deletes(t) if e.data_file.content == DataFileContent.EQUALITY_DELETES]
+    assert spark_rows(reference, warehouse) == our_rows(t) == expected
+    reference.forget(warehouse)
