@@ -250,3 +250,26 @@ def test_upgrade_of_a_v2_table_with_flink_equality_deletes(reference, warehouse)
     assert not [e for e in live_deletes(t) if e.data_file.content == DataFileContent.EQUALITY_DELETES]
     assert spark_rows(reference, warehouse) == our_rows(t) == expected
     reference.forget(warehouse)
+
+
+def test_an_equality_delete_on_a_column_the_table_lacks_is_refused_and_nothing_changes(reference, tmp_path):
+    from lineage.catalog import resolve_catalog
+    from lineage.errors import LineageMetadataError
+    from lineage.maintenance.convert import convert_equality_deletes
+
+    warehouse = str(tmp_path / "wh")
+    os.makedirs(warehouse)
+    reference.sql(warehouse, "CREATE NAMESPACE IF NOT EXISTS db")
+    reference.sql(warehouse, "CREATE TABLE db.t (id bigint NOT NULL, name string, qty bigint) USING iceberg "
+                             "TBLPROPERTIES ('format-version'='3')")
+    reference.sql(warehouse, "INSERT INTO db.t SELECT id, concat('n', id), 1 FROM range(0, 5)")
+    reference.flink_commit(warehouse, "db.t", [("-D", {"id": 3, "name": "n3", "qty": 1})], key=["name"])
+    reference.sql(warehouse, "ALTER TABLE db.t DROP COLUMN name")  # the equality deletes' column is gone
+    ice = resolve_catalog(warehouse, None).load_table("db.t")
+    location = ice.metadata_location
+    with pytest.raises(LineageMetadataError, match="names a column the schema lacks"):
+        convert_equality_deletes(ice, ice.refresh, "db.t")
+    with pytest.raises(LineageMetadataError, match="names a column the schema lacks"):
+        lineage.adopt("db.t", key=["id"], warehouse=warehouse)
+    assert ice.refresh().metadata_location == location
+    reference.forget(warehouse)
