@@ -530,7 +530,7 @@ class Table:
         return maintenance.rewrite_deletes(self._context, granularity)
 
     def convert_equality_deletes(self) -> ConvertResult:
-        """CONVERT every equality delete file into position deletes (same answers; see lineage.maintenance.convert)."""
+        """CONVERT every equality delete file into position deletes, deletion vectors on v3 (same answers; see lineage.maintenance.convert)."""
         return convert_table(self._context)
 
     def expire_snapshots(self, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1) -> MaintenanceResult:

@@ -203,15 +203,21 @@ def test_a_commit_between_plan_and_commit_makes_convert_retry(reference, warehou
     reference.forget(warehouse)
 
 
-def test_adoption_of_a_plain_v3_table_converts_to_deletion_vectors(reference, tmp_path):
-    """A plain v3 table (Spark's) with Flink's equality deletes: adoption converts them to deletion vectors
-    first, merging Spark's own vectors, and keeps every native row id."""
+def _spark_v3_table(reference, tmp_path, n: int, properties: str = "") -> str:
+    """A warehouse with Spark's plain v3 table db.t (id, name, qty) holding ids 0 .. n - 1."""
     warehouse = str(tmp_path / "wh")
     os.makedirs(warehouse)
     reference.sql(warehouse, "CREATE NAMESPACE IF NOT EXISTS db")
-    reference.sql(warehouse, "CREATE TABLE db.t (id bigint NOT NULL, name string, qty bigint) USING iceberg TBLPROPERTIES "
-                             "('format-version'='3', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read')")
-    reference.sql(warehouse, "INSERT INTO db.t SELECT id, concat('n', id), 1 FROM range(0, 20)")
+    reference.sql(warehouse, "CREATE TABLE db.t (id bigint NOT NULL, name string, qty bigint) USING iceberg "
+                             f"TBLPROPERTIES ('format-version'='3'{properties})")
+    reference.sql(warehouse, f"INSERT INTO db.t SELECT id, concat('n', id), 1 FROM range(0, {n})")
+    return warehouse
+
+
+def test_adoption_of_a_plain_v3_table_converts_to_deletion_vectors(reference, tmp_path):
+    """A plain v3 table (Spark's) with Flink's equality deletes: adoption converts them to deletion vectors
+    first, merging Spark's own vectors, and keeps every native row id."""
+    warehouse = _spark_v3_table(reference, tmp_path, 20, ", 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read'")
     reference.sql(warehouse, "DELETE FROM db.t WHERE id IN (3, 4)")  # Spark's deletion vector
     reference.flink_commit(warehouse, "db.t", [("+I", {"id": 1, "name": "x", "qty": 9}), ("-D", {"id": 2}), ("-D", {"id": 5})],
                            key=["id"], upsert=True)
@@ -257,12 +263,7 @@ def test_an_equality_delete_on_a_column_the_table_lacks_is_refused_and_nothing_c
     from lineage.errors import LineageMetadataError
     from lineage.maintenance.convert import convert_equality_deletes
 
-    warehouse = str(tmp_path / "wh")
-    os.makedirs(warehouse)
-    reference.sql(warehouse, "CREATE NAMESPACE IF NOT EXISTS db")
-    reference.sql(warehouse, "CREATE TABLE db.t (id bigint NOT NULL, name string, qty bigint) USING iceberg "
-                             "TBLPROPERTIES ('format-version'='3')")
-    reference.sql(warehouse, "INSERT INTO db.t SELECT id, concat('n', id), 1 FROM range(0, 5)")
+    warehouse = _spark_v3_table(reference, tmp_path, 5)
     reference.flink_commit(warehouse, "db.t", [("-D", {"id": 3, "name": "n3", "qty": 1})], key=["name"])
     reference.sql(warehouse, "ALTER TABLE db.t DROP COLUMN name")  # the equality deletes' column is gone
     ice = resolve_catalog(warehouse, None).load_table("db.t")

@@ -1,4 +1,4 @@
-"""CONVERT: turn every live equality delete file into position delete files, changing no reader's answer.
+"""CONVERT: turn every live equality delete file into position delete files (v3: deletion vectors), changing no reader's answer.
 
 Iceberg's rule for an equality delete file with data sequence number ``d``:
 it removes the rows of data files with a data sequence number strictly below
