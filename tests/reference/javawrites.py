@@ -250,6 +250,10 @@ def flink_commit(
             operation = operation.addRows(f)
         for f in files["equality"] + files["position"]:
             operation = operation.addDeletes(f)
+        if table.currentSnapshot() is not None:
+            # The checkpoint's base: Iceberg then checks for conflicting deletion vectors from there, not over the
+            # whole ancestry (which fails once older snapshots are expired).
+            operation = operation.validateFromSnapshot(table.currentSnapshot().snapshotId())
     else:
         operation = table.newAppend()
         for f in files["data"]:
