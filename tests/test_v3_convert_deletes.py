@@ -274,3 +274,20 @@ def test_an_equality_delete_on_a_column_the_table_lacks_is_refused_and_nothing_c
         lineage.adopt("db.t", key=["id"], warehouse=warehouse)
     assert ice.refresh().metadata_location == location
     reference.forget(warehouse)
+
+
+def test_convert_deletes_command_on_v3(reference, warehouse):
+    """``lineage convert-deletes`` reports the deletion vectors it wrote; a second run finds nothing to do."""
+    import json
+
+    from test_cli import ok, run
+
+    t = _table(warehouse)
+    _flink(reference, warehouse)
+    done = json.loads(ok(run("--warehouse", warehouse, "-f", "json", "convert-deletes", NAME)).stdout)
+    assert done["committed"] and done["files_added"] == 1  # one Puffin file holding both vectors
+    assert "-> 2 deletion vector(s) (5 positions in 2 data file(s))" in done["detail"]
+    assert_only_vectors(t)
+    again = ok(run("--warehouse", warehouse, "convert-deletes", NAME)).stdout
+    assert "no equality delete files" in again
+    reference.forget(warehouse)
