@@ -15,7 +15,8 @@ the snapshot, so a failed adoption leaves a plain Iceberg table.
 
 Equality delete files (Flink's sink) are converted to position deletes first
 (:mod:`lineage.maintenance.convert`, its own ``replace`` commit, changing no
-reader's answer), so the adopted state has position deletes only.
+reader's answer; deletion vectors on a v3 table), so the adopted state has
+position deletes only.
 
 A v3 table keeps its native row lineage: each file's lineage holds the row
 ids every v3 reader returns (``_row_id``, read from the files where written,
@@ -77,7 +78,7 @@ class Adoption:
     data_files: int
     rows: int  # positions given row ids (live rows plus rows already deleted by position deletes)
     key: tuple[str, ...]
-    converted: int  # equality delete files converted to position deletes first
+    converted: int  # equality delete files converted to position deletes (v3: deletion vectors) first
     table: Table  # the lineage table, open
 
 

@@ -521,16 +521,16 @@ class Table:
         """
         return maintenance.compact(self._context, target_file_size_bytes, min_file_size_bytes, engine=_engine(engine), spark=spark)
 
-    def upgrade(self, format_version: int = 3) -> MaintenanceResult:
-        """Make this v2 table an Iceberg v3 table in one commit; every v3 reader then returns its ``_row_id`` (no change events)."""
-        return maintenance.upgrade(self._context, format_version)
+    def upgrade(self, format_version: int = 3, convert_deletes: bool = True) -> MaintenanceResult:
+        """Make this v2 table an Iceberg v3 table in one commit (equality deletes converted first); every v3 reader then returns its ``_row_id``."""
+        return maintenance.upgrade(self._context, format_version, convert_deletes)
 
     def rewrite_deletes(self, granularity: str | None = None) -> MaintenanceResult:
         """Merge position delete files into one per data file (or per partition)."""
         return maintenance.rewrite_deletes(self._context, granularity)
 
     def convert_equality_deletes(self) -> ConvertResult:
-        """CONVERT every equality delete file into position deletes (same answers; see lineage.maintenance.convert)."""
+        """CONVERT every equality delete file into position deletes, deletion vectors on v3 (same answers; see lineage.maintenance.convert)."""
         return convert_table(self._context)
 
     def expire_snapshots(self, older_than: _dt.datetime | _dt.timedelta | None = None, retain_last: int = 1) -> MaintenanceResult:

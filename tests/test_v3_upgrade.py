@@ -184,3 +184,61 @@ def test_upgrade_of_a_partitioned_table_with_partition_scoped_deletes(warehouse)
     t.delete("id IN (8, 9)")
     t.update("id IN (5, 10)", {"qty": "2"})
     assert_readers_agree(t)
+
+
+def _equality_table(warehouse: str) -> lineage.Table:
+    """A v2 table whose change-stream commits left equality delete files (the equality strategy)."""
+    from test_iceberg_v3_write import _events
+
+    props = {"write.changelog.strategy": "equality", "write.delete.mode": "merge-on-read"}
+    t = lineage.create_table("shop.items", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+    t.append(_batch([1, 2, 3, 4, 5]))
+    t.apply_changelog(_events(("+U", 1, 9), ("-D", 2, 0), ("+I", 6, 1), ("+I", 7, 1), ("-D", 7, 0)), upsert=True)
+    t.delete("id = 5")
+    t.apply_changelog(_events(("+U", 3, 8), ("-D", 6, 0)), upsert=True)
+    return t
+
+
+def _live_contents(t: lineage.Table) -> set:
+    from lineage.iceberg.planning import live_entries
+
+    t.refresh()
+    snap = t.iceberg.metadata.current_snapshot()
+    return {e.data_file.content for e in live_entries(t.iceberg, snap.manifests(t.iceberg.io))}
+
+
+def test_upgrade_converts_equality_deletes_first(warehouse):
+    """Equality delete files are converted (a commit of its own) and the table upgraded: no answer changes."""
+    from pyiceberg.manifest import DataFileContent
+
+    t = _equality_table(warehouse)
+    assert DataFileContent.EQUALITY_DELETES in _live_contents(t)
+    v = t.version
+    before, feed, gone = ours(t), _feed(t, 0, v), _deleted(t)
+    changes_before = {k: _feed(t, k - 1, k) for k in range(1, v + 1)}
+
+    result = t.upgrade()
+    assert "2 equality delete file(s) converted" in result.detail
+    assert result.version == v + 2 and t.iceberg.metadata.format_version == 3
+    assert [c.operation for c in t.history()][-2:] == ["convert-deletes", "upgrade"]
+    assert DataFileContent.EQUALITY_DELETES not in _live_contents(t)
+    assert ours(t) == before and assert_readers_agree(t) == before
+    assert _feed(t, 0, t.version) == feed and _feed(t, v, t.version) == []
+    assert {k: _feed(t, k - 1, k) for k in range(1, v + 1)} == changes_before
+    assert _deleted(t) == gone
+    t.delete("id = 4")  # the first v3 delete merges the converted position deletes into a deletion vector
+    assert {r[0] for r in assert_readers_agree(t)} == {1, 3}
+
+
+def test_upgrade_without_converting_names_the_command_and_leaves_the_table(warehouse):
+    from lineage.errors import UnsupportedFormatError
+
+    t = _equality_table(warehouse)
+    location, before = t.iceberg.metadata_location, ours(t)
+    with pytest.raises(UnsupportedFormatError, match="lineage convert-deletes shop.items"):
+        t.upgrade(convert_deletes=False)
+    t.refresh()
+    assert t.iceberg.metadata_location == location and t.iceberg.metadata.format_version == 2 and ours(t) == before
+    t.convert_equality_deletes()
+    assert "converted" not in t.upgrade(convert_deletes=False).detail
+    assert assert_readers_agree(t) == before

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub(
         "convert-deletes", cmd_convert_deletes,
-        "turn every equality delete file into position deletes with the same sequence numbers (no reader's answer changes)",
+        "turn every equality delete file into position deletes (deletion vectors on v3; no reader's answer changes)",
     )
     table_arg(p)
 

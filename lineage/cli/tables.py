@@ -147,7 +147,7 @@ def cmd_adopt(ctx: Context) -> int:
         "key": list(done.key),
         "converted_equality_deletes": done.converted,
     }
-    converted = f"; {done.converted} equality delete file(s) converted to position deletes first" if done.converted else ""
+    converted = f"; {done.converted} equality delete file(s) converted first" if done.converted else ""
     text = (
         f"adopted {rec['table']} at version {done.version}: {done.rows} row id(s) over {done.data_files} data file(s), "
         f"key {', '.join(done.key) or '(none)'}{converted}; the change feed starts at version {done.version}\n"

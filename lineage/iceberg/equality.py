@@ -87,9 +87,13 @@ def equality_columns(schema: Schema, delete_file: DataFile) -> list[str]:
     if delete_file.content != DataFileContent.EQUALITY_DELETES or not delete_file.equality_ids:
         raise LineageMetadataError(f"{delete_file.file_path} is not an equality delete file with equality ids")
     try:
-        return [schema.find_column_name(fid) for fid in sorted(delete_file.equality_ids)]  # type: ignore[misc]
+        names = [schema.find_column_name(fid) for fid in sorted(delete_file.equality_ids)]
     except ValueError as exc:
         raise LineageMetadataError(f"equality delete {delete_file.file_path} names a column the schema lacks: {exc}") from None
+    missing = [fid for fid, name in zip(sorted(delete_file.equality_ids), names, strict=True) if name is None]
+    if missing:  # pyiceberg answers None for an id no column has (a column dropped after the deletes were written)
+        raise LineageMetadataError(f"equality delete {delete_file.file_path} names a column the schema lacks: field id(s) {missing}")
+    return names  # type: ignore[return-value]
 
 
 def read_delete_rows(delete_file: DataFile, names: Sequence[str]) -> pa.Table:

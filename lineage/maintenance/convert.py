@@ -1,4 +1,4 @@
-"""CONVERT: turn every live equality delete file into position delete files, changing no reader's answer.
+"""CONVERT: turn every live equality delete file into position delete files (v3: deletion vectors), changing no reader's answer.
 
 Iceberg's rule for an equality delete file with data sequence number ``d``:
 it removes the rows of data files with a data sequence number strictly below
@@ -21,6 +21,13 @@ which only the converted equality deletes needed. On a plain Iceberg table
 (:func:`convert_equality_deletes`: adoption converts first) it carries
 ``lineage.operation = convert-deletes`` and no lineage list; a reconciler sees
 only position deletes of rows that were already deleted.
+
+On an Iceberg v3 table no position delete file may be added: CONVERT writes
+one deletion vector per affected data file instead, merged with the file's
+current vector and position deletes, which it replaces in the same commit;
+the vectors inherit the commit's sequence number
+(:mod:`lineage.maintenance.convert_vectors` says why that is the spec's rule
+and which row ids change: none).
 
 Concurrency: the commit asserts the snapshot it was planned on; when another
 writer commits first (new equality deletes included) the attempt's files are
@@ -54,6 +61,7 @@ from lineage.commits.commit import CommitRequest, commit_files
 from lineage.context import HasContext, TableContext, context_of
 from lineage.storage.deletes import positions_for
 from lineage.iceberg.equality import Candidate, EqualityDelete, resolve_equality_deletes
+import lineage.maintenance.convert_vectors as convert_vectors
 from lineage.errors import CommitConflictError
 from lineage.maintenance._common import MaintenanceResult, commit_with_retries
 from lineage.storage.metadata import SUMMARY_OPERATION
@@ -75,7 +83,8 @@ class ConvertResult(MaintenanceResult):
     equality_rows: int = 0
     position_files: int = 0
     positions: int = 0
-    data_files: int = 0  # data files that got position deletes
+    data_files: int = 0  # data files that got position deletes (v3: a deletion vector)
+    deletion_vectors: int = 0  # v3: the deletion vectors written (position_files is 0 there)
     attempts: int = 0
 
 
@@ -122,22 +131,34 @@ def resolve_snapshot(iceberg: IcebergTable, snapshot: Snapshot) -> tuple[list[Re
 class Conversion:
     """The files one CONVERT attempt commits, planned against one snapshot."""
 
-    added: list[DataFile]  # new position delete files
+    added: list[DataFile]  # new position delete files (v3: deletion vectors)
     removed: list[DataFile]  # the equality delete files they replace
     sequence_numbers: dict[str, int]  # added file path -> data sequence number of the equality delete it replaces
     positions: int
     data_files: int
+    replaced: list[DataFile] = dataclasses.field(default_factory=list)  # v3: current vectors/position deletes merged in
+    vectors: bool = False  # v3: ``added`` are deletion vectors
+
+    @property
+    def leaving(self) -> list[DataFile]:
+        """Every delete entry the commit removes: the equality delete files and (v3) the replaced deletes."""
+        return self.removed + self.replaced
 
     def result(self, version: int | None, attempts: int) -> ConvertResult:
         """The report of this conversion, committed at ``version``."""
         removed_rows = sum(f.record_count for f in self.removed)
+        leaving = self.leaving
+        files = len({f.file_path for f in self.added})  # the vectors of one attempt share a Puffin file
+        what = f"{len(self.added)} deletion vector(s)" if self.vectors else f"{len(self.added)} position delete file(s)"
         return ConvertResult(
-            OPERATION, version, files_added=len(self.added), files_removed=len(self.removed),
-            bytes_added=sum(f.file_size_in_bytes for f in self.added), bytes_removed=sum(f.file_size_in_bytes for f in self.removed),
+            OPERATION, version, files_added=files, files_removed=len(leaving),
+            bytes_added=sum({f.file_path: f.file_size_in_bytes for f in self.added}.values()),
+            bytes_removed=sum(f.file_size_in_bytes for f in leaving),
             detail=f"{len(self.removed)} equality delete file(s) ({removed_rows} rows) -> "
-            f"{len(self.added)} position delete file(s) ({self.positions} positions in {self.data_files} data file(s))",
-            equality_files=len(self.removed), equality_rows=removed_rows, position_files=len(self.added),
+            f"{what} ({self.positions} positions in {self.data_files} data file(s))",
+            equality_files=len(self.removed), equality_rows=removed_rows, position_files=0 if self.vectors else len(self.added),
             positions=self.positions, data_files=self.data_files, attempts=attempts,
+            deletion_vectors=len(self.added) if self.vectors else 0,
         )
 
 
@@ -161,7 +182,8 @@ def plan_conversion(ice: IcebergTable, snap: Snapshot, created: list[str]) -> Co
         groups[path].append(r.positions)
         lowest[path] = min(lowest.get(path, r.sequence_number), r.sequence_number)
         targets[path] = r.data_file
-    return _write_conversion(ice, groups, lowest, targets, removed, created)
+    current = convert_vectors.current_deletes(ice, snap) if ice.metadata.format_version >= 3 else {}
+    return _write_conversion(ice, groups, lowest, targets, removed, created, current)
 
 
 def plan_from_resolved(state: TableState, created: list[str]) -> Conversion | None:
@@ -190,6 +212,7 @@ def plan_from_resolved(state: TableState, created: list[str]) -> Conversion | No
     groups: dict[str, list[np.ndarray]] = {}
     lowest: dict[str, int] = {}
     targets: dict[str, DataFile] = {}
+    current: dict[str, tuple[DataFile, ...]] = {}
     for f in state.files().files.values():
         if not f.resolved:
             continue
@@ -199,7 +222,8 @@ def plan_from_resolved(state: TableState, created: list[str]) -> Conversion | No
         groups[f.path] = [pos]
         lowest[f.path] = min((seq[d.file_path] for d in f.equality_deletes), default=seq[f.path])
         targets[f.path] = f.data_file
-    return _write_conversion(ice, groups, lowest, targets, removed, created)
+        current[f.path] = f.deletes
+    return _write_conversion(ice, groups, lowest, targets, removed, created, current)
 
 
 def _write_conversion(
@@ -209,8 +233,17 @@ def _write_conversion(
     targets: dict[str, DataFile],
     removed: list[DataFile],
     created: list[str],
+    current: dict[str, tuple[DataFile, ...]],
 ) -> Conversion:
-    """Write one position delete file per data file of ``groups`` (sequence number ``lowest``) replacing ``removed``."""
+    """Write one position delete file per data file of ``groups`` (sequence number ``lowest``) replacing ``removed``.
+
+    On a v3 table: one deletion vector per data file, merged with its
+    ``current`` delete files, which it replaces; the vectors inherit the
+    commit's sequence number (:mod:`lineage.maintenance.convert_vectors`).
+    """
+    if ice.metadata.format_version >= 3:
+        v = convert_vectors.write_conversion_vectors(ice, groups, targets, current, created)
+        return Conversion(v.vectors, removed, {}, v.positions, len(v.vectors), v.replaced, vectors=True)
     added: list[DataFile] = []
     sequence_numbers: dict[str, int] = {}
     positions = 0
@@ -248,7 +281,7 @@ def convert_equality_deletes(iceberg: IcebergTable, refresh: Callable[[], Iceber
         result = plan.result(ice.metadata.next_sequence_number(), a.number)
         a.result = result
         commit_files(
-            ice, operation=Operation.REPLACE, added=plan.added, removed=plan.removed, properties={SUMMARY_OPERATION: OPERATION},
+            ice, operation=Operation.REPLACE, added=plan.added, removed=plan.leaving, properties={SUMMARY_OPERATION: OPERATION},
             timestamp_ms=max(int(time.time() * 1000), snap.timestamp_ms + 1), snapshot_id=snapshot_id, attempt=a,
             delete_sequence_numbers=plan.sequence_numbers,
         )
@@ -291,7 +324,7 @@ def convert_table(table: TableContext | HasContext) -> ConvertResult:
             return None
         plans.append(conversion)
         return CommitRequest(
-            OPERATION, Operation.REPLACE, delete_files=conversion.added, removed_files=conversion.removed,
+            OPERATION, Operation.REPLACE, delete_files=conversion.added, removed_files=conversion.leaving,
             delete_sequence_numbers=conversion.sequence_numbers,
             transform_list=lambda lst: dataclasses.replace(lst, resolved_deletes=None),
         )

@@ -28,8 +28,18 @@ snapshot reconciled keeps its own sequence number as its version).
 
 Position delete files of the v2 past that apply to files kept stay: v3
 readers apply them, and the first v3 delete of such a file merges them into
-its deletion vector (:mod:`lineage.storage.deletion_vectors`). Equality
-delete files are refused: run ``convert_equality_deletes`` first.
+its deletion vector (:mod:`lineage.storage.deletion_vectors`).
+
+Equality delete files (a foreign writer's such as Flink's, or the equality
+change-stream strategy's) are converted first, by default: CONVERT
+(:func:`lineage.maintenance.convert.convert_table`) is a commit of its own,
+on the v2 table, turning them into position delete files that change no
+reader's answer; the upgrade then keeps those as it keeps every v2 position
+delete file. So the upgrade of such a table is two commits, and a failed
+upgrade leaves the table converted but otherwise as it was (converting
+changes no answer, row id, feed or index). With ``convert_deletes=False`` a
+table holding equality deletes is refused, and the message names the command
+that converts them.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from lineage.context import HasContext, TableContext, context_of
 from lineage.errors import CommitConflictError, InvalidArgumentError, UnsupportedFormatError
 from lineage.iceberg.schema import projection_field_ids
 from lineage.maintenance._common import MaintenanceResult, referenced_data_path
+from lineage.maintenance.convert import convert_table
 from lineage.maintenance.compaction import rewrite_group
 from lineage.outcome import Attempt, CommitLoop
 from lineage.state import LiveFile, TableState, state_at
@@ -71,14 +82,18 @@ def check_target(format_version: object) -> int:
     return TARGET
 
 
-def upgrade(table: TableContext | HasContext, format_version: object = TARGET) -> MaintenanceResult:
+def upgrade(table: TableContext | HasContext, format_version: object = TARGET, convert_deletes: bool = True) -> MaintenanceResult:
     """Make a v2 lineage table an Iceberg v3 table whose native row ids are this library's (one commit).
 
-    A table already on v3 is left as it is (``version`` None, ``detail``
-    says so). Raises InvalidArgumentError for another format version,
+    Equality delete files are converted to position deletes first, in a
+    commit of their own (``detail`` says how many); with
+    ``convert_deletes=False`` such a table is refused instead. A table
+    already on v3 is left as it is (``version`` None, ``detail`` says so).
+    Raises InvalidArgumentError for another format version,
     UnsupportedFormatError when the catalog cannot commit v3 metadata from
-    Python or the table has equality delete files, CommitConflictError when
-    other writers kept committing. A failed upgrade leaves the table as it was.
+    Python or (without ``convert_deletes``) the table has equality delete
+    files, CommitConflictError when other writers kept committing. A failed
+    upgrade leaves the table as it was (converted, when it converted).
     """
     check_target(format_version)
     table = context_of(table)
@@ -93,12 +108,16 @@ def upgrade(table: TableContext | HasContext, format_version: object = TARGET) -
         )
     schema = table.arrow_schema
     field_ids = projection_field_ids(table.iceberg.metadata)
-    stats: dict[str, int] = {}
+    stats: dict[str, int] = {"converted": 0}
 
     def attempt(a: Attempt) -> CommitResult | None:
         state = state_at(table.iceberg, persist=True)
         if v3_metadata.is_v3(state.iceberg.metadata):
             return None  # another process upgraded it meanwhile
+        if convert_deletes and has_equality_deletes(state):  # also ones another writer added since the last attempt
+            stats["converted"] += convert_table(table).equality_files
+            table.refresh()
+            state = state_at(table.iceberg, persist=True)
         if state.snapshot is None and state.lineage.next_row_id == 0:
             v3_tables.upgrade(state.iceberg, TARGET)  # no rows yet: the spec's metadata-only upgrade
             return None
@@ -114,7 +133,8 @@ def upgrade(table: TableContext | HasContext, format_version: object = TARGET) -
         return _already(table)
     return MaintenanceResult(
         "upgrade", result.version, stats["added"], stats["removed"], stats["bytes_added"], stats["bytes_removed"],
-        detail=f"{stats['kept']} data files kept with their row ids, {stats['rewritten']} rewritten with _row_id",
+        detail=f"{stats['kept']} data files kept with their row ids, {stats['rewritten']} rewritten with _row_id"
+        + (f"; {stats['converted']} equality delete file(s) converted to position deletes first" if stats["converted"] else ""),
     )
 
 
@@ -150,12 +170,19 @@ def kept_first_row_id(f: LiveFile, sequence_number: int | None) -> int | None:
     return int(ids.values[0]) if int(updated.values[0]) == sequence_number else None
 
 
+def has_equality_deletes(state: TableState) -> bool:
+    """Whether a live data file of ``state`` has equality deletes (or positions resolved from them) applying to it."""
+    return any(f.equality_deletes or f.resolved for f in state.live_files())
+
+
 def _plan(state: TableState, target: IcebergTable, schema: Any, field_ids: dict[str, int], created: list[str],
           stats: dict[str, int]) -> CommitRequest:
     files = state.live_files()
-    if any(f.equality_deletes or f.resolved for f in files):
+    if has_equality_deletes(state):
+        name = ".".join(state.iceberg.name()[-2:])
         raise UnsupportedFormatError(
-            "the table has equality delete files; run convert_equality_deletes (lineage convert) before upgrading to v3"
+            f"table {name} has equality delete files; convert them first: Table.convert_equality_deletes(), "
+            f"on the command line lineage convert-deletes {name} (or upgrade with convert_deletes=True)"
         )
     sequence_numbers = data_sequence_numbers(state)
     kept: dict[str, int] = {}

@@ -7,8 +7,9 @@
 - each event is routed to the partition of its row (``PartitionKey`` over the Iceberg schema), and each
   partition has its own data file, equality delete file and position delete file, written lazily;
 - a row written by this batch remembers (data file, position) under its key; deleting that key later in
-  the same batch writes a **position delete** against the new data file (Flink's within-checkpoint delete),
-  any other delete writes an **equality delete** on the key columns;
+  the same batch writes a **position delete** against the new data file (Flink's within-checkpoint delete;
+  on a format-version 3 table a **deletion vector**, since v3 forbids new position delete files),
+  any other delete writes an **equality delete** on the key columns (v3 keeps equality deletes);
 - upsert mode (``upsert=True``): ``+I``/``+U`` first delete the key, ``-U`` is ignored, ``-D`` deletes the
   key; equality delete files hold the key columns only. Otherwise ``-U``/``-D`` delete the full row and
   equality delete files hold full rows (equality still on the key columns), as in Flink;
@@ -82,6 +83,17 @@ class _Batch:
         self.partition_key = jvm.org.apache.iceberg.PartitionKey(self.spec, schema)
         self.wrapper = jvm.org.apache.iceberg.data.InternalRecordWrapper(schema.asStruct())
         self.partitions: dict[str, _Partition] = {}
+        # Format version 3 forbids new position delete files: deletes of this batch's own rows are deletion
+        # vectors (Iceberg's BaseDVFileWriter; the data files are new, so no earlier deletes to merge).
+        self.dvs = None
+        if jvm.org.apache.iceberg.TableUtil.formatVersion(table) >= 3:
+            puffins = (  # as Spark's position delta writer: a factory of .puffin names for the vectors
+                jvm.org.apache.iceberg.io.OutputFileFactory.builderFor(table, 1, 1)
+                .format(jvm.org.apache.iceberg.FileFormat.PUFFIN)
+                .operationId(uuid.uuid4().hex)
+                .build()
+            )
+            self.dvs = jvm.org.apache.iceberg.deletes.BaseDVFileWriter(puffins, _constant_null(spark))
 
     def route(self, record: Any) -> _Partition:
         if not self.spec.isPartitioned():
@@ -127,13 +139,19 @@ class _Batch:
             if part.eq_deletes is not None:
                 part.eq_deletes.close()
                 files["equality"].append(part.eq_deletes.toDeleteFile())
-            if part.positions:
+            if part.positions and self.dvs is not None:  # v3: a deletion vector, all partitions in one Puffin file
+                for pos in sorted(part.positions):
+                    self.dvs.delete(part.data_path, pos, self.spec, part.key if part.key is not None else self.partition_key)
+            elif part.positions:
                 writer = self.factory.newPosDeleteWriter(self._output(part), self.format, part.key)
                 delete = self.jvm.org.apache.iceberg.deletes.PositionDelete.create()
                 for pos in sorted(part.positions):  # the spec wants position deletes sorted by (path, pos)
                     writer.write(delete.set(part.data_path, pos))
                 writer.close()
                 files["position"].append(writer.toDeleteFile())
+        if self.dvs is not None:
+            self.dvs.close()
+            files["position"].extend(self.dvs.result().deleteFiles())
         return files
 
 
@@ -232,6 +250,10 @@ def flink_commit(
             operation = operation.addRows(f)
         for f in files["equality"] + files["position"]:
             operation = operation.addDeletes(f)
+        if table.currentSnapshot() is not None:
+            # The checkpoint's base: Iceberg then checks for conflicting deletion vectors from there, not over the
+            # whole ancestry (which fails once older snapshots are expired).
+            operation = operation.validateFromSnapshot(table.currentSnapshot().snapshotId())
     else:
         operation = table.newAppend()
         for f in files["data"]:
@@ -250,6 +272,18 @@ def flink_commit(
         "equality_delete_files": [f.location() for f in files["equality"]],
         "position_delete_files": [f.location() for f in files["position"]],
     }
+
+
+def _constant_null(spark: Any) -> Any:
+    """A ``java.util.function.Function`` that returns null for every argument, built from JDK method handles
+    (no Python callback server needed)."""
+    jvm, gateway = spark._jvm, spark.sparkContext._gateway
+    handles = jvm.java.lang.invoke.MethodHandles
+    obj = jvm.java.lang.Class.forName("java.lang.Object")
+    args = gateway.new_array(jvm.java.lang.Class, 1)
+    args[0] = obj
+    null = handles.dropArguments(handles.constant(obj, None), 0, args)  # (Object) -> null
+    return jvm.java.lang.invoke.MethodHandleProxies.asInterfaceInstance(jvm.java.lang.Class.forName("java.util.function.Function"), null)
 
 
 def _fixups(jvm: Any, schema: Any) -> list[tuple[str, Any]]:
