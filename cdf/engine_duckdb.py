@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import cdf.plan as plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
-from index.deleted_rows import IndexSegment
+from index.deleted_rows import IndexSegment, dictionary_values
 from lineage.arrays import unique
 from lineage.errors import LostFileError
 from lineage.state import TableState
@@ -41,8 +41,9 @@ def field_ids(state: TableState) -> dict[str, int]:
 
 
 def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_ids: dict[str, int]) -> pa.Table:
-    """Rows of an index segment's captured values as a table of ``data`` (columns matched by field id)."""
-    taken = values.take(pa.array(rows, pa.int64()))
+    """Rows ``rows`` (ascending, distinct) of an index segment's captured values as a table of ``data``'s columns
+    (matched by field id; string columns may stay dictionaries, as the values of data files, see :class:`Gathered`)."""
+    taken = values if len(rows) == values.num_rows else values.take(pa.array(rows, pa.int64()))
     cols = []
     for f in data:
         name = str(field_ids[f.name])
@@ -50,8 +51,11 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
             cols.append(pa.nulls(len(rows), f.type))
             continue
         col = taken.column(name)
+        if pa.types.is_dictionary(col.type) and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
+            cols.append(col)  # decoded by take_rows once the rows are in order
+            continue
         cols.append(col if col.type == f.type else col.cast(f.type))
-    return pa.Table.from_arrays(cols, schema=data)
+    return pa.Table.from_arrays(cols, names=data.names)
 
 
 def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
@@ -76,7 +80,7 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
         idx = np.flatnonzero(source == k)
         wanted = unique(loc[idx])
         inverse = np.searchsorted(wanted, loc[idx])
-        piece = _captured_piece(captured[-int(k) - 1].values, wanted, data, field_ids)
+        piece = _captured_piece(dictionary_values(captured[-int(k) - 1]), wanted, data, field_ids)
         pieces.append(piece)
         rows[idx] = offset + inverse
         offset += piece.num_rows

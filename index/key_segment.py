@@ -25,7 +25,9 @@ values; keys the hash gives back are not stored, and cannot collide.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -264,7 +266,7 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mask = np.uint64((1 << bits) - 1)
     packed = hashes & ~mask
     packed |= np.arange(n, dtype=np.uint64)
-    packed.sort()
+    packed = _sorted(packed)
     packed &= mask
     order = packed.view(np.int64)
     ordered = hashes[order]
@@ -275,6 +277,23 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         fix = sub[np.lexsort((order[sub], ordered[sub]))]
         order[sub], ordered[sub] = order[fix], ordered[fix]
     return order, ordered
+
+
+PARALLEL_SORT = 2_000_000  # values from which a sort is split in two halves sorted by two threads
+
+
+def _sorted(values: np.ndarray) -> np.ndarray:
+    """``values`` (uint64, spread evenly as hashes are) sorted; large arrays as two halves by their top bit,
+    each sorted by a thread of its own (numpy's sort releases the GIL: 10M values, 0.64 s on one core)."""
+    if len(values) < PARALLEL_SORT or (os.cpu_count() or 1) < 2:
+        values.sort()
+        return values
+    high = values >= np.uint64(1 << 63)
+    halves = [values[~high], values[high]]
+    del values, high
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(np.ndarray.sort, halves))
+    return np.concatenate(halves)
 
 
 def _narrowed(values: np.ndarray) -> np.ndarray:
