@@ -209,7 +209,7 @@ def make_segment(
     if not pa.types.is_dictionary(files.type):
         files = files.dictionary_encode() if n_live else pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
     indices = np.concatenate([files.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), np.full(n_dead, -1, np.int32)])
-    ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in INT_ENTRIES}
+    ints = {c: _padded(_ints(entries.column(c)), n_dead) for c in INT_ENTRIES}
     order, hashes = hash_order(key_hash(keys))
     stored = None if _injective(key) else keys.take(pa.array(order))
     gathered = _gather_all({FILE_PATH: indices, **ints}, order)
@@ -311,10 +311,15 @@ def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.take(_narrowed(values), order)
 
 
-def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
-    """``values`` as ``dtype`` followed by ``zeros`` zeros (no copy when there is nothing to add or convert)."""
-    values = values if values.dtype == dtype else values.astype(dtype)
-    return np.concatenate([values, np.zeros(zeros, dtype)]) if zeros else values
+def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An entry column's integers: int32 if it is int32 (narrowed by the caller), else int64 (no copy when already so)."""
+    values = col.to_numpy()
+    return values if values.dtype in (np.int32, np.int64) else values.astype(np.int64)
+
+
+def _padded(values: np.ndarray, zeros: int) -> np.ndarray:
+    """``values`` followed by ``zeros`` zeros of their type (no copy when there is nothing to add)."""
+    return np.concatenate([values, np.zeros(zeros, values.dtype)]) if zeros else values
 
 
 def drop_tombstones(segment: Segment) -> Segment:
