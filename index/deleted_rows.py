@@ -250,10 +250,17 @@ def dictionary_values(segment: IndexSegment) -> pa.Table | None:
     hit = _ENCODED.peek(key)
     if hit is not None and hit[0] is values:
         return hit[1]
-    cols = [pc.dictionary_encode(c.combine_chunks().cast(pa.string())) if _encodable(c) else c for c in values.columns]
+    cols = [_encoded(c) if _encodable(c) else c for c in values.columns]
     encoded = pa.Table.from_arrays(cols, names=values.column_names)
     _ENCODED.put(key, (values, encoded))  # the values are held with it: their id names no other table meanwhile
     return encoded
+
+
+def _encoded(col: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A string column as a dictionary, if it has few distinct values (at most one in eight rows, as
+    :func:`lineage.read.values.take_rows` keeps them); else as it is (no copy of strings that would be decoded anyway)."""
+    encoded = pc.dictionary_encode(col.combine_chunks().cast(pa.string()))
+    return encoded if len(encoded.dictionary) <= max(len(col), 1) // 8 else col
 
 
 def _encodable(col: pa.ChunkedArray) -> bool:
