@@ -163,7 +163,10 @@ class PyIceberg(System):
 class Delta(System):
     name = "delta"
     feeds_supported = {"all": True, "last5": True, "net": "delta-rs load_cdf has no net mode (per-version changes only)"}
-    notes = ["delta.enableChangeDataFeed=true; delta-rs writes copy-on-write (no deletion vectors); each change commit is one MERGE"]
+    notes = ["delta.enableChangeDataFeed=true; delta-rs writes copy-on-write (no deletion vectors); each change commit is one MERGE",
+             "feeds: load_cdf(...).read_all(), one Arrow table of the same rows as ours with 8 columns (the data columns, "
+             "_change_type, _commit_version, _commit_timestamp); ours has 12 (also _row_id, _row_created_at_version, "
+             "_row_last_updated_at_version and _changed_columns, a list of strings per update row)"]
 
     def create(self) -> None:
         from deltalake import DeltaTable

@@ -26,13 +26,14 @@ import pyarrow.compute as pc
 import cdf.plan as plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
-from index.deleted_rows import IndexSegment
+from index.deleted_rows import IndexSegment, dictionary_values
 from lineage.arrays import unique
 from lineage.errors import LostFileError
 from lineage.state import TableState
 from lineage.read.values import Gathered, decoded, gather, take_rows
 
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
+PARALLEL_ROWS = 50_000  # feeds (and parts) from this many rows read their values in a second thread while the change columns are built
 
 
 def field_ids(state: TableState) -> dict[str, int]:
@@ -41,8 +42,9 @@ def field_ids(state: TableState) -> dict[str, int]:
 
 
 def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_ids: dict[str, int]) -> pa.Table:
-    """Rows of an index segment's captured values as a table of ``data`` (columns matched by field id)."""
-    taken = values.take(pa.array(rows, pa.int64()))
+    """Rows ``rows`` (ascending, distinct) of an index segment's captured values as a table of ``data``'s columns
+    (matched by field id; string columns may stay dictionaries, as the values of data files, see :class:`Gathered`)."""
+    taken = values if len(rows) == values.num_rows else values.take(pa.array(rows, pa.int64()))
     cols = []
     for f in data:
         name = str(field_ids[f.name])
@@ -50,23 +52,23 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
             cols.append(pa.nulls(len(rows), f.type))
             continue
         col = taken.column(name)
+        if pa.types.is_dictionary(col.type) and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
+            cols.append(col)  # decoded by take_rows once the rows are in order
+            continue
         cols.append(col if col.type == f.type else col.cast(f.type))
-    return pa.Table.from_arrays(cols, schema=data)
+    return pa.Table.from_arrays(cols, names=data.names)
 
 
 def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
                  loc: np.ndarray, data: pa.Schema) -> Gathered:
     """The values of the images ``(source, loc)`` (see :class:`Pointers`): image i is row ``rows[i]`` of the pieces."""
     n = len(source)
+    if n == 0 or int(source.min()) >= 0:  # no captured values: no copy of the pointers
+        return gather(files, source, loc, data, field_ids)
+    from_files = np.flatnonzero(source >= 0)
     pieces: list[pa.Table] = []
     rows = np.zeros(n, np.int64)
-    from_files = np.flatnonzero(source >= 0)
-    if len(from_files) == n:  # no captured values: no copy of the pointers
-        got = gather(files, source, loc, data, field_ids)
-        pieces.extend(got.pieces)
-        rows = got.rows
-        del got
-    elif len(from_files):
+    if len(from_files):
         got = gather(files, source[from_files], loc[from_files], data, field_ids)
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
@@ -76,7 +78,7 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
         idx = np.flatnonzero(source == k)
         wanted = unique(loc[idx])
         inverse = np.searchsorted(wanted, loc[idx])
-        piece = _captured_piece(captured[-int(k) - 1].values, wanted, data, field_ids)
+        piece = _captured_piece(dictionary_values(captured[-int(k) - 1]), wanted, data, field_ids)
         pieces.append(piece)
         rows[idx] = offset + inverse
         offset += piece.num_rows
@@ -243,20 +245,21 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
         return read_part(PartPlan(a, b, p, sk.change, sk.version, data, net, field_ids(state)))
     # The per-version feed shows every image of p (one that starts and ends in the range twice),
-    # so their values are read while the feed is planned.
+    # so their values are read while the feed is planned and its change columns are built.
     commit_ms = p.commit_ms
     with ThreadPoolExecutor(max_workers=1) as pool:
         reading = pool.submit(_read_images, field_ids(state), p.files, p.captured, p.source, p.loc, data)
         sk = plan.per_version(p, a, b)
         shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
         del p  # frees the pointers' other columns while the values are read
+        meta = _meta(sk, shown, commit_ms)
         got = reading.result()
-    # string columns stay dictionary-encoded until the pairs are compared (by index)
-    values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=shown.purged is not None)
-    del got
-    if shown.purged is not None:
-        values = _erase(values, shown.purged, data)
-    return _assemble(values, sk, shown, commit_ms, data, net)
+        # string columns stay dictionary-encoded until the pairs are compared (by index)
+        values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=shown.purged is not None)
+        del got
+        if shown.purged is not None:
+            values = _erase(values, shown.purged, data)
+        return _assemble(values, sk, shown, commit_ms, data, net, meta, pool if len(sk) >= PARALLEL_ROWS else None)
 
 
 @dataclass(frozen=True)
@@ -344,22 +347,56 @@ def _read_parts(parts: list[PartPlan]) -> Iterator[pa.Table]:
 
 
 def read_part(part: PartPlan) -> pa.Table:
-    """The rows of ``part``: its images' values read (data files or captured segments), pairs compared, rows assembled."""
+    """The rows of ``part``: its images' values read (data files or captured segments), pairs compared, rows assembled.
+
+    From :data:`PARALLEL_ROWS` rows on, the values are read by a second thread while this one builds the
+    change columns (per-version parts: a net part may drop pairs once their values are compared).
+    """
     shown = part.shown
+    sk = plan.Skeleton(np.arange(len(part.change)), part.change, part.version)
+    if len(sk) < PARALLEL_ROWS:
+        return _assemble(_part_values(part), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reading = pool.submit(_part_values, part)
+        meta = None if part.net else _meta(sk, _Shown.of(shown), shown.commit_ms)
+        return _assemble(reading.result(), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net, meta, pool)
+
+
+def _part_values(part: PartPlan) -> pa.Table:
+    """The values of ``part``'s images (string columns may stay dictionaries: :func:`_assemble` decodes them)."""
     try:
-        values = image_values(part.field_ids, shown, None, part.data, decode=False)
+        return image_values(part.field_ids, part.shown, None, part.data, decode=False)
     except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
         raise LostFileError(
             f"the change feed from version {part.a} to {part.b} was planned on a data file that is gone ({exc.filename or exc}); "
             "a vacuum, purge or another engine's maintenance removed it while the feed was being read: "
             "ask for the feed again (the range may then need to start later)"
         ) from exc
-    sk = plan.Skeleton(np.arange(len(part.change)), part.change, part.version)
-    return _assemble(values, sk, _Shown.of(shown), shown.commit_ms, part.data, part.net)
 
 
-def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool) -> pa.Table:
-    """The feed's rows from the values of the images ``sk`` shows (row for row) and their lineage ``shown``."""
+def _meta(sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int]) -> list[pa.Array]:
+    """The change columns that do not depend on values: every one but ``_changed_columns``, in output order, then ``_purged``."""
+    meta = [
+        _change_names(sk.change),
+        pa.array(sk.version, pa.int64()),
+        _timestamps(commit_ms, sk.version),
+        pa.array(shown.row_id, pa.int64()),
+        pa.array(shown.created, pa.int64()),
+        pa.array(shown.valid_from, pa.int64()),
+    ]
+    if shown.purged is not None:
+        meta.append(pa.array(shown.purged, pa.bool_()))
+    return meta
+
+
+def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool,
+              meta: list[pa.Array] | None = None, pool: ThreadPoolExecutor | None = None) -> pa.Table:
+    """The feed's rows from the values of the images ``sk`` shows (row for row) and their lineage ``shown``.
+
+    ``meta``: :func:`_meta` of ``sk`` and ``shown``, if already built (valid only if no pair is dropped
+    here, so not in net mode); ``pool``: a worker that decodes the dictionary columns while this thread
+    builds ``_changed_columns``.
+    """
     pre = sk.preimages
     changed = changed_matrix(values, pre)
     if net:  # a pair whose images are equal in every selected column is no change
@@ -370,20 +407,15 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
             sk, values, changed = sk.without_pairs(same), values.filter(pa.array(keep)), changed[changed.any(axis=1)]
             shown = shown.select(keep)
             pre = sk.preimages
-    values = decoded(values, data)
+            meta = None
+    decoding = pool.submit(decoded, values, data) if pool is not None else None
+    lists = _changed_lists(len(sk), pre, changed, data.names)
+    del changed
+    if meta is None:
+        meta = _meta(sk, shown, commit_ms)
+    values = decoding.result() if decoding is not None else decoded(values, data)
     schema = change_schema(data, shown.purged is not None)
-    meta = [
-        _change_names(sk.change),
-        pa.array(sk.version, pa.int64()),
-        _timestamps(commit_ms, sk.version),
-        pa.array(shown.row_id, pa.int64()),
-        pa.array(shown.created, pa.int64()),
-        pa.array(shown.valid_from, pa.int64()),
-        _changed_lists(len(sk), pre, changed, data.names),
-    ]
-    if shown.purged is not None:
-        meta.append(pa.array(shown.purged, pa.bool_()))
-    return pa.Table.from_arrays(list(values.columns) + meta, schema=schema)
+    return pa.Table.from_arrays(list(values.columns) + meta[:6] + [lists] + meta[6:], schema=schema)
 
 
 def deleted_rows(state: TableState, since: int, until: int, data: pa.Schema) -> pa.Table:

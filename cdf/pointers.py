@@ -19,14 +19,17 @@ numpy operations; an engine reads the values of the images it outputs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
+from pyiceberg.io import FileIO
 
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
 from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
+from lineage.storage.files import local_path
 from lineage.storage.rle import combined_breakpoints
 from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
@@ -248,7 +251,7 @@ def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int)
     without those images.
     """
     io = state.iceberg.io
-    lost = sorted(p for p in pinned if not io.new_input(p).exists())
+    lost = sorted(p for p in pinned if not _exists(io, p))
     if not lost:
         return
     versions = sorted(set().union(*(pinned[p] for p in lost)))
@@ -258,3 +261,10 @@ def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int)
         + ", which no longer exists (deleted by another engine's expire_snapshots or remove_orphan_files?); "
         "`lineage verify` lists every lost file; read a range after those versions, or restore the file"
     )
+
+
+def _exists(io: FileIO, path: str) -> bool:
+    """Whether the data file ``path`` exists: a local file is looked up directly (a feed checks dozens at every call)."""
+    if path.startswith(("/", "file:")):
+        return os.path.exists(local_path(path))
+    return io.new_input(path).exists()

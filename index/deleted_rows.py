@@ -227,9 +227,45 @@ _CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(CACHE_BYTES, weigh
 _VALUE_CACHE: ImmutableFileCache[IndexSegment] = ImmutableFileCache(CACHE_BYTES, weigh=lambda s: s.nbytes, max_share=0.25)
 
 
+# per segment whose values are parsed: (those values, the same with string columns dictionary-encoded)
+_ENCODED: ImmutableFileCache[tuple[pa.Table, pa.Table]] = ImmutableFileCache(CACHE_BYTES, weigh=lambda v: v[1].nbytes, max_share=0.25)
+
+
 def forget_captured_values() -> None:
     """Drop the captured values this process keeps parsed (a purge calls it: they may hold erased values)."""
     _VALUE_CACHE.clear()
+    _ENCODED.clear()
+
+
+def dictionary_values(segment: IndexSegment) -> pa.Table | None:
+    """``segment.values`` with its string columns dictionary-encoded (``dictionary<int32, string>``), as Parquet
+    data files read them: a change feed then takes, orders and compares them by index, as the values of data files.
+
+    Encoded once per parsed segment and kept (dropped with the parsed values by :func:`forget_captured_values`).
+    """
+    values = segment.values
+    if values is None or not any(_encodable(c) for c in values.columns):
+        return values
+    key = (segment.path, id(values))
+    hit = _ENCODED.peek(key)
+    if hit is not None and hit[0] is values:
+        return hit[1]
+    cols = [_encoded(c) if _encodable(c) else c for c in values.columns]
+    encoded = pa.Table.from_arrays(cols, names=values.column_names)
+    _ENCODED.put(key, (values, encoded))  # the values are held with it: their id names no other table meanwhile
+    return encoded
+
+
+def _encoded(col: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A string column as a dictionary, if it has few distinct values (at most one in eight rows, as
+    :func:`lineage.read.values.take_rows` keeps them); else as it is (no copy of strings that would be decoded anyway)."""
+    encoded = pc.dictionary_encode(col.combine_chunks().cast(pa.string()))
+    return encoded if len(encoded.dictionary) <= max(len(col), 1) // 8 else col
+
+
+def _encodable(col: pa.ChunkedArray) -> bool:
+    t = col.type
+    return (pa.types.is_string(t) or pa.types.is_large_string(t)) and col.nbytes < (1 << 31) - 1
 
 
 def read_index(fileio: FileIO, path: str, with_values: bool = False) -> IndexSegment:

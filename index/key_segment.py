@@ -25,7 +25,9 @@ values; keys the hash gives back are not stored, and cannot collide.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -207,7 +209,7 @@ def make_segment(
     if not pa.types.is_dictionary(files.type):
         files = files.dictionary_encode() if n_live else pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
     indices = np.concatenate([files.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), np.full(n_dead, -1, np.int32)])
-    ints = {c: _padded(entries.column(c).to_numpy(), np.int64, n_dead) for c in INT_ENTRIES}
+    ints = {c: _padded(_ints(entries.column(c)), n_dead) for c in INT_ENTRIES}
     order, hashes = hash_order(key_hash(keys))
     stored = None if _injective(key) else keys.take(pa.array(order))
     gathered = _gather_all({FILE_PATH: indices, **ints}, order)
@@ -264,7 +266,7 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mask = np.uint64((1 << bits) - 1)
     packed = hashes & ~mask
     packed |= np.arange(n, dtype=np.uint64)
-    packed.sort()
+    packed = _sorted(packed)
     packed &= mask
     order = packed.view(np.int64)
     ordered = hashes[order]
@@ -275,6 +277,23 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         fix = sub[np.lexsort((order[sub], ordered[sub]))]
         order[sub], ordered[sub] = order[fix], ordered[fix]
     return order, ordered
+
+
+PARALLEL_SORT = 2_000_000  # values from which a sort is split in two halves sorted by two threads
+
+
+def _sorted(values: np.ndarray) -> np.ndarray:
+    """``values`` (uint64, spread evenly as hashes are) sorted; large arrays as two halves by their top bit,
+    each sorted by a thread of its own (numpy's sort releases the GIL: 10M values, 0.64 s on one core)."""
+    if len(values) < PARALLEL_SORT or (os.cpu_count() or 1) < 2:
+        values.sort()
+        return values
+    high = values >= np.uint64(1 << 63)
+    halves = [values[~high], values[high]]
+    del values, high
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(np.ndarray.sort, halves))
+    return np.concatenate(halves)
 
 
 def _narrowed(values: np.ndarray) -> np.ndarray:
@@ -292,10 +311,15 @@ def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.take(_narrowed(values), order)
 
 
-def _padded(values: np.ndarray, dtype: type, zeros: int) -> np.ndarray:
-    """``values`` as ``dtype`` followed by ``zeros`` zeros (no copy when there is nothing to add or convert)."""
-    values = values if values.dtype == dtype else values.astype(dtype)
-    return np.concatenate([values, np.zeros(zeros, dtype)]) if zeros else values
+def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An entry column's integers: int32 if it is int32 (narrowed by the caller), else int64 (no copy when already so)."""
+    values = col.to_numpy()
+    return values if values.dtype in (np.int32, np.int64) else values.astype(np.int64)
+
+
+def _padded(values: np.ndarray, zeros: int) -> np.ndarray:
+    """``values`` followed by ``zeros`` zeros of their type (no copy when there is nothing to add)."""
+    return np.concatenate([values, np.zeros(zeros, values.dtype)]) if zeros else values
 
 
 def drop_tombstones(segment: Segment) -> Segment:

@@ -15,6 +15,17 @@ pool and glibc's ``malloc_trim`` to return free pages (about half a
 millisecond on a small heap, ~10 ms after a feed of millions of rows). The
 slack is ``LINEAGE_MEMORY_SLACK_MB`` (default 64); a negative value turns the
 release off.
+
+Since the releases bound what is kept, glibc's own trimming at every ``free``
+is switched off when this module is imported (:func:`tune_malloc`): by
+default glibc hands a freed block at the top of its heap back to the kernel
+as soon as it exceeds the largest block freed so far, so every call of a
+change feed faulted its arrays' pages in again (a third of the CPU time of a
+feed of 295,000 rows at 1M: 81 against 59 ms). Free memory now stays for the
+next operation, and :func:`release_if_grown` returns it once the process has
+grown by more than the slack. Nothing is changed when releases are off, when
+the C library is not glibc, or when the environment tunes ``malloc`` itself
+(``MALLOC_*_`` variables or ``GLIBC_TUNABLES``).
 """
 
 from __future__ import annotations
@@ -56,6 +67,36 @@ def _libc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to trim
         return None
+
+
+# glibc's mallopt parameters, and the values set: blocks up to glibc's largest mmap threshold come from the
+# heap (no mapping per array), and freeing never trims the heap by itself (release_if_grown does).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_TRIM_THRESHOLD = 1 << 30
+_MMAP_THRESHOLD = 32 << 20
+_MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
+
+@functools.cache
+def tune_malloc() -> bool:
+    """Keep freed memory in glibc's heap for the next operation instead of trimming at every ``free`` (see the module docstring).
+
+    Returns whether the allocator was tuned (once per process).
+    """
+    if any(name in os.environ for name in _MALLOC_ENV) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    try:
+        if slack_bytes() is None:
+            return False
+    except InvalidArgumentError:
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
 def _malloc_trim() -> None:
@@ -100,3 +141,6 @@ def release_if_grown(resident: int | None = None) -> bool:
         after = _resident_bytes() if resident is None else resident
         _floor[0] = now if after is None else after
     return True
+
+
+tune_malloc()

@@ -208,3 +208,29 @@ def test_capture_values_round_trip_and_mixed_segments_are_refused(tmp_path):
 def test_bad_capture_property_is_refused(warehouse):
     with pytest.raises(lineage.InvalidArgumentError, match="lineage.cdf.capture-preimages"):
         lineage.create_table("s.bad", SCHEMA, warehouse=warehouse, properties={"lineage.cdf.capture-preimages": "yes"})
+
+
+def test_captured_strings_of_few_values_are_read_as_dictionaries_and_the_feed_is_unchanged(warehouse):
+    """Captured string columns of few distinct values are dictionary-encoded once per parsed segment (as data
+    files read them); many distinct values stay plain; the feeds equal those of a table without capture."""
+    n = 400
+    statuses = ["new", "paid", "shipped"]
+    base = pa.table({"id": list(range(n)), "name": [statuses[i % 3] for i in range(n)], "amount": [float(i) for i in range(n)]},
+                    schema=SCHEMA)
+    plain = lineage.create_table("s.plain", SCHEMA, key=["id"], warehouse=warehouse)
+    cap = lineage.create_table("s.cap", SCHEMA, key=["id"], warehouse=warehouse, properties=CAPTURE)
+    for t in (plain, cap):
+        t.append(base)
+        t.merge(upserts=pa.table({"id": list(range(0, 200)), "name": [f"u{i}" for i in range(200)], "amount": [1.0] * 200},
+                                 schema=SCHEMA), deletes=pa.table({"id": list(range(300, 340))}))
+        t.merge(upserts=pa.table({"id": list(range(100, 300)), "name": ["paid"] * 200, "amount": [2.0] * 200}, schema=SCHEMA))
+    assert _feeds(cap) == _feeds(plain)
+    segments = [read_index(cap.iceberg.io, c.index, True) for c in cap.state().lineage.log.since(0) if c.index]
+    name_id = str(next(f.field_id for f in cap.iceberg.schema().fields if f.name == "name"))
+    encoded = [deleted_rows.dictionary_values(seg) for seg in segments]
+    assert pa.types.is_dictionary(encoded[0].column(name_id).type)  # three statuses among 240 removed images
+    assert not pa.types.is_dictionary(encoded[1].column(name_id).type)  # 100 distinct names among 200: kept plain
+    assert encoded[0].column(name_id).cast(pa.string()).to_pylist() == segments[0].values.column(name_id).to_pylist()
+    assert deleted_rows.dictionary_values(segments[0]) is encoded[0]  # encoded once, kept
+    deleted_rows.forget_captured_values()
+    assert deleted_rows.dictionary_values(segments[0]) is not encoded[0]

@@ -151,6 +151,19 @@ def test_hash_order_is_a_stable_argsort(values, mask, repeat):
     assert order.tolist() == expected.tolist() and ordered.tolist() == hashes[expected].tolist()
 
 
+def test_hash_order_sorts_large_arrays_in_two_halves_the_same(monkeypatch):
+    """From PARALLEL_SORT values on, the packed hashes are sorted as two halves (by their top bit) in two threads."""
+    rng = np.random.default_rng(5)
+    hashes = rng.integers(0, 2**64 - 1, 5000, dtype=np.uint64)
+    hashes[100:300] = hashes[7]  # ties keep their input order
+    hashes[300:400] = np.uint64(2**63)  # the boundary between the halves
+    expected = np.argsort(hashes, kind="stable")
+    monkeypatch.setattr(key_segment, "PARALLEL_SORT", 1000)
+    monkeypatch.setattr(key_segment.os, "cpu_count", lambda: 2)
+    order, ordered = key_segment.hash_order(hashes)
+    assert order.tolist() == expected.tolist() and ordered.tolist() == hashes[expected].tolist()
+
+
 # ---------------------------------------------------------------- the file format
 
 

@@ -63,3 +63,23 @@ def test_a_write_leaves_no_reference_cycle_holding_its_plan(warehouse):
         gc.set_debug(flags)
         gc.garbage.clear()
     assert cyclic == [], f"objects of a write left in reference cycles: {cyclic}"
+
+
+def test_malloc_is_tuned_once_unless_the_environment_or_the_settings_say_otherwise(monkeypatch):
+    import subprocess
+    import sys
+
+    code = "import lineage.memory as m; print(m.tune_malloc())"
+
+    def tuned(**env: str) -> str:
+        import os
+
+        base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", memory.ENV_SLACK)}
+        return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True).stdout.strip()
+
+    expected = "True" if sys.platform.startswith("linux") and memory._libc_trim() is not None else "False"
+    assert tuned() == expected  # glibc: tuned at import
+    assert tuned(MALLOC_TRIM_THRESHOLD_="1000000") == "False"  # the user tunes malloc: left alone
+    assert tuned(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1000000") == "False"
+    assert tuned(**{memory.ENV_SLACK: "-1"}) == "False"  # releases off: memory is left as glibc manages it
+    assert tuned(**{memory.ENV_SLACK: "lots"}) == "False"
