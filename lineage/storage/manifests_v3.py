@@ -56,6 +56,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
+from lineage.storage.avro_out import BufferedAvroOutput
 from lineage.storage.fileio import ImmutableFileCache
 
 FORMAT_VERSION = 3
@@ -71,6 +72,11 @@ def entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersi
     pyiceberg declares ``equality_ids`` ``list<long>``; Iceberg Java then fails
     to read a manifest holding an equality delete file (ClassCastException).
     """
+    key = (spec.spec_id, tuple(spec.fields), schema.as_struct(), format_version)
+    return _ENTRY_SCHEMAS.get(key, lambda: _entry_schema(spec, schema, format_version))
+
+
+def _entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersion) -> Schema:
     data_file = data_file_with_partition(format_version=format_version, partition_type=spec.partition_type(schema))
     fields = [
         NestedField(f.field_id, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
@@ -79,6 +85,9 @@ def entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersi
         for f in data_file.fields
     ]
     return manifest_entry_schema_with_data_file(format_version=format_version, data_file=StructType(*fields))
+
+
+_ENTRY_SCHEMAS: ImmutableFileCache[Schema] = ImmutableFileCache(64)  # built once per spec, table schema and version
 
 
 # ---------------------------------------------------------------- data files and manifest files of the v3 struct
@@ -182,6 +191,10 @@ def _read_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ..
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
     ) as reader:
         entries = [_inherit_from_manifest(e, manifest) for e in reader]
+    return _inherit_first_row_ids(entries, manifest)
+
+
+def _inherit_first_row_ids(entries: list[ManifestEntry], manifest: ManifestFile) -> tuple[ManifestEntry, ...]:
     next_id = manifest_first_row_id(manifest)
     if manifest.content == ManifestContent.DATA and next_id is not None:
         for e in entries:
@@ -192,6 +205,21 @@ def _read_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ..
     return tuple(entries)
 
 
+def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> None:
+    """Keep the entries of a manifest this process wrote as :func:`read_entries` would read them back.
+
+    ``manifest`` is the manifest as its manifest list lists it (sequence
+    number and ``first_row_id`` assigned); ``written`` are its entries as
+    written (in the v3 struct). Each is copied, then inherits from the
+    manifest exactly as a read entry does, so the next commit carries the
+    manifest (or rewrites it) without reading and decoding it.
+    """
+    entries = [_inherit_from_manifest(ManifestEntry(e.status, e.snapshot_id, e.sequence_number, e.file_sequence_number,
+                                                    DataFile(*e.data_file._data)), manifest) for e in written]
+    key = (manifest.manifest_path, manifest_first_row_id(manifest), manifest.sequence_number)
+    _ENTRIES.put(key, _inherit_first_row_ids(entries, manifest))
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -199,7 +227,9 @@ class ManifestWriterV3(ManifestWriter):
     """A v3 data manifest writer; counts the rows whose data files will inherit a ``first_row_id``.
 
     When given ``unassigned`` (a dict shared with :class:`ManifestListWriterV3`),
-    :meth:`to_manifest_file` records the count there under the manifest's path.
+    :meth:`to_manifest_file` records the count there under the manifest's path;
+    when given ``written``, the entries as written (see :func:`remember_entries`).
+    Entries are written as one Avro block (:mod:`lineage.storage.avro_out`).
     """
 
     def __init__(
@@ -210,10 +240,12 @@ class ManifestWriterV3(ManifestWriter):
         snapshot_id: int,
         avro_compression: AvroCompressionCodec,
         unassigned: dict[str, int] | None = None,
+        written: dict[str, list[ManifestEntry]] | None = None,
     ) -> None:
         super().__init__(spec, schema, output_file, snapshot_id, avro_compression)
         self.unassigned_rows = 0
         self._counts = unassigned
+        self._written = written
 
     def content(self) -> ManifestContent:
         """Data files."""
@@ -234,7 +266,7 @@ class ManifestWriterV3(ManifestWriter):
     def new_writer(self) -> AvroOutputFile[ManifestEntry]:
         """An Avro writer whose records are v3 entries (file and record schema alike)."""
         schema = self._with_partition(3)
-        return AvroOutputFile[ManifestEntry](
+        return BufferedAvroOutput(
             output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry", metadata=self._meta
         )
 
@@ -258,6 +290,8 @@ class ManifestWriterV3(ManifestWriter):
         manifest = _as_v3_manifest(super().to_manifest_file())
         if self._counts is not None:
             self._counts[manifest.manifest_path] = self.unassigned_rows
+        if self._written is not None:
+            self._written[manifest.manifest_path] = self._writer.written  # type: ignore[attr-defined]
         return manifest
 
 
@@ -309,7 +343,7 @@ class ManifestListWriterV3(ManifestListWriter):
 
     def __enter__(self) -> ManifestListWriterV3:
         """Open the writer (records in the v3 struct)."""
-        self._writer = AvroOutputFile[ManifestFile](
+        self._writer = BufferedAvroOutput(
             output_file=self._output_file,
             record_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             file_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
