@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from types import TracebackType
 from typing import Any
 
@@ -23,7 +25,7 @@ from pyiceberg.avro.codecs import AVRO_CODEC_KEY, CODEC_MAPPING_ICEBERG_TO_AVRO
 from pyiceberg.avro.encoder import BinaryEncoder
 from pyiceberg.avro.file import _SCHEMA_KEY, MAGIC, META_SCHEMA, SYNC_SIZE, AvroFileHeader, AvroOutputFile
 from pyiceberg.avro.resolver import construct_writer, resolve_writer
-from pyiceberg.avro.writer import Writer
+from pyiceberg.avro.writer import StructWriter, Writer
 from pyiceberg.io import OutputFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties
@@ -78,7 +80,7 @@ class BufferedAvroOutput(AvroOutputFile[Any]):
 
     def __init__(  # pyiceberg's signature; the parent's __init__ is not called: it would build the writers again
         self, output_file: OutputFile, file_schema: Schema, schema_name: str, record_schema: Schema | None = None,
-        metadata: dict[str, str] = EMPTY_DICT,
+        metadata: dict[str, str] = EMPTY_DICT, memo_field: str | None = None,
     ) -> None:
         self.output_file = output_file
         self.file_schema = file_schema
@@ -86,10 +88,11 @@ class BufferedAvroOutput(AvroOutputFile[Any]):
         self.sync_bytes = os.urandom(SYNC_SIZE)
         self.metadata = metadata
         record = None if record_schema is None else record_schema.as_struct()
-        self.writer = _WRITERS.get(
-            (file_schema.as_struct(), record),
-            lambda: construct_writer(file_schema) if record_schema is None else resolve_writer(record_schema, file_schema),
-        )
+
+        def build() -> Writer:
+            writer = construct_writer(file_schema) if record_schema is None else resolve_writer(record_schema, file_schema)
+            return writer if memo_field is None else _memoized(writer, file_schema, memo_field)
+        self.writer = _WRITERS.get((file_schema.as_struct(), record, memo_field), build)
         self.written: list[Any] = []
 
     def _write_header(self) -> None:
@@ -128,6 +131,53 @@ class BufferedAvroOutput(AvroOutputFile[Any]):
         else:
             head.write_int(len(content))
         self.encoder.write(bytes(head.buffer) + content + self.sync_bytes)
+
+
+class MemoWriter:
+    """Writes a struct value as the bytes it was encoded to last time, when it is the same (immutable) object.
+
+    A v3 commit rewrites the delete manifests holding the vectors it
+    replaces: the same data-file structs, entry after entry, commit after
+    commit, only their entries' status changing. The bytes are kept per
+    object (a strong reference, so the id stays its own) for the last
+    ``capacity`` objects written. (Not a pyiceberg ``Writer``: those are
+    singletons per argument, which would share one memo between schemas.)
+    """
+
+    def __init__(self, inner: Writer, capacity: int = 50_000) -> None:
+        self.inner = inner
+        self.capacity = capacity
+        self._bytes: OrderedDict[int, tuple[Any, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def write(self, encoder: BinaryEncoder, val: Any) -> None:
+        """Encode ``val`` (or copy its earlier bytes)."""
+        key = id(val)
+        with self._lock:
+            hit = self._bytes.get(key)
+            if hit is not None and hit[0] is val:
+                self._bytes.move_to_end(key)
+                encoder.write(hit[1])
+                return
+        sub = BufferEncoder()
+        self.inner.write(sub, val)
+        data = bytes(sub.buffer)
+        with self._lock:
+            self._bytes[key] = (val, data)
+            while len(self._bytes) > self.capacity:
+                self._bytes.popitem(last=False)
+        encoder.write(data)
+
+
+def _memoized(writer: Writer, schema: Schema, name: str) -> Writer:
+    """``writer`` (a struct writer of ``schema``) with the field ``name`` written through a :class:`MemoWriter`."""
+    if not isinstance(writer, StructWriter):
+        return writer
+    position = [f.name for f in schema.fields].index(name)
+    fields = list(writer.field_writers)
+    pos, inner = fields[position]
+    fields[position] = (pos, MemoWriter(inner))
+    return StructWriter(field_writers=tuple(fields))
 
 
 # Built per schema, not per file: value writers (stateless) and the JSON Avro schema of the header.

@@ -205,6 +205,21 @@ def _inherit_first_row_ids(entries: list[ManifestEntry], manifest: ManifestFile)
     return tuple(entries)
 
 
+def _as_read(entry: ManifestEntry, manifest: ManifestFile) -> DataFile:
+    """The data file of a written entry, ready to inherit from ``manifest``: a copy, unless it is one read (or kept) already.
+
+    An entry carried from a cached manifest (EXISTING or DELETED) holds the
+    cached, never modified data file, which inheriting would leave as it is:
+    it is kept, so that it stays the same object commit after commit (see
+    :class:`lineage.storage.avro_out.MemoWriter`).
+    """
+    df = entry.data_file
+    carried = entry.status != ManifestEntryStatus.ADDED and getattr(df, "_spec_id", None) == manifest.partition_spec_id
+    if carried and (manifest.content != ManifestContent.DATA or manifest_first_row_id(manifest) is None or df._data[_FIRST_ROW_ID] is not None):
+        return df
+    return DataFile(*df._data)
+
+
 def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> None:
     """Keep the entries of a manifest this process wrote as :func:`read_entries` would read them back.
 
@@ -215,7 +230,7 @@ def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> No
     manifest (or rewrites it) without reading and decoding it.
     """
     entries = [_inherit_from_manifest(ManifestEntry(e.status, e.snapshot_id, e.sequence_number, e.file_sequence_number,
-                                                    DataFile(*e.data_file._data)), manifest) for e in written]
+                                                    _as_read(e, manifest)), manifest) for e in written]
     key = (manifest.manifest_path, manifest_first_row_id(manifest), manifest.sequence_number)
     _ENTRIES.put(key, _inherit_first_row_ids(entries, manifest))
 
@@ -267,7 +282,8 @@ class ManifestWriterV3(ManifestWriter):
         """An Avro writer whose records are v3 entries (file and record schema alike)."""
         schema = self._with_partition(3)
         return BufferedAvroOutput(
-            output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry", metadata=self._meta
+            output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry", metadata=self._meta,
+            memo_field="data_file",
         )
 
     def prepare_entry(self, entry: ManifestEntry) -> ManifestEntry:
