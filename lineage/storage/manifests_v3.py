@@ -206,18 +206,19 @@ def _inherit_first_row_ids(entries: list[ManifestEntry], manifest: ManifestFile)
 
 
 def _as_read(entry: ManifestEntry, manifest: ManifestFile) -> DataFile:
-    """The data file of a written entry, ready to inherit from ``manifest``: a copy, unless it is one read (or kept) already.
+    """The data file of a written entry, ready to inherit from ``manifest``: a copy, unless inheriting would not change it.
 
-    An entry carried from a cached manifest (EXISTING or DELETED) holds the
-    cached, never modified data file, which inheriting would leave as it is:
-    it is kept, so that it stays the same object commit after commit (see
-    :class:`lineage.storage.avro_out.MemoWriter`).
+    Inheriting sets the spec id (not written in the file) and, in a data
+    manifest, a null ``first_row_id``. A data file that has both already (an
+    entry carried from a cached manifest; a new deletion vector) is kept, so
+    that it stays the same object commit after commit and is encoded once
+    (:class:`lineage.storage.avro_out.MemoWriter`). Such objects are never
+    modified afterwards.
     """
     df = entry.data_file
-    carried = entry.status != ManifestEntryStatus.ADDED and getattr(df, "_spec_id", None) == manifest.partition_spec_id
-    if carried and (manifest.content != ManifestContent.DATA or manifest_first_row_id(manifest) is None or df._data[_FIRST_ROW_ID] is not None):
-        return df
-    return DataFile(*df._data)
+    unchanged = getattr(df, "_spec_id", None) == manifest.partition_spec_id and (
+        manifest.content != ManifestContent.DATA or manifest_first_row_id(manifest) is None or df._data[_FIRST_ROW_ID] is not None)
+    return df if unchanged else DataFile(*df._data)
 
 
 def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> None:
