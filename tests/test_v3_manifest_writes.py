@@ -17,7 +17,9 @@ import pytest
 from pyiceberg.avro.file import AvroFile, AvroOutputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.typedef import Record
-from pyiceberg.manifest import MANIFEST_ENTRY_SCHEMAS, DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.manifest import (
+    MANIFEST_ENTRY_SCHEMAS, DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestEntryStatus,
+)
 
 import cdf
 import lineage

@@ -188,16 +188,16 @@ class LineageSnapshotProducer(_OverwriteFiles):
     def new_manifest_writer(self, spec):  # type: ignore[no-untyped-def]
         """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`; v3: ``first_row_id``)."""
         if self._v3:
-            return v3.ManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression, self._unassigned,
-                                       self._written_entries)
+            return v3.ManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression,
+                                       self._unassigned, self._written_entries)
         if self._transaction.table_metadata.format_version != 2:
             return super().new_manifest_writer(spec)
         return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
         if self._v3:
-            return v3.DeleteManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression,
-                                             written=self._written_entries)
+            return v3.DeleteManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id,
+                                             self._compression, written=self._written_entries)
         return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _entries(self, manifest: ManifestFile, discard_deleted: bool) -> list[ManifestEntry]:
@@ -223,7 +223,8 @@ class LineageSnapshotProducer(_OverwriteFiles):
                    ManifestContent.DELETES: bool(vectors) or any(f.content != DataFileContent.DATA for f in removed)}
 
         def leaves(e: ManifestEntry) -> bool:  # v3: a vector leaves by (Puffin file, data file), not by path
-            # (a DataFile hashes by its whole text: test the set only when it holds something)
+            # DataFiles hash by path and compare field by field, and the vectors of a commit share a path: test the set only
+            # when it holds something
             return (bool(removed) and e.data_file in removed) or (
                 bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
         out: list[ManifestFile] = []

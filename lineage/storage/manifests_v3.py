@@ -216,8 +216,9 @@ def _as_read(entry: ManifestEntry, manifest: ManifestFile) -> DataFile:
     modified afterwards.
     """
     df = entry.data_file
-    unchanged = getattr(df, "_spec_id", None) == manifest.partition_spec_id and (
-        manifest.content != ManifestContent.DATA or manifest_first_row_id(manifest) is None or df._data[_FIRST_ROW_ID] is not None)
+    row_ids_set = (manifest.content != ManifestContent.DATA or manifest_first_row_id(manifest) is None
+                   or df._data[_FIRST_ROW_ID] is not None)
+    unchanged = row_ids_set and getattr(df, "_spec_id", None) == manifest.partition_spec_id
     return df if unchanged else DataFile(*df._data)
 
 
@@ -230,8 +231,17 @@ def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> No
     manifest exactly as a read entry does, so the next commit carries the
     manifest (or rewrites it) without reading and decoding it.
     """
-    entries = [_inherit_from_manifest(ManifestEntry(e.status, e.snapshot_id, e.sequence_number, e.file_sequence_number,
-                                                    _as_read(e, manifest)), manifest) for e in written]
+    seq = manifest.sequence_number
+    entries = []
+    for e in written:  # pyiceberg's _inherit_from_manifest, without setting an unchanged spec id (a costly DataFile attribute)
+        df = _as_read(e, manifest)
+        if df is not e.data_file:
+            df.spec_id = manifest.partition_spec_id
+        inherits = seq == 0 or e.status == ManifestEntryStatus.ADDED
+        entries.append(ManifestEntry(
+            e.status, manifest.added_snapshot_id if e.snapshot_id is None else e.snapshot_id,
+            seq if e.sequence_number is None and inherits else e.sequence_number,
+            seq if e.file_sequence_number is None and inherits else e.file_sequence_number, df))
     key = (manifest.manifest_path, manifest_first_row_id(manifest), manifest.sequence_number)
     _ENTRIES.put(key, _inherit_first_row_ids(entries, manifest))
 
@@ -283,8 +293,8 @@ class ManifestWriterV3(ManifestWriter):
         """An Avro writer whose records are v3 entries (file and record schema alike)."""
         schema = self._with_partition(3)
         return BufferedAvroOutput(
-            output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry", metadata=self._meta,
-            memo_field="data_file",
+            output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry",
+            metadata=self._meta, memo_field="data_file",
         )
 
     def prepare_entry(self, entry: ManifestEntry) -> ManifestEntry:
@@ -301,6 +311,18 @@ class ManifestWriterV3(ManifestWriter):
             # (a DELETED entry without one is a file of a snapshot older than the table's upgrade: it is read by no one)
             self.unassigned_rows += int(df.record_count)
         return with_data_file(entry, df)
+
+    def existing(self, entry: ManifestEntry) -> ManifestWriterV3:
+        """Add ``entry`` as EXISTING (pyiceberg's rule; the entry built directly, not field by field by name)."""
+        self.add_entry(ManifestEntry(ManifestEntryStatus.EXISTING, entry.snapshot_id, entry.sequence_number,
+                                     entry.file_sequence_number, entry.data_file))
+        return self
+
+    def delete(self, entry: ManifestEntry) -> ManifestWriterV3:
+        """Add ``entry`` as DELETED by this snapshot (pyiceberg's rule, built directly)."""
+        self.add_entry(ManifestEntry(ManifestEntryStatus.DELETED, self._snapshot_id, entry.sequence_number,
+                                     entry.file_sequence_number, entry.data_file))
+        return self
 
     def to_manifest_file(self) -> ManifestFile:
         """The manifest's list entry, in the v3 struct (``first_row_id`` assigned by the list writer)."""
