@@ -10,6 +10,7 @@ writes v3 manifests and manifest lists (``first_row_id``) on v3 tables.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
@@ -55,6 +56,15 @@ def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
     df._data = list(df._data)  # DataFile exposes no setters; positions 10/11 are lower/upper bounds
     df._data[10], df._data[11] = {}, {}
     return v3.with_data_file(entry, df)
+
+
+@dataclass(frozen=True)
+class _Rewrite:
+    """A carried manifest to write anew: its live entries and, for each, whether it leaves the snapshot."""
+
+    manifest: ManifestFile
+    entries: list[ManifestEntry]
+    hit: list[bool]
 
 
 class BaseMetadata:
@@ -227,8 +237,8 @@ class LineageSnapshotProducer(_OverwriteFiles):
             # when it holds something
             return (bool(removed) and e.data_file in removed) or (
                 bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
-        out: list[ManifestFile] = []
-        found: set[str] = set()
+        slots: list[ManifestFile | list[_Rewrite]] = []  # in order: carried as they are, or rewritten (a group each)
+        open_groups: dict[int, tuple[list[_Rewrite], list[int]]] = {}  # v3 delete manifests: spec id -> group, its bytes
         for manifest in manifests_of(parent, self._io, self._v3):
             live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
@@ -236,17 +246,47 @@ class LineageSnapshotProducer(_OverwriteFiles):
             stale = self.strip_removed_stats and bool(manifest.deleted_files_count)
             upgrade = self.first_row_ids is not None  # every manifest is written anew, in the v3 structs
             if not touched[manifest.content] and not stale and not upgrade:
-                out.append(manifest)
+                slots.append(manifest)
                 continue
             entries = self._entries(manifest, discard_deleted=True)
             hit = [leaves(e) for e in entries]
             if not any(hit) and not stale and not upgrade:
-                out.append(manifest)
+                slots.append(manifest)
                 continue
-            spec = self.spec(manifest.partition_spec_id)
-            writer = self._delete_writer(spec) if manifest.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
-            with writer:
-                for e, leaving in zip(entries, hit, strict=True):
+            rewrite = _Rewrite(manifest, entries, hit)
+            if not (self._v3 and manifest.content == ManifestContent.DELETES and not stale and not upgrade):
+                slots.append([rewrite])
+                continue
+            # v3: every commit replaces the vectors of the files it deletes from, spread over the delete manifests; the
+            # manifests it rewrites become one (up to the target manifest size), so a commit writes two delete manifests
+            # (its new vectors, the carried ones) rather than one per manifest touched.
+            group, size = open_groups.get(manifest.partition_spec_id, (None, [0]))
+            if group is None or size[0] + _manifest_weight(manifest) > self._merge_settings.target_bytes:
+                group, size = [], [0]
+                open_groups[manifest.partition_spec_id] = (group, size)
+                slots.append(group)
+            group.append(rewrite)
+            size[0] += _manifest_weight(manifest)
+        out: list[ManifestFile] = []
+        found: set[str] = set()
+        for slot in slots:
+            if isinstance(slot, ManifestFile):
+                out.append(slot)
+            elif any(r.entries for r in slot):
+                out.append(self._rewritten(slot, removed, found))
+        missing = [f.file_path for f in removed if f.file_path not in found]
+        if missing:
+            raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
+        return out
+
+    def _rewritten(self, members: list[_Rewrite], removed: set[DataFile], found: set[str]) -> ManifestFile:
+        """One manifest of the entries of ``members`` (one content, one spec): the leaving ones DELETED, the others EXISTING."""
+        first = members[0].manifest
+        spec = self.spec(first.partition_spec_id)
+        writer = self._delete_writer(spec) if first.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
+        with writer:
+            for r in members:
+                for e, leaving in zip(r.entries, r.hit, strict=True):
                     if leaving:
                         writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
                         found.add(e.data_file.file_path)
@@ -254,12 +294,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
                             self._removed_vector_files.append(e.data_file)
                     else:
                         writer.existing(self._with_first_row_id(e))
-            if entries:
-                out.append(writer.to_manifest_file())
-        missing = [f.file_path for f in removed if f.file_path not in found]
-        if missing:
-            raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
-        return out
+        return writer.to_manifest_file()
 
     def updates_and_requirements(self) -> tuple[tuple, tuple]:
         """Build the snapshot (like pyiceberg's ``_commit``, with our timestamp)."""
