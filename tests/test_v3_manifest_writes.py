@@ -157,3 +157,30 @@ def test_merge_positions_is_a_set_union():
         new = np.concatenate([new, rng.choice(old, min(len(old), 5))]) if len(old) else new
         got = merge_positions(old, new)
         assert got.dtype == np.int64 and np.array_equal(got, np.union1d(old, new))
+
+
+def test_rewritten_delete_manifests_become_one_and_every_reader_agrees(warehouse):
+    """Vectors replaced in four delete manifests: the commit writes two delete manifests (new vectors, the rewritten ones)."""
+    import lineage.duck as duck
+
+    t = _table(warehouse, False)
+    for i in range(4):
+        t.append(_batch(list(range(10 * i, 10 * i + 10))))
+    for i in range(4):
+        t.delete(f"id = {10 * i}")  # one vector per commit, each in a delete manifest of its own
+    t.delete("id IN (1, 11, 21, 31)")  # replaces the four vectors
+    t.refresh()
+    snap = t.iceberg.metadata.current_snapshot()
+    deletes = [m for m in manifests_v3.read_manifest_list(t.iceberg.io, snap.manifest_list) if m.content == ManifestContent.DELETES]
+    live = [m for m in deletes if (m.added_files_count or 0) + (m.existing_files_count or 0)]
+    assert [(m.added_files_count, m.existing_files_count, m.deleted_files_count) for m in deletes] == [(4, 0, 0), (0, 0, 4)]
+    assert len(live) == 1
+    want = sorted(set(range(40)) - {0, 10, 20, 30, 1, 11, 21, 31})
+    assert sorted(t.scan(columns=["id"]).column("id").to_pylist()) == want
+    assert sorted(t.iceberg.scan().to_arrow().column("id").to_pylist()) == want
+    con = duck.connect("iceberg")
+    try:
+        got = con.execute(f"SELECT id FROM iceberg_scan('{t.iceberg.metadata_location}') ORDER BY id").fetchall()
+    finally:
+        con.close()
+    assert [r[0] for r in got] == want
