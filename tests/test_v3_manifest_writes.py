@@ -184,3 +184,25 @@ def test_rewritten_delete_manifests_become_one_and_every_reader_agrees(warehouse
     finally:
         con.close()
     assert [r[0] for r in got] == want
+
+
+def test_a_vector_entry_is_the_v3_data_file_struct():
+    """The positional build of a vector's entry equals pyiceberg's by-name build in the v3 struct."""
+    from pyiceberg.conversions import to_bytes
+    from pyiceberg.types import StringType
+
+    from lineage.storage.deletes import PATH_FIELD_ID
+    from lineage.storage.deletion_vectors import vector_entry
+    from lineage.storage.puffin import DeletionVectorBlob
+
+    data = DataFile.from_args(content=DataFileContent.DATA, file_path="file:/w/d.parquet", file_format=FileFormat.PARQUET,
+                              partition=Record("eu"), record_count=10, file_size_in_bytes=100)
+    data.spec_id = 3
+    blob = DeletionVectorBlob("file:/w/v.puffin", 500, "file:/w/d.parquet", 4, 60, 7)
+    bound = to_bytes(StringType(), "file:/w/d.parquet")
+    by_name = manifests_v3.as_v3(DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES, file_path="file:/w/v.puffin", file_format=FileFormat.PUFFIN, partition=Record("eu"),
+        record_count=7, file_size_in_bytes=500, lower_bounds={PATH_FIELD_ID: bound}, upper_bounds={PATH_FIELD_ID: bound},
+    ), referenced_data_file="file:/w/d.parquet", content_offset=4, content_size_in_bytes=60)
+    got = vector_entry(blob, data, 0)
+    assert got == by_name and got.spec_id == 3 and manifests_v3.is_deletion_vector(got)

@@ -134,31 +134,14 @@ def merge_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 def vector_entry(blob: puffin.DeletionVectorBlob, data_file: DataFile, default_spec_id: int) -> DataFile:
     """The delete-file manifest entry of one deletion vector of ``data_file`` (same partition and spec)."""
     bound = to_bytes(StringType(), blob.referenced_data_file)
-    spec_id = spec_id_of(data_file, default_spec_id)
-    df = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=blob.path,
-        file_format=FileFormat.PUFFIN,
-        partition=data_file.partition,
-        record_count=blob.record_count,
-        file_size_in_bytes=blob.file_size_in_bytes,
-        column_sizes=None,
-        value_counts=None,
-        null_value_counts=None,
-        nan_value_counts=None,
-        lower_bounds={PATH_FIELD_ID: bound},
-        upper_bounds={PATH_FIELD_ID: bound},
-        split_offsets=None,
-        equality_ids=None,
-        sort_order_id=None,
-        spec_id=spec_id,
-        key_metadata=None,
+    # The v3 data_file struct in field order (DATA_FILE_TYPE[3]): built positionally, as a commit builds one per vector.
+    out = DataFile(
+        DataFileContent.POSITION_DELETES, blob.path, FileFormat.PUFFIN, data_file.partition, blob.record_count,
+        blob.file_size_in_bytes,
+        None, None, None, None,  # column sizes, value counts, null and NaN value counts
+        {PATH_FIELD_ID: bound}, {PATH_FIELD_ID: bound},  # lower and upper bounds of file_path: the one data file
+        None, None, None, None,  # key metadata, split offsets, equality ids, sort order id
+        None, blob.referenced_data_file, blob.content_offset, blob.content_size_in_bytes,  # first_row_id (none: a delete file)
     )
-    out = manifests_v3.as_v3(
-        df,
-        referenced_data_file=blob.referenced_data_file,
-        content_offset=blob.content_offset,
-        content_size_in_bytes=blob.content_size_in_bytes,
-    )
-    out.spec_id = spec_id
+    out.spec_id = spec_id_of(data_file, default_spec_id)
     return out
