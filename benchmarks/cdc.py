@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
             os.makedirs(root)
             cmd = [python, os.path.abspath(__file__), "--child", s, "--data", data, "--workdir", root, "--commits", str(args.commits),
-                   "--time-cap", str(args.time_cap), "--profile", str(args.profile if s == "lineage" else 0)]
+                   "--time-cap", str(args.time_cap), "--profile", str(args.profile if s in ("lineage", "lineage-v3") else 0)]
             print(f"running {s} ...", flush=True)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             result_path = os.path.join(root, "result.json")

@@ -97,7 +97,8 @@ class Lineage(System):
 class LineageV3(Lineage):
     name = "lineage-v3"
     notes = ["Table.apply_changelog (strict mode, merge-on-read) on an Iceberg format version 3 table: native row lineage, "
-             "deletes as deletion vectors (one Puffin file per touched data file per commit)"]
+             "deletes as deletion vectors (one per touched data file, replacing its old one; a commit's vectors share a "
+             "Puffin file)"]
     properties = {"format-version": "3"}
 
 

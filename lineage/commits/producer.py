@@ -10,6 +10,7 @@ writes v3 manifests and manifest lists (``first_row_id``) on v3 tables.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
@@ -57,6 +58,15 @@ def _without_bounds(entry: ManifestEntry) -> ManifestEntry:
     return v3.with_data_file(entry, df)
 
 
+@dataclass(frozen=True)
+class _Rewrite:
+    """A carried manifest to write anew: its live entries and, for each, whether it leaves the snapshot."""
+
+    manifest: ManifestFile
+    entries: list[ManifestEntry]
+    hit: list[bool]
+
+
 class BaseMetadata:
     """What pyiceberg's snapshot producer needs of a Transaction: the table and its base metadata.
 
@@ -95,6 +105,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self.removed_vectors: set[tuple[str, str]] = set()  # v3: (Puffin file, data file) of vectors leaving (lineage.commits.v3_commit)
         self._removed_vector_files: list[DataFile] = []  # their entries as found: the summary counts them
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
+        self._written_entries: dict[str, list[ManifestEntry]] = {}  # v3: manifest path -> its entries as written
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
 
     def _manifests(self) -> list[ManifestFile]:
@@ -187,14 +198,17 @@ class LineageSnapshotProducer(_OverwriteFiles):
     def new_manifest_writer(self, spec):  # type: ignore[no-untyped-def]
         """A data manifest writer (spec-conform ``equality_ids``, see :class:`_ManifestWriter`; v3: ``first_row_id``)."""
         if self._v3:
-            return v3.ManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression, self._unassigned)
+            return v3.ManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression,
+                                       self._unassigned, self._written_entries)
         if self._transaction.table_metadata.format_version != 2:
             return super().new_manifest_writer(spec)
         return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
-        cls = v3.DeleteManifestWriterV3 if self._v3 else _DeleteManifestWriter
-        return cls(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+        if self._v3:
+            return v3.DeleteManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id,
+                                             self._compression, written=self._written_entries)
+        return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
 
     def _entries(self, manifest: ManifestFile, discard_deleted: bool) -> list[ManifestEntry]:
         """A manifest's entries; on v3 with every v3 field and inherited ``first_row_id`` (they are written back)."""
@@ -213,42 +227,74 @@ class LineageSnapshotProducer(_OverwriteFiles):
             return []
         removed = self._deleted_data_files
         vectors = self.removed_vectors
+        # Which manifests can hold a file leaving: data files sit in data manifests, delete files and vectors in
+        # delete manifests (a merge-on-read commit on v3 removes vectors only: no data manifest is read).
+        touched = {ManifestContent.DATA: any(f.content == DataFileContent.DATA for f in removed),
+                   ManifestContent.DELETES: bool(vectors) or any(f.content != DataFileContent.DATA for f in removed)}
 
         def leaves(e: ManifestEntry) -> bool:  # v3: a vector leaves by (Puffin file, data file), not by path
-            return e.data_file in removed or (bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
-        out: list[ManifestFile] = []
-        found: set[str] = set()
+            # DataFiles hash by path and compare field by field, and the vectors of a commit share a path: test the set only
+            # when it holds something
+            return (bool(removed) and e.data_file in removed) or (
+                bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
+        slots: list[ManifestFile | list[_Rewrite]] = []  # in order: carried as they are, or rewritten (a group each)
+        open_groups: dict[int, tuple[list[_Rewrite], list[int]]] = {}  # v3 delete manifests: spec id -> group, its bytes
         for manifest in manifests_of(parent, self._io, self._v3):
             live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
                 continue  # only DELETED entries of an earlier commit: nothing to carry
             stale = self.strip_removed_stats and bool(manifest.deleted_files_count)
             upgrade = self.first_row_ids is not None  # every manifest is written anew, in the v3 structs
-            if not removed and not vectors and not stale and not upgrade:
-                out.append(manifest)
+            if not touched[manifest.content] and not stale and not upgrade:
+                slots.append(manifest)
                 continue
             entries = self._entries(manifest, discard_deleted=True)
-            hit = [e for e in entries if leaves(e)]
-            if not hit and not stale and not upgrade:
-                out.append(manifest)
+            hit = [leaves(e) for e in entries]
+            if not any(hit) and not stale and not upgrade:
+                slots.append(manifest)
                 continue
-            spec = self.spec(manifest.partition_spec_id)
-            writer = self._delete_writer(spec) if manifest.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
-            with writer:
-                for e in entries:
-                    if leaves(e):
-                        writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
-                        found.add(e.data_file.file_path)
-                        if e.data_file not in removed:
-                            self._removed_vector_files.append(e.data_file)
-                    else:
-                        writer.existing(self._with_first_row_id(e))
-            if entries:
-                out.append(writer.to_manifest_file())
+            rewrite = _Rewrite(manifest, entries, hit)
+            if not (self._v3 and manifest.content == ManifestContent.DELETES and not stale and not upgrade):
+                slots.append([rewrite])
+                continue
+            # v3: every commit replaces the vectors of the files it deletes from, spread over the delete manifests; the
+            # manifests it rewrites become one (up to the target manifest size), so a commit writes two delete manifests
+            # (its new vectors, the carried ones) rather than one per manifest touched.
+            group, size = open_groups.get(manifest.partition_spec_id, (None, [0]))
+            if group is None or size[0] + _manifest_weight(manifest) > self._merge_settings.target_bytes:
+                group, size = [], [0]
+                open_groups[manifest.partition_spec_id] = (group, size)
+                slots.append(group)
+            group.append(rewrite)
+            size[0] += _manifest_weight(manifest)
+        out: list[ManifestFile] = []
+        found: set[str] = set()
+        for slot in slots:
+            if isinstance(slot, ManifestFile):
+                out.append(slot)
+            elif any(r.entries for r in slot):
+                out.append(self._rewritten(slot, removed, found))
         missing = [f.file_path for f in removed if f.file_path not in found]
         if missing:
             raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
         return out
+
+    def _rewritten(self, members: list[_Rewrite], removed: set[DataFile], found: set[str]) -> ManifestFile:
+        """One manifest of the entries of ``members`` (one content, one spec): the leaving ones DELETED, the others EXISTING."""
+        first = members[0].manifest
+        spec = self.spec(first.partition_spec_id)
+        writer = self._delete_writer(spec) if first.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
+        with writer:
+            for r in members:
+                for e, leaving in zip(r.entries, r.hit, strict=True):
+                    if leaving:
+                        writer.delete(_without_bounds(e) if self.strip_removed_stats else e)
+                        found.add(e.data_file.file_path)
+                        if not (removed and e.data_file in removed):
+                            self._removed_vector_files.append(e.data_file)
+                    else:
+                        writer.existing(self._with_first_row_id(e))
+        return writer.to_manifest_file()
 
     def updates_and_requirements(self) -> tuple[tuple, tuple]:
         """Build the snapshot (like pyiceberg's ``_commit``, with our timestamp)."""
@@ -275,6 +321,9 @@ class LineageSnapshotProducer(_OverwriteFiles):
             listed = tuple(writer.prepare_manifest(m) for m in new_manifests)  # as a reader of the list will see them
             writer._writer.write_block(list(listed))
         lineage = v3_commit.snapshot_row_ids(writer)  # v3: first-row-id and added-rows
+        for m in listed:  # v3: the next commit carries or rewrites them without reading them back
+            if m.manifest_path in self._written_entries:
+                v3.remember_entries(m, self._written_entries[m.manifest_path])
         _WRITTEN_LISTS.get(location, lambda: listed)
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,

@@ -104,7 +104,7 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
         if len(new) == 0:
             continue
         old = positions_for(path, [d.file_path for d in t.current if d.content == DataFileContent.POSITION_DELETES])
-        vectors.append((path, np.union1d(old, new).astype(np.int64)))
+        vectors.append((path, merge_positions(old, new)))
         data_files.append(t.data_file)
         replaced.extend(replaced_by_vector(path, t.current))
     if not vectors:
@@ -116,34 +116,32 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
     return [vector_entry(b, f, metadata.default_spec_id) for b, f in zip(blobs, data_files, strict=True)], replaced
 
 
+def merge_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Sorted unique positions of ``old`` (sorted unique already: a file's current vector) and ``new``.
+
+    Linear in ``old`` (a search and one insert), where a union sorts both: the
+    vector of a large file grows commit after commit while each commit adds few.
+    """
+    new = np.unique(np.asarray(new, np.int64))
+    old = np.asarray(old, np.int64)
+    if len(old) == 0:
+        return new
+    at = np.searchsorted(old, new)
+    fresh = (at == len(old)) | (old[np.minimum(at, len(old) - 1)] != new)
+    return np.insert(old, at[fresh], new[fresh])
+
+
 def vector_entry(blob: puffin.DeletionVectorBlob, data_file: DataFile, default_spec_id: int) -> DataFile:
     """The delete-file manifest entry of one deletion vector of ``data_file`` (same partition and spec)."""
     bound = to_bytes(StringType(), blob.referenced_data_file)
-    spec_id = spec_id_of(data_file, default_spec_id)
-    df = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=blob.path,
-        file_format=FileFormat.PUFFIN,
-        partition=data_file.partition,
-        record_count=blob.record_count,
-        file_size_in_bytes=blob.file_size_in_bytes,
-        column_sizes=None,
-        value_counts=None,
-        null_value_counts=None,
-        nan_value_counts=None,
-        lower_bounds={PATH_FIELD_ID: bound},
-        upper_bounds={PATH_FIELD_ID: bound},
-        split_offsets=None,
-        equality_ids=None,
-        sort_order_id=None,
-        spec_id=spec_id,
-        key_metadata=None,
+    # The v3 data_file struct in field order (DATA_FILE_TYPE[3]): built positionally, as a commit builds one per vector.
+    out = DataFile(
+        DataFileContent.POSITION_DELETES, blob.path, FileFormat.PUFFIN, data_file.partition, blob.record_count,
+        blob.file_size_in_bytes,
+        None, None, None, None,  # column sizes, value counts, null and NaN value counts
+        {PATH_FIELD_ID: bound}, {PATH_FIELD_ID: bound},  # lower and upper bounds of file_path: the one data file
+        None, None, None, None,  # key metadata, split offsets, equality ids, sort order id
+        None, blob.referenced_data_file, blob.content_offset, blob.content_size_in_bytes,  # first_row_id (none: a delete file)
     )
-    out = manifests_v3.as_v3(
-        df,
-        referenced_data_file=blob.referenced_data_file,
-        content_offset=blob.content_offset,
-        content_size_in_bytes=blob.content_size_in_bytes,
-    )
-    out.spec_id = spec_id
+    out.spec_id = spec_id_of(data_file, default_spec_id)
     return out

@@ -56,6 +56,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
+from lineage.storage.avro_out import BufferedAvroOutput
 from lineage.storage.fileio import ImmutableFileCache
 
 FORMAT_VERSION = 3
@@ -71,6 +72,11 @@ def entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersi
     pyiceberg declares ``equality_ids`` ``list<long>``; Iceberg Java then fails
     to read a manifest holding an equality delete file (ClassCastException).
     """
+    key = (spec.spec_id, tuple(spec.fields), schema.as_struct(), format_version)
+    return _ENTRY_SCHEMAS.get(key, lambda: _entry_schema(spec, schema, format_version))
+
+
+def _entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersion) -> Schema:
     data_file = data_file_with_partition(format_version=format_version, partition_type=spec.partition_type(schema))
     fields = [
         NestedField(f.field_id, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
@@ -79,6 +85,9 @@ def entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersi
         for f in data_file.fields
     ]
     return manifest_entry_schema_with_data_file(format_version=format_version, data_file=StructType(*fields))
+
+
+_ENTRY_SCHEMAS: ImmutableFileCache[Schema] = ImmutableFileCache(64)  # built once per spec, table schema and version
 
 
 # ---------------------------------------------------------------- data files and manifest files of the v3 struct
@@ -182,6 +191,10 @@ def _read_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ..
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
     ) as reader:
         entries = [_inherit_from_manifest(e, manifest) for e in reader]
+    return _inherit_first_row_ids(entries, manifest)
+
+
+def _inherit_first_row_ids(entries: list[ManifestEntry], manifest: ManifestFile) -> tuple[ManifestEntry, ...]:
     next_id = manifest_first_row_id(manifest)
     if manifest.content == ManifestContent.DATA and next_id is not None:
         for e in entries:
@@ -192,6 +205,47 @@ def _read_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ..
     return tuple(entries)
 
 
+def _as_read(entry: ManifestEntry, manifest: ManifestFile) -> DataFile:
+    """The data file of a written entry, ready to inherit from ``manifest``: a copy, unless inheriting would not change it.
+
+    Inheriting sets the spec id (not written in the file) and, in a data
+    manifest, a null ``first_row_id``. A data file that has both already (an
+    entry carried from a cached manifest; a new deletion vector) is kept, so
+    that it stays the same object commit after commit and is encoded once
+    (:class:`lineage.storage.avro_out.MemoWriter`). Such objects are never
+    modified afterwards.
+    """
+    df = entry.data_file
+    row_ids_set = (manifest.content != ManifestContent.DATA or manifest_first_row_id(manifest) is None
+                   or df._data[_FIRST_ROW_ID] is not None)
+    unchanged = row_ids_set and getattr(df, "_spec_id", None) == manifest.partition_spec_id
+    return df if unchanged else DataFile(*df._data)
+
+
+def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> None:
+    """Keep the entries of a manifest this process wrote as :func:`read_entries` would read them back.
+
+    ``manifest`` is the manifest as its manifest list lists it (sequence
+    number and ``first_row_id`` assigned); ``written`` are its entries as
+    written (in the v3 struct). Each is copied, then inherits from the
+    manifest exactly as a read entry does, so the next commit carries the
+    manifest (or rewrites it) without reading and decoding it.
+    """
+    seq = manifest.sequence_number
+    entries = []
+    for e in written:  # pyiceberg's _inherit_from_manifest, without setting an unchanged spec id (a costly DataFile attribute)
+        df = _as_read(e, manifest)
+        if df is not e.data_file:
+            df.spec_id = manifest.partition_spec_id
+        inherits = seq == 0 or e.status == ManifestEntryStatus.ADDED
+        entries.append(ManifestEntry(
+            e.status, manifest.added_snapshot_id if e.snapshot_id is None else e.snapshot_id,
+            seq if e.sequence_number is None and inherits else e.sequence_number,
+            seq if e.file_sequence_number is None and inherits else e.file_sequence_number, df))
+    key = (manifest.manifest_path, manifest_first_row_id(manifest), manifest.sequence_number)
+    _ENTRIES.put(key, _inherit_first_row_ids(entries, manifest))
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -199,7 +253,9 @@ class ManifestWriterV3(ManifestWriter):
     """A v3 data manifest writer; counts the rows whose data files will inherit a ``first_row_id``.
 
     When given ``unassigned`` (a dict shared with :class:`ManifestListWriterV3`),
-    :meth:`to_manifest_file` records the count there under the manifest's path.
+    :meth:`to_manifest_file` records the count there under the manifest's path;
+    when given ``written``, the entries as written (see :func:`remember_entries`).
+    Entries are written as one Avro block (:mod:`lineage.storage.avro_out`).
     """
 
     def __init__(
@@ -210,10 +266,12 @@ class ManifestWriterV3(ManifestWriter):
         snapshot_id: int,
         avro_compression: AvroCompressionCodec,
         unassigned: dict[str, int] | None = None,
+        written: dict[str, list[ManifestEntry]] | None = None,
     ) -> None:
         super().__init__(spec, schema, output_file, snapshot_id, avro_compression)
         self.unassigned_rows = 0
         self._counts = unassigned
+        self._written = written
 
     def content(self) -> ManifestContent:
         """Data files."""
@@ -234,8 +292,9 @@ class ManifestWriterV3(ManifestWriter):
     def new_writer(self) -> AvroOutputFile[ManifestEntry]:
         """An Avro writer whose records are v3 entries (file and record schema alike)."""
         schema = self._with_partition(3)
-        return AvroOutputFile[ManifestEntry](
-            output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry", metadata=self._meta
+        return BufferedAvroOutput(
+            output_file=self._output_file, file_schema=schema, record_schema=schema, schema_name="manifest_entry",
+            metadata=self._meta, memo_field="data_file",
         )
 
     def prepare_entry(self, entry: ManifestEntry) -> ManifestEntry:
@@ -253,11 +312,25 @@ class ManifestWriterV3(ManifestWriter):
             self.unassigned_rows += int(df.record_count)
         return with_data_file(entry, df)
 
+    def existing(self, entry: ManifestEntry) -> ManifestWriterV3:
+        """Add ``entry`` as EXISTING (pyiceberg's rule; the entry built directly, not field by field by name)."""
+        self.add_entry(ManifestEntry(ManifestEntryStatus.EXISTING, entry.snapshot_id, entry.sequence_number,
+                                     entry.file_sequence_number, entry.data_file))
+        return self
+
+    def delete(self, entry: ManifestEntry) -> ManifestWriterV3:
+        """Add ``entry`` as DELETED by this snapshot (pyiceberg's rule, built directly)."""
+        self.add_entry(ManifestEntry(ManifestEntryStatus.DELETED, self._snapshot_id, entry.sequence_number,
+                                     entry.file_sequence_number, entry.data_file))
+        return self
+
     def to_manifest_file(self) -> ManifestFile:
         """The manifest's list entry, in the v3 struct (``first_row_id`` assigned by the list writer)."""
         manifest = _as_v3_manifest(super().to_manifest_file())
         if self._counts is not None:
             self._counts[manifest.manifest_path] = self.unassigned_rows
+        if self._written is not None:
+            self._written[manifest.manifest_path] = self._writer.written  # type: ignore[attr-defined]
         return manifest
 
 
@@ -309,7 +382,7 @@ class ManifestListWriterV3(ManifestListWriter):
 
     def __enter__(self) -> ManifestListWriterV3:
         """Open the writer (records in the v3 struct)."""
-        self._writer = AvroOutputFile[ManifestFile](
+        self._writer = BufferedAvroOutput(
             output_file=self._output_file,
             record_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             file_schema=MANIFEST_LIST_FILE_SCHEMAS[3],

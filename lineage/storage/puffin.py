@@ -103,6 +103,10 @@ def _positions(positions: Iterable[int] | np.ndarray) -> np.ndarray:
 def serialize_positions(positions: Iterable[int] | np.ndarray) -> bytes:
     """The positions as a portable 64-bit Roaring bitmap (run containers where they are smaller)."""
     pos = _positions(positions)
+    if len(pos) and pos[-1] < 1 << 32:  # every row of a file with fewer than 2^32 rows: one 32-bit bitmap, key 0
+        bitmap = BitMap(array.array("I", pos.astype(np.uint32).tobytes()))
+        bitmap.run_optimize()
+        return struct.pack("<QI", 1, 0) + bitmap.serialize()
     keys = (pos >> 32).astype(np.uint32)
     bounds = np.flatnonzero(keys[1:] != keys[:-1]) + 1 if len(pos) else np.zeros(0, np.int64)
     starts = np.concatenate(([0], bounds)).astype(np.int64) if len(pos) else bounds
