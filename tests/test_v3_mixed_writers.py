@@ -25,13 +25,15 @@ After every step, against the model:
   version of the row's insert;
 * our change feed over the step (``cdf.changes(t, before, after)``) is the
   model's net change: inserts, deletes, and update pre/post images paired by
-  ``_row_id``; a compaction, a rewrite or an expiry changes nothing; over a
-  gap the feed raises ``HistoryGapError`` (documented) and the commit log
-  records the gap's net change; at the end, the net feed since the last
-  Spark expiry is the model's net change by ``_row_id``.
+  ``_row_id``; a compaction, a rewrite or an expiry changes nothing; one
+  Spark commit read only after Spark expired its parent is read as that
+  commit; over a gap of several the feed raises ``HistoryGapError``
+  (documented) and the commit log records the gap's net change; at the end,
+  the net feed since the last Spark expiry is the model's net change by
+  ``_row_id``.
 
-One bug it found (a single Spark commit read after Spark expired its parent is taken for a gap) is pinned by a
-strict xfail test at the end of the file.
+A bug it found (a single Spark commit read after Spark expired its parent was taken for a gap) is fixed and kept by
+the test at the end of the file.
 
 Set ``LINEAGE_PROPERTY_EXAMPLES`` to run more examples than the default.
 """
