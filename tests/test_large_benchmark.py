@@ -39,9 +39,11 @@ def test_new_files_are_what_a_step_wrote() -> None:
 
 
 def test_the_sampler_sees_a_child_python_process_grow() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200 * 2**20); time.sleep(3)"])
+    # The tree sampled is a shell's, not this process's: a test worker may have started a JVM (Spark) already.
+    code = "import time; x = bytearray(200 * 2**20); time.sleep(3)"
+    child = subprocess.Popen(["/bin/sh", "-c", f'"{sys.executable}" -c "{code}"; :'])
     try:
-        sampler = lm.TreeSampler(os.getpid(), interval=0.05).start()
+        sampler = lm.TreeSampler(child.pid, interval=0.05).start()
         time.sleep(1.5)
         peaks = sampler.stop()
     finally:
