@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote
@@ -159,12 +161,37 @@ def swap_metadata(iceberg: IcebergTable, prepared: PreparedMetadata) -> None:
         if result.rowcount < 1:
             raise CommitFailedException(f"Table has been updated by another process: {namespace}.{name}")
         session.commit()
-    try:
-        catalog._delete_old_metadata(iceberg.io, base, prepared.metadata)
-    except Exception:  # the commit landed; old metadata files are vacuum's to remove
-        pass
+    _delete_old_metadata(iceberg, base, prepared.metadata)
     iceberg.metadata = prepared.metadata
     iceberg.metadata_location = prepared.location
+
+
+def _delete_old_metadata(iceberg: IcebergTable, base: TableMetadata, metadata: TableMetadata) -> None:
+    """Remove the metadata files that fell out of ``write.metadata.previous-versions-max`` after a landed commit.
+
+    On an object store each removal costs round trips (a HEAD and a DELETE)
+    that the writer need not wait for: they run on a background thread
+    (joined at interpreter exit). A removal that fails leaves a file for
+    ``vacuum``; the commit has landed either way.
+    """
+    def run() -> None:
+        try:
+            iceberg.catalog._delete_old_metadata(iceberg.io, base, metadata)
+        except Exception:  # noqa: BLE001 - the commit landed; old metadata files are vacuum's to remove
+            pass
+
+    if not storage_files.is_remote(metadata.location):
+        run()
+        return
+    with _CLEANUP_LOCK:
+        if not _CLEANUP:
+            _CLEANUP.append(ThreadPoolExecutor(1, thread_name_prefix="lineage-metadata-cleanup"))
+        _CLEANUP[0].submit(run)
+
+
+_CLEANUP_LOCK = threading.Lock()
+_CLEANUP: list[ThreadPoolExecutor] = []
+os.register_at_fork(after_in_child=_CLEANUP.clear)  # a forked child starts its own thread
 
 
 def resolve_catalog(warehouse: str | os.PathLike[str] | None, catalog: Catalog | None) -> Catalog:

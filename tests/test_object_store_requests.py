@@ -190,3 +190,22 @@ def test_a_deleted_object_is_not_served_from_memory(moto_server) -> None:
     assert puts.known(location) is None and not files.exists(location)
     with pytest.raises(FileNotFoundError):
         puts.read(location)
+
+
+def test_old_metadata_files_are_removed_after_the_commit_not_during_it(counted) -> None:
+    """Past ``write.metadata.previous-versions-max`` the removal of the oldest metadata file (a HEAD and a DELETE)
+    runs on a background thread after the commit, off the writer's path: the files still go."""
+    import lineage.catalog as catalog
+    import pyarrow.fs as pafs
+
+    lake, proxy = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where(),
+                             properties={"write.metadata.previous-versions-max": "1"})
+    for i in range(4):
+        proxy.reset()
+        t.append(_rows(np.arange(i * 10, i * 10 + 10), "a"))
+        catalog._CLEANUP[0].submit(lambda: None).result()  # the removals sent so far have run
+    fs, root = lineage.storage.files.filesystem(t.iceberg.metadata.location + "/metadata")
+    names = [f.path for f in fs.get_file_info(pafs.FileSelector(root)) if f.path.endswith(".metadata.json")]
+    assert len(names) == 2, names  # the current file and one previous version
+    assert t.scan().num_rows == 40
