@@ -124,3 +124,23 @@ def test_groups_are_sized_by_decoded_rows_not_by_parquet(warehouse: str) -> None
     assert len(t.state().live_files()) == 4
     groups = [g.num_rows for g in t.scan_batches(group_bytes=max(estimates), batch_rows=1 << 20)]
     assert groups == [50_000] * 4  # one file per group, one batch per group
+
+
+def test_groups_are_estimated_for_every_column_type(warehouse: str) -> None:
+    """Booleans (bit-packed), decimals, dates and timestamps are estimated without error, and streamed."""
+    import datetime as dt
+    import decimal
+
+    from lineage.read.batched_scan import decoded_bytes
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("flag", pa.bool_()), ("dec", pa.decimal128(10, 2)),
+                        ("d", pa.date32()), ("ts", pa.timestamp("us"))])
+    t = lineage.create_table("shop.typed", schema, key=["id"], warehouse=warehouse)
+    n = 1000
+    t.append(pa.table({"id": list(range(n)), "flag": [i % 2 == 0 for i in range(n)],
+                       "dec": [decimal.Decimal("1.25")] * n, "d": [dt.date(2024, 1, 1)] * n,
+                       "ts": [dt.datetime(2024, 1, 2)] * n}, schema=schema))
+    ids = {f.name: f.field_id for f in t.iceberg.schema().fields}
+    f = t.state().live_files()[0]
+    assert decoded_bytes(f, t.arrow_schema, ids) >= n * (8 + 16 + 4 + 8)  # id, dec, d, ts at least
+    assert sum(b.num_rows for b in t.scan_batches(group_bytes=1)) == n

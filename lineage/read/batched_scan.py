@@ -85,7 +85,7 @@ def plan_scan(
     )
 
 
-# Decoded bytes per value of fixed-width Arrow types; variable-width values are estimated from their compressed size.
+# Decoded bytes per value of a lineage column; variable-width values are estimated from their compressed size.
 _FIXED_WIDTH = 8
 _VARIABLE_EXPANSION = 4  # decoded / compressed bytes assumed for strings and binaries (dictionary pages decode wide)
 _VARIABLE_MIN = 16  # bytes per variable-width value when the file records no column size
@@ -104,11 +104,12 @@ def decoded_bytes(f: LiveFile, schema: pa.Schema, column_ids: dict[str, int]) ->
     sizes = f.data_file.column_sizes or {}
     total = rows * _FIXED_WIDTH * len(LINEAGE_COLUMNS)
     for field in schema:
-        width = getattr(field.type, "byte_width", None) if pa.types.is_primitive(field.type) else None
-        if pa.types.is_boolean(field.type):
-            total += rows
-        elif width:
-            total += rows * width
+        try:
+            bits = field.type.bit_width  # fixed-width types (booleans: 1, decimals: 128); others raise ValueError
+        except ValueError:
+            bits = 0
+        if bits:
+            total += (rows * bits + 7) // 8
         else:
             compressed = sizes.get(column_ids.get(field.name, -1))
             total += compressed * _VARIABLE_EXPANSION + 8 * rows if compressed else rows * _VARIABLE_MIN
