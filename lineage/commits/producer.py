@@ -10,6 +10,8 @@ writes v3 manifests and manifest lists (``first_row_id``) on v3 tables.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
@@ -108,35 +110,23 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self._written_entries: dict[str, list[ManifestEntry]] = {}  # v3: manifest path -> its entries as written
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
 
+    def _added_manifest(self, writer: Any, files: list[DataFile], sequence_number: Callable[[DataFile], int | None]) -> ManifestFile:
+        """One manifest of ``files`` as ADDED entries of this snapshot (None: the entry inherits the snapshot's number)."""
+        with writer as w:
+            for f in files:
+                w.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                                          sequence_number=sequence_number(f), data_file=f))
+        return w.to_manifest_file()
+
     def _manifests(self) -> list[ManifestFile]:
         spec = self._transaction.table_metadata.spec()
         data = [f for f in self._added_data_files if f.content == DataFileContent.DATA]
         deletes = [f for f in self._added_data_files if f.content != DataFileContent.DATA]
         manifests: list[ManifestFile] = []
         if data:
-            with self.new_manifest_writer(spec) as writer:
-                for f in data:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=self._data_sequence_number,
-                            data_file=f,
-                        )
-                    )
-            manifests.append(writer.to_manifest_file())
+            manifests.append(self._added_manifest(self.new_manifest_writer(spec), data, lambda f: self._data_sequence_number))
         if deletes:
-            with self._delete_writer(spec) as writer:
-                for f in deletes:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=self.delete_sequence_numbers.get(f.file_path),
-                            data_file=f,
-                        )
-                    )
-            manifests.append(writer.to_manifest_file())
+            manifests.append(self._added_manifest(self._delete_writer(spec), deletes, lambda f: self.delete_sequence_numbers.get(f.file_path)))
         carried = self._carried_manifests()
         out: list[ManifestFile] = []
         for content in (ManifestContent.DATA, ManifestContent.DELETES):
