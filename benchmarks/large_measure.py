@@ -159,16 +159,21 @@ def new_files(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {p: s for p, s in after.items() if p not in before}
 
 
-_PLAN = r"""
-import json, os, sys
+# The start of every fresh-process script: the repository on the path (argv[1]), the imports counted before
+# the baseline, and rss(field) reading a /proc/self/status field in KiB (VmRSS now, VmHWM the peak).
+_PRELUDE = r"""
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import lineage
-from index.key_index import KeyIndex
 def rss(field):
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):
             return int(line.split()[1])
 import pyarrow, duckdb, pyiceberg.table  # imports before the baseline
+"""
+
+_PLAN = _PRELUDE + r"""
+from index.key_index import KeyIndex
 base = rss("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
@@ -218,15 +223,7 @@ def referenced_sizes(table: Any) -> dict[str, dict[str, int]]:
     }
 
 
-_REINDEX = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import lineage
-def rss(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-import time, pyarrow, duckdb, pyiceberg.table  # imports before the baseline
+_REINDEX = _PRELUDE + r"""
 t = lineage.open_table(sys.argv[3], warehouse=sys.argv[2])
 t.state().live_files()
 base = rss("VmRSS")
