@@ -11,9 +11,11 @@ the commit race:
    the lineage list, then one Iceberg snapshot whose summary points at the
    list. The snapshot is the single atomic point.
 
-This module plans each write (the ``plan`` functions of :class:`Table`'s write
-methods); the loop that writes and commits the plans, and the helpers it
-needs, live in :mod:`lineage.writes`.
+This module is the facade users call: it checks the arguments and hands each
+write to its plan in :mod:`lineage.writes` (``append``, ``delete``,
+``update``, ``merge_plan``, ``changelog``), which takes the table's
+:class:`~lineage.context.TableContext`; the loop that writes and commits the
+plans is :func:`lineage.writes.loop.run_write`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError
@@ -31,8 +32,6 @@ from pyiceberg.exceptions import TableAlreadyExistsError as _IceExists
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 
-from index.key_index import KeyIndex, KeyIndexChange, defers_build, index_enabled
-import lineage.duck as duck
 import lineage.iceberg.v3_tables as v3_tables
 from lineage.read.batched_scan import DEFAULT_BATCH_ROWS, DEFAULT_GROUP_BYTES, BatchedScan, plan_scan, read_all, scan_batches
 import lineage.properties as properties
@@ -53,9 +52,8 @@ from lineage.maintenance.convert import ConvertResult, convert_table
 from lineage.maintenance.vacuum import DEFAULT_ORPHAN_AGE
 from lineage.outcome import has_commit
 from lineage.properties import COPY_ON_WRITE, FORMAT_VERSION, MERGE_ON_READ, capture_preimages, check_mode
-from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.sql.predicate import parse_predicate, prunable_columns
 from lineage.reconcile import reconcile_table
-from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import (
     conform,
     iceberg_schema,
@@ -66,17 +64,16 @@ from lineage.iceberg.schema import (
 from lineage.spark import is_spark_dataframe
 from lineage.state import SnapshotFiles, TableState
 from lineage.storage.writer import WrittenFile
-from lineage.writes import key_checks
 from lineage.writes import spark as spark_writes
 from lineage.writes import spark_rewrite
-from lineage.writes.capture import old_values, split_old
+from lineage.writes.append import append_planner
 from lineage.writes.changelog import apply_changelog
+from lineage.writes.delete import delete_planner
 from lineage.writes.checks import check_user_properties
 from lineage.writes.loop import run_write
-from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
+from lineage.writes.plan import CommitInfo, ms_to_datetime
 from lineage.writes.merge_plan import merge_planner
 from lineage.writes.update import update_planner
-from lineage.writes.rows import REMOVED_COLS
 from lineage.writes.stream_position import reset_stream_position
 
 # The table properties keep their lineage.table names (the registry, lineage.properties, defines them).
@@ -89,7 +86,6 @@ DEFAULT_RETRIES = properties.registry[PROP_RETRIES].default
 PROP_LINEAGE = properties.LINEAGE_ENABLED
 PROP_KEY_ENFORCE = properties.KEY_ENFORCE
 PROP_METADATA_DELETE_AFTER_COMMIT = properties.METADATA_DELETE_AFTER_COMMIT
-_APPEND_HINT = f"use upsert to update existing rows (or set table property {PROP_KEY_ENFORCE}=false to skip this check)"
 
 __all__ = [
     "COPY_ON_WRITE",
@@ -348,26 +344,7 @@ class Table:
             if problem:
                 raise KeyViolationError(f"append rejected: {problem}")
         written: list[WrittenFile] = []
-
-        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            index = KeyIndex.open(state) if check_keys else None
-            if index is not None and defers_build(index, state.iceberg, batch.num_rows):
-                # No live key to clash with (in-batch duplicates were refused above); the index is built on first use.
-                return Plan("append", inserts=batch, inserted=batch.num_rows)
-            if index is not None:
-                key_checks.reject_live_keys(index, batch.select(key), _APPEND_HINT)
-                return Plan("append", inserts=batch, inserted=batch.num_rows, key_index=KeyIndexChange(index=index))
-            files = state.live_files() if check_keys else []
-            if files:  # an empty table has no key to clash with
-                con.register("batch", batch.select(key))
-                register_live_view(con, "live", files, self.arrow_schema, self._field_ids(), keys=("batch", key))
-                names = ", ".join(quote_ident(k) for k in key)
-                clash = duck.fetch_arrow(con, f"SELECT {names} FROM live LIMIT 3")
-                if clash.num_rows:
-                    raise KeyViolationError(f"append rejected: key value(s) already in the table, e.g. {clash.to_pylist()}; {_APPEND_HINT}")
-            return Plan("append", inserts=batch, inserted=batch.num_rows)
-
-        return run_write(self._context, plan, mode=MERGE_ON_READ, reuse_inserts=written)
+        return run_write(self._context, append_planner(self._context, batch, check_keys), mode=MERGE_ON_READ, reuse_inserts=written)
 
     def delete(self, where: str | BooleanExpression, *, mode: str | None = None, engine: str = "duckdb", spark: Any = None) -> CommitInfo:
         """Delete the live rows matching ``where`` (merge-on-read unless ``mode``/properties say otherwise).
@@ -380,19 +357,7 @@ class Table:
             return spark_rewrite.delete(self._context, where, self._mode(mode, PROP_DELETE_MODE), spark)
         pred = parse_predicate(where, self._probe_schema(), prunable_columns(self.arrow_schema))
         mode = self._mode(mode, PROP_DELETE_MODE)
-
-        def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
-            files = state.live_files(pred.prune)
-            schema = self.arrow_schema
-            duck.seal(con, register_live_view(con, "live", files, schema, self._field_ids()), exact_floats=pred.reads_floats)
-            key = self.key if index_enabled(state.iceberg) else []
-            old = old_values(schema) if self._capture() else ""
-            rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
-            removed = rows.select(REMOVED_COLS.split(", "))
-            change = KeyIndexChange(removed_keys=rows.select(key)) if key else None
-            return Plan("delete", files=files, removed=removed, removed_values=values, deleted=removed.num_rows, key_index=change)
-
-        return run_write(self._context, plan, mode=mode, isolated=True)  # the plan seals its connection
+        return run_write(self._context, delete_planner(self._context, pred), mode=mode, isolated=True)  # the plan seals its connection
 
     def update(
         self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None,  # noqa: A002
