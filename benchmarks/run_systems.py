@@ -123,6 +123,13 @@ class LineageCapture(Lineage):
     properties = {"lineage.cdf.capture-preimages": "true"}
 
 
+class LineageV3(Lineage):
+    name = "lineage-v3"
+    notes = ["ours (merge-on-read, as lineage) on an Iceberg format version 3 table: native row lineage, deletes as "
+             "deletion vectors (one per touched data file, replacing its old one)"]
+    properties = {"format-version": "3"}
+
+
 class PyIceberg(System):
     name = "pyiceberg"
     feeds_supported = {k: "pyiceberg 0.12 has no change feed (no changelog or incremental scan)" for k in ("all", "last5", "net")}
@@ -366,7 +373,7 @@ class Lance(System):
 
 
 PEER_PACKAGES = ("deltalake", "pylance", "duckdb-extension-ducklake")
-IMPLS: dict[str, type[System]] = {c.name: c for c in (Lineage, LineageCapture, PyIceberg, Delta, DuckLake, Lance)}
+IMPLS: dict[str, type[System]] = {c.name: c for c in (Lineage, LineageCapture, LineageV3, PyIceberg, Delta, DuckLake, Lance)}
 
 
 PROBE_TIMEOUT = 60.0  # seconds; through a temp table the same range answers in about 1.5 s at 1M rows
