@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,7 +38,7 @@ from pyiceberg.io import FileIO
 
 from index.key_hash import hash_is_injective, hash_name, key_hash, unhash
 from index.key_legacy import ArrowStore, check_columns, legacy_batch
-from index.key_packed import MAGIC, PackedStore, encode, read_header
+from index.key_packed import MAGIC, PackedStore, SpooledStore, encode, read_header
 from index.key_store import (
     CREATED,
     ENTRY_COLUMNS,
@@ -429,11 +429,13 @@ def write_key_segment(fileio: FileIO, path: str, segment: Segment, version: int,
         "key-index.base": "true" if segment.base else "false",
         "key-index.version": str(version),
     }
-    store = to_arrays(segment.store)
-    if format_version == SEGMENT_FORMAT_VERSION:
-        parts = encode(store, segment.key, meta, keep_keys=not _injective(segment.key))
+    parts: Iterable[bytes | memoryview]
+    if format_version == SEGMENT_FORMAT_VERSION and isinstance(segment.store, SpooledStore):  # a bounded build: copied
+        parts = segment.store.parts(meta)
+    elif format_version == SEGMENT_FORMAT_VERSION:
+        parts = encode(to_arrays(segment.store), segment.key, meta, keep_keys=not _injective(segment.key))
     elif format_version == 2:
-        batch = legacy_batch(store, segment.key).replace_schema_metadata(meta)
+        batch = legacy_batch(to_arrays(segment.store), segment.key).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
