@@ -153,6 +153,8 @@ class _Runs:
             self.spill()
         self.pending.append((rec, bounds, keys))
         self.pending_bytes += size
+        if self.pending_bytes > self.budget:  # a chunk larger than the budget on its own
+            self.spill()
 
     def spill(self) -> None:
         """Write the records in memory to a new run file, range after range."""
