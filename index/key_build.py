@@ -215,12 +215,14 @@ def range_bits(rows: int, bytes_per_row: int, budget: int) -> int:
 
 def spooled_base(
     key: tuple[KeyField, ...], paths: Sequence[str], chunks: Iterable[EntryChunk], *, rows: int, max_pos: int, max_version: int, budget: int,
+    level: int = 0,
 ) -> Segment | None:
     """A base segment of the entries of ``chunks`` (ordinals into ``paths``), built within ``budget`` bytes.
 
     ``rows`` bounds the number of entries (it sizes the hash ranges),
-    ``max_pos`` and ``max_version`` the positions and versions. None when
-    the chunks hold no entry. KeyViolationError when a key occurs twice.
+    ``max_pos`` and ``max_version`` the positions and versions; ``level``
+    is the segment's merge level. None when the chunks hold no entry.
+    KeyViolationError when a key occurs twice.
     """
     dtype = record_dtype(max_pos, max_version)
     stored = not hash_is_injective([k.type for k in key])
@@ -263,7 +265,7 @@ def spooled_base(
         body = os.path.join(folder, "segment.kix")
         lengths = _write_body(body, runs, key, layout, remap, n, fields)
         store = SpooledStore.open(body, fields, lengths)
-    return Segment(store, key, 0, True, hash_name(), None, SEGMENT_FORMAT_VERSION)
+    return Segment(store, key, level, True, hash_name(), None, SEGMENT_FORMAT_VERSION)
 
 
 def _write_body(path: str, runs: _Runs, key: tuple[KeyField, ...], layout: Layout, remap: np.ndarray, n: int,

@@ -86,6 +86,7 @@ from index.key_segment import (
     write_key_segment,
 )
 import index.key_build as key_build
+import index.key_merge as key_merge
 import lineage.duck as duck
 from lineage.storage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
@@ -233,7 +234,7 @@ class KeyIndex:
         rows = sum(f.lineage.record_count for f in files)
         budget = int(read(state.iceberg.metadata.properties, KEY_INDEX_BUILD_MEMORY))
         if rows * IN_MEMORY_BYTES_PER_KEY > budget:  # the bounded build (index.key_build): the same segment
-            chunks = _entry_chunks(state, shell, direct, scanned, max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, budget // 256)))
+            chunks = _entry_chunks(state, shell, direct, scanned, _chunk_rows(budget))
             segment = key_build.spooled_base(key, [f.path for f in direct + scanned], chunks, rows=rows, budget=budget,
                                              max_pos=max(f.lineage.record_count for f in files), max_version=_max_version(state, files))
             segment = segment or make_segment(key, entry_schema(key).empty_table(), level=0, base=True)
@@ -338,6 +339,11 @@ def _entry_chunks(state: TableState, shell: KeyIndex, direct: Sequence[LiveFile]
         first += len(group)
 
 
+def _chunk_rows(budget: int) -> int:
+    """Rows a bounded build reads (or merges) at a time under ``budget``."""
+    return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, budget // 256))
+
+
 def _max_version(state: TableState, files: Sequence[LiveFile]) -> int:
     """The largest version an entry of ``files`` can carry (their lineage's runs, and the state's version)."""
     return max([state.version] + [int(r.values.max()) for f in files for r in (f.lineage.created, f.lineage.updated) if len(r)])
@@ -433,11 +439,12 @@ def next_key_index(
         if delta is not None and delta.entries:
             segments.append(delta)
     policy = MergePolicy.of(state.iceberg.metadata.properties)
+    props = state.iceberg.metadata.properties
     while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
         start, level = step
-        segments[start:] = [merge_segments(segments[start:], base=start == 0, level=level)]
+        segments[start:] = [_merged(props, segments[start:], base=start == 0, level=level)]
     if change.merge != WRITER:  # maintenance rewrites segments of older formats (writers' cost stays O(change))
-        segments = [rewritten(s) if s.format_version < SEGMENT_FORMAT_VERSION else s for s in segments]
+        segments = [_rewritten(props, s) if s.format_version < SEGMENT_FORMAT_VERSION else s for s in segments]
     size = 0
     location = state.iceberg.metadata.location
     segments = [s for s in segments if s.entries]  # an empty index is no segment at all
@@ -449,6 +456,23 @@ def next_key_index(
             size += write_key_segment(io, path, seg, version)
             segments[i] = with_path(seg, path)
     return tuple(s.path for s in segments if s.path), size
+
+
+def _merged(props: Mapping[str, str], segments: Sequence[Segment], *, base: bool, level: int) -> Segment:
+    """``merge_segments(segments, ...)``: a merge into a base too large for the build budget range by range
+    (:mod:`index.key_merge`: the same segment in bounded memory), any other in memory."""
+    budget = int(read(props, KEY_INDEX_BUILD_MEMORY))
+    if base and sum(s.entries for s in segments) * IN_MEMORY_BYTES_PER_KEY > budget:
+        return key_merge.bounded_base_merge(segments, level=level, budget=budget, chunk_rows=_chunk_rows(budget))
+    return merge_segments(segments, base=base, level=level)
+
+
+def _rewritten(props: Mapping[str, str], segment: Segment) -> Segment:
+    """``rewritten(segment)`` (a segment of an older format, to be written in the current one); a large base
+    range by range, as a merge of itself alone."""
+    if segment.base and segment.entries * IN_MEMORY_BYTES_PER_KEY > int(read(props, KEY_INDEX_BUILD_MEMORY)):
+        return _merged(props, [segment], base=True, level=segment.level)
+    return rewritten(segment)
 
 
 def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | None) -> Segment | None:
