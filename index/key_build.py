@@ -6,8 +6,8 @@ two passes:
 
 1. **Partition.** The live rows come in chunks (a group of data files at a
    time). Each chunk's keys are hashed and every row becomes a fixed-width
-   record (hash, data file ordinal, position, row id, both versions: 28 to
-   32 bytes), put into one of ``2**bits`` hash ranges by the hash's top
+   record (hash, data file ordinal, position, row id, both versions: 32
+   bytes; 48 past 2**31 positions or versions), put into one of ``2**bits`` hash ranges by the hash's top
    bits. Records wait in memory until they reach the budget
    (``lineage.key-index.build-memory-bytes``), then all of them are written
    to one *run* file, range after range (a key column the hash does not give
@@ -263,13 +263,12 @@ def spooled_base(
         layout = record_layout(n, len(used), ranges)
         fields = header_fields({}, n, layout, [paths[i] for i in used])
         body = os.path.join(folder, "segment.kix")
-        lengths = _write_body(body, runs, key, layout, remap, n, fields)
+        lengths = _write_body(body, runs, key, layout, remap, n)
         store = SpooledStore.open(body, fields, lengths)
     return Segment(store, key, level, True, hash_name(), None, SEGMENT_FORMAT_VERSION)
 
 
-def _write_body(path: str, runs: _Runs, key: tuple[KeyField, ...], layout: Layout, remap: np.ndarray, n: int,
-                fields: dict[str, object]) -> list[tuple[str, int]]:
+def _write_body(path: str, runs: _Runs, key: tuple[KeyField, ...], layout: Layout, remap: np.ndarray, n: int) -> list[tuple[str, int]]:
     """Write the sections of the segment to ``path`` (laid out from 0) range by range; return their lengths."""
     p = layout.prefix_bits
     schema_bytes = key_schema(key).serialize().to_pybytes()

@@ -88,6 +88,21 @@ def test_bounded_merge_gives_the_in_memory_merge(tmp_path_factory, kind, history
             _key_values(kind, [k])[0].as_py(): v for k, v in model.items()}
 
 
+def test_a_bounded_segment_is_written_through_fileio_to_object_storage(tmp_path):
+    from test_key_index import _MemoryIO
+
+    mem = _MemoryIO()
+    segments = [_segment("string", {k: k * 10 for k in range(0, 900, 2)}, 0), _segment("string", {k: None for k in range(0, 300, 4)}, 1)]
+    got = bounded_base_merge(segments, level=0, budget=1, chunk_rows=50)
+    assert isinstance(got.store, SpooledStore)
+    write_key_segment(mem, "mem://bucket/s-keys.kix", got, 3)
+    write_key_segment(IO, str(tmp_path / "s-keys.kix"), got, 3)
+    assert mem.files["mem://bucket/s-keys.kix"] == (tmp_path / "s-keys.kix").read_bytes()
+    back = read_key_segment(mem, "mem://bucket/s-keys.kix")
+    probe = pa.table({"id": _key_values("string", [0, 4, 6, 302, 304, 901])})
+    assert KeyIndex(KEYS["string"], [back]).lookup(probe).column("_row_id").to_pylist() == [60, 3020, 3040]
+
+
 def test_a_full_merge_of_a_table_index_runs_range_by_range(tmp_path, monkeypatch):
     calls = []
     real = key_index.key_merge.bounded_base_merge
