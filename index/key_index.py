@@ -108,6 +108,7 @@ SEGMENT_SUFFIX = "-keys.kix"  # format 3 files; formats 1 and 2 were named *-key
 # at this rate are built in memory, larger ones by the bounded build of index.key_build.
 IN_MEMORY_BYTES_PER_KEY = 160
 MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 1 << 16, 1 << 20  # rows of the files read at a time by the bounded build
+LOOKUP_SLICE = 1 << 14  # probes of a large lookup resolved together (their pages then released)
 
 
 # ---------------------------------------------------------------- table facts
@@ -275,7 +276,25 @@ class KeyIndex:
         if not self.entries:  # an empty index (e.g. the first append of a table)
             return schema.empty_table()
         hashes = key_hash(keys)
-        unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
+        order = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
+        # A large lookup goes a slice of sorted probes at a time, and each slice's pages of the mapped segment
+        # files are dropped from the process's resident memory after it: what a lookup holds mapped stays
+        # bounded by the slice, not by the segments' size (a 1% upsert touches most pages of a large index).
+        sliced = len(order) > LOOKUP_SLICE and self.entries > LOOKUP_SLICE * 64  # a small index: one pass, as its pages are few
+        parts: list[pa.Table] = []
+        step = LOOKUP_SLICE if sliced else max(1, len(order))
+        for start in range(0, len(order), step):
+            parts += self._probe(keys, hashes, order[start : start + step])
+            if sliced:
+                for seg in self.segments:
+                    seg.release()
+        if not parts:
+            return schema.empty_table()
+        found = pa.concat_tables(parts)
+        return found.take(pa.array(np.argsort(found.column(INPUT).to_numpy(), kind="stable")))
+
+    def _probe(self, keys: pa.Table, hashes: np.ndarray, unresolved: np.ndarray) -> list[pa.Table]:
+        """The live images of rows ``unresolved`` of ``keys`` (in hash order), segments newest first."""
         resolved = np.zeros(keys.num_rows, bool)
         parts: list[pa.Table] = []
         for seg in reversed(self.segments):
@@ -290,10 +309,7 @@ class KeyIndex:
                 parts.append(seg.take(records[live], keys.take(pa.array(hit))).append_column(INPUT, pa.array(hit, pa.int64())))
             resolved[rows] = True
             unresolved = unresolved[~resolved[unresolved]]
-        if not parts:
-            return schema.empty_table()
-        found = pa.concat_tables(parts)
-        return found.take(pa.array(np.argsort(found.column(INPUT).to_numpy(), kind="stable")))
+        return parts
 
     def live_entries(self) -> pa.Table:
         """Every live entry (all segments merged in memory: O(n), for verify and tests)."""

@@ -19,6 +19,7 @@ import pytest
 from conftest import key_hash_mask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyiceberg.io.pyarrow import PyArrowFileIO
 
 import index.key_build as key_build
 import index.key_index as key_index
@@ -33,6 +34,7 @@ from lineage.maintenance.verify import verify
 from lineage.properties import KEY_INDEX_BUILD_MEMORY
 
 TINY, LARGE = "1", str(1 << 40)
+IO_LOCAL = PyArrowFileIO()
 
 
 def _budget(t: lineage.Table, budget: str) -> None:
@@ -217,3 +219,40 @@ def test_the_bounded_build_holds_the_same_memory_for_a_table_four_times_larger(t
     assert large < 1.3 * small, (small, large)
     small, large = peak(3, LARGE), peak(12, LARGE)
     assert large > 3 * small, (small, large)
+
+
+def _mapped_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split()[0] if line.split() else ""
+            if "-" in first and not first.endswith(":"):
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+def test_a_large_lookup_releases_the_pages_it_mapped(tmp_path, monkeypatch):
+    """A lookup of every key of a 300,000-key segment: the same answers sliced, and afterwards almost none of
+    the file's pages resident (a lookup below the slice leaves them mapped, as before)."""
+    from index.key_segment import make_segment, read_key_segment
+    from test_key_merge import KEYS
+
+    keys = np.random.default_rng(5).permutation(300_000).astype(np.int64)
+    entries = pa.table({"id": keys, "_row_id": keys, "__file_path": pa.array(["f.parquet"] * len(keys)), "__pos": keys,
+                        "_row_created_at_version": np.ones(len(keys), np.int64), "_row_last_updated_at_version": np.ones(len(keys), np.int64)})
+    path = str(tmp_path / "s-keys.kix")
+    write_key_segment(IO_LOCAL, path, make_segment(KEYS["int"], entries, level=0, base=True), 1)
+    probe = pa.table({"id": keys[::-1].copy()})
+    index = KeyIndex(KEYS["int"], [read_key_segment(IO_LOCAL, path)])
+    monkeypatch.setattr(key_index, "LOOKUP_SLICE", 10**9)
+    whole = index.lookup(probe)
+    assert _mapped_kib(path) > os.path.getsize(path) // 2048  # unsliced: most pages stay mapped
+    monkeypatch.setattr(key_index, "LOOKUP_SLICE", 4096)
+    sliced = index.lookup(probe)
+    assert sliced.equals(whole) and sliced.num_rows == 300_000
+    assert sliced.column("_row_id").to_pylist() == keys[::-1].tolist()
+    assert _mapped_kib(path) < os.path.getsize(path) // 8192  # under an eighth of the file
