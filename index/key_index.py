@@ -29,8 +29,9 @@ the rest.
 
 **Missing or stale index.** A table created before the key index, a list
 without an index reference, or segments written for another key definition
-or hash function: :meth:`KeyIndex.open` builds the index in memory from one
-scan of the key columns, and the write that asked for it commits it. The
+or hash function: :meth:`KeyIndex.open` builds the index from one scan of
+the key columns (in bounded memory: :mod:`index.key_build`), and the write
+that asked for it commits it. The
 index is disabled (and dropped by writes) with the table property
 ``lineage.key-index.enabled=false``, and when ``lineage.key.enforce=false``
 (a table that may hold duplicate keys cannot map a key to one image).
@@ -53,7 +54,7 @@ from __future__ import annotations
 import bisect
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -63,7 +64,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
-from index.key_hash import hash_is_injective, hash_name, key_hash
+from index.key_hash import hash_name, key_hash
 from index.key_merge_policy import WRITER, MergePolicy, SegmentInfo, next_merge
 from index.key_segment import (
     CREATED,
@@ -77,7 +78,6 @@ from index.key_segment import (
     distinct_keys,
     drop_tombstones,
     entry_schema,
-    keys_equal,
     make_segment,
     merge_segments,
     read_key_segment,
@@ -85,12 +85,14 @@ from index.key_segment import (
     with_path,
     write_key_segment,
 )
+import index.key_build as key_build
+import index.key_merge as key_merge
 import lineage.duck as duck
 from lineage.storage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
 from lineage.storage.metadata import FileLineage, index_dir
 from lineage.sql.predicate import quote_ident
-from lineage.properties import KEY_ENFORCE, KEY_INDEX_DEFER_ROWS, KEY_INDEX_ENABLED, read
+from lineage.properties import KEY_ENFORCE, KEY_INDEX_BUILD_MEMORY, KEY_INDEX_DEFER_ROWS, KEY_INDEX_ENABLED, read
 from lineage.storage.rle import decode_sequence, decode_values
 from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import arrow_schema, projection_field_ids
@@ -102,6 +104,11 @@ PROP_ENABLED = KEY_INDEX_ENABLED
 PROP_DEFER_ROWS = KEY_INDEX_DEFER_ROWS
 INPUT = "__input"
 SEGMENT_SUFFIX = "-keys.kix"  # format 3 files; formats 1 and 2 were named *-keys.arrow
+# Peak bytes per key of the in-memory build (about 130 at 10M keys): tables whose keys fit the build budget
+# at this rate are built in memory, larger ones by the bounded build of index.key_build.
+IN_MEMORY_BYTES_PER_KEY = 160
+MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 1 << 16, 1 << 20  # rows of the files read at a time by the bounded build
+LOOKUP_SLICE = 1 << 14  # probes of a large lookup resolved together (their pages then released)
 
 
 # ---------------------------------------------------------------- table facts
@@ -205,7 +212,12 @@ class KeyIndex:
 
     @staticmethod
     def build(state: TableState) -> KeyIndex:
-        """Build the index from one scan of the live key columns (in memory; committed by the next commit that carries it)."""
+        """Build the index from one scan of the live key columns (committed by the next commit that carries it).
+
+        A table whose keys fit the build budget (``lineage.key-index.build-memory-bytes``, at about 160 bytes
+        per key) is built in memory; a larger one by the bounded build of :mod:`index.key_build`, which gives
+        the same segment in a temporary file (memory-mapped) and keeps the budget whatever the table's size.
+        """
         key = table_key(state.iceberg)
         if not key:
             raise InvalidArgumentError(f"table {'.'.join(state.iceberg.name())} has no key, so it has no key index")
@@ -220,18 +232,23 @@ class KeyIndex:
         untouched = [by_name and not f.delete_paths and not f.equality_deletes for f in files]
         direct = [f for f, u in zip(files, untouched, strict=True) if u]
         scanned = [f for f, u in zip(files, untouched, strict=True) if not u]
+        rows = sum(f.lineage.record_count for f in files)
+        budget = int(read(state.iceberg.metadata.properties, KEY_INDEX_BUILD_MEMORY))
+        if rows * IN_MEMORY_BYTES_PER_KEY > budget:  # the bounded build (index.key_build): the same segment
+            chunks = _entry_chunks(state, shell, direct, scanned, _chunk_rows(budget))
+            segment = key_build.spooled_base(key, [f.path for f in direct + scanned], chunks, rows=rows, budget=budget,
+                                             max_pos=max(f.lineage.record_count for f in files), max_version=_max_version(state, files))
+            segment = segment or make_segment(key, entry_schema(key).empty_table(), level=0, base=True)
+            return KeyIndex(key, [segment], state.version, state.lineage.key_index)
         # only direct files: their integer columns may come as int32 (nothing to concatenate them with)
         parts = [_file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {}, narrow=not scanned)] if direct else []
         if scanned:
             parts.append(_scanned_entries(state, key, scanned))
         entries = parts[0] if len(parts) == 1 else pa.concat_tables([parts[0], parts[1].cast(parts[0].schema)])
         segment = make_segment(key, entries, level=0, base=True)
-        dup = _duplicate_keys(segment)
+        dup = key_build.duplicate_keys(segment)
         if dup:
-            raise KeyViolationError(
-                f"the table holds several live rows with the same key, e.g. {dup}; the key index needs unique keys "
-                "(delete the duplicates, or keep lineage.key.enforce=false)"
-            )
+            raise key_build.duplicate_error(dup)
         return KeyIndex(key, [segment], state.version, state.lineage.key_index)
 
     def conform_keys(self, keys: pa.Table) -> pa.Table:
@@ -259,7 +276,25 @@ class KeyIndex:
         if not self.entries:  # an empty index (e.g. the first append of a table)
             return schema.empty_table()
         hashes = key_hash(keys)
-        unresolved = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
+        order = np.argsort(hashes, kind="stable")  # sorted probes touch the pages in order
+        # A large lookup goes a slice of sorted probes at a time, and each slice's pages of the mapped segment
+        # files are dropped from the process's resident memory after it: what a lookup holds mapped stays
+        # bounded by the slice, not by the segments' size (a 1% upsert touches most pages of a large index).
+        sliced = len(order) > LOOKUP_SLICE and self.entries > LOOKUP_SLICE * 64  # a small index: one pass, as its pages are few
+        parts: list[pa.Table] = []
+        step = LOOKUP_SLICE if sliced else max(1, len(order))
+        for start in range(0, len(order), step):
+            parts += self._probe(keys, hashes, order[start : start + step])
+            if sliced:
+                for seg in self.segments:
+                    seg.release()
+        if not parts:
+            return schema.empty_table()
+        found = pa.concat_tables(parts)
+        return found.take(pa.array(np.argsort(found.column(INPUT).to_numpy(), kind="stable")))
+
+    def _probe(self, keys: pa.Table, hashes: np.ndarray, unresolved: np.ndarray) -> list[pa.Table]:
+        """The live images of rows ``unresolved`` of ``keys`` (in hash order), segments newest first."""
         resolved = np.zeros(keys.num_rows, bool)
         parts: list[pa.Table] = []
         for seg in reversed(self.segments):
@@ -274,10 +309,7 @@ class KeyIndex:
                 parts.append(seg.take(records[live], keys.take(pa.array(hit))).append_column(INPUT, pa.array(hit, pa.int64())))
             resolved[rows] = True
             unresolved = unresolved[~resolved[unresolved]]
-        if not parts:
-            return schema.empty_table()
-        found = pa.concat_tables(parts)
-        return found.take(pa.array(np.argsort(found.column(INPUT).to_numpy(), kind="stable")))
+        return parts
 
     def live_entries(self) -> pa.Table:
         """Every live entry (all segments merged in memory: O(n), for verify and tests)."""
@@ -310,36 +342,47 @@ def _scanned_entries(state: TableState, key: tuple[KeyField, ...], files: Sequen
     )
 
 
+def _entry_chunks(state: TableState, shell: KeyIndex, direct: Sequence[LiveFile], scanned: Sequence[LiveFile],
+                  chunk_rows: int) -> Iterator[key_build.EntryChunk]:
+    """The entries of the live rows of ``direct`` then ``scanned`` files (see :meth:`KeyIndex.build`), a group of
+    files of about ``chunk_rows`` rows at a time; file ordinals count ``direct`` then ``scanned``."""
+    first = 0
+    for group in _groups(direct, chunk_rows):
+        yield key_build.entry_chunk(_file_entries(state.iceberg.io, shell, [f.lineage for f in group], (), {}), shell.names, first)
+        first += len(group)
+    for group in _groups(scanned, chunk_rows):
+        yield key_build.entry_chunk(_scanned_entries(state, shell.key, group), shell.names, first)
+        first += len(group)
+
+
+def _chunk_rows(budget: int) -> int:
+    """Rows a bounded build reads (or merges) at a time under ``budget``."""
+    return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, budget // 256))
+
+
+def _max_version(state: TableState, files: Sequence[LiveFile]) -> int:
+    """The largest version an entry of ``files`` can carry (their lineage's runs, and the state's version)."""
+    return max([state.version] + [int(r.values.max()) for f in files for r in (f.lineage.created, f.lineage.updated) if len(r)])
+
+
+def _groups(files: Sequence[LiveFile], rows: int) -> Iterator[list[LiveFile]]:
+    """Consecutive groups of ``files`` of at most ``rows`` rows each (a larger file alone)."""
+    group: list[LiveFile] = []
+    total = 0
+    for f in files:
+        if group and total + f.lineage.record_count > rows:
+            yield group
+            group, total = [], 0
+        group.append(f)
+        total += f.lineage.record_count
+    if group:
+        yield group
+
+
 def _compatible(segment: Segment, key: tuple[KeyField, ...]) -> bool:
     return segment.hash == hash_name() and len(segment.key) == len(key) and all(
         a.field_id == b.field_id and a.name == b.name and a.type.equals(b.type) for a, b in zip(segment.key, key, strict=True)
     )
-
-
-def _duplicate_keys(segment: Segment) -> list[dict[str, object]]:
-    """Up to three keys that occur more than once in a (just built) segment."""
-    h = segment.hashes
-    if len(h) < 2:
-        return []
-    same = np.flatnonzero(h[1:] == h[:-1])
-    if not len(same):
-        return []
-    names = segment.names
-    if hash_is_injective([k.type for k in segment.key]):  # equal hashes are equal keys
-        return segment.keys(same[:3]).to_pylist()
-    # Equal hashes are adjacent, equal keys need not be (collisions): compare every pair of a hash group.
-    starts = np.concatenate(([0], np.flatnonzero(h[1:] != h[:-1]) + 1))
-    ends = np.append(starts[1:], len(h))
-    left, right = [], []
-    for s, e in zip(starts[ends - starts > 1], ends[ends - starts > 1], strict=True):
-        for i in range(s, e):
-            for j in range(i + 1, e):
-                left.append(i)
-                right.append(j)
-    keys = segment.keys()
-    eq = keys_equal(keys, np.array(left, np.int64), keys, np.array(right, np.int64), names)
-    hits = np.array(left, np.int64)[eq][:3]
-    return keys.take(pa.array(hits)).to_pylist() if len(hits) else []
 
 
 # ---------------------------------------------------------------- commits
@@ -412,11 +455,12 @@ def next_key_index(
         if delta is not None and delta.entries:
             segments.append(delta)
     policy = MergePolicy.of(state.iceberg.metadata.properties)
+    props = state.iceberg.metadata.properties
     while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
         start, level = step
-        segments[start:] = [merge_segments(segments[start:], base=start == 0, level=level)]
+        segments[start:] = [_merged(props, segments[start:], base=start == 0, level=level)]
     if change.merge != WRITER:  # maintenance rewrites segments of older formats (writers' cost stays O(change))
-        segments = [rewritten(s) if s.format_version < SEGMENT_FORMAT_VERSION else s for s in segments]
+        segments = [_rewritten(props, s) if s.format_version < SEGMENT_FORMAT_VERSION else s for s in segments]
     size = 0
     location = state.iceberg.metadata.location
     segments = [s for s in segments if s.entries]  # an empty index is no segment at all
@@ -428,6 +472,23 @@ def next_key_index(
             size += write_key_segment(io, path, seg, version)
             segments[i] = with_path(seg, path)
     return tuple(s.path for s in segments if s.path), size
+
+
+def _merged(props: Mapping[str, str], segments: Sequence[Segment], *, base: bool, level: int) -> Segment:
+    """``merge_segments(segments, ...)``: a merge into a base too large for the build budget range by range
+    (:mod:`index.key_merge`: the same segment in bounded memory), any other in memory."""
+    budget = int(read(props, KEY_INDEX_BUILD_MEMORY))
+    if base and sum(s.entries for s in segments) * IN_MEMORY_BYTES_PER_KEY > budget:
+        return key_merge.bounded_base_merge(segments, level=level, budget=budget, chunk_rows=_chunk_rows(budget))
+    return merge_segments(segments, base=base, level=level)
+
+
+def _rewritten(props: Mapping[str, str], segment: Segment) -> Segment:
+    """``rewritten(segment)`` (a segment of an older format, to be written in the current one); a large base
+    range by range, as a merge of itself alone."""
+    if segment.base and segment.entries * IN_MEMORY_BYTES_PER_KEY > int(read(props, KEY_INDEX_BUILD_MEMORY)):
+        return _merged(props, [segment], base=True, level=segment.level)
+    return rewritten(segment)
 
 
 def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | None) -> Segment | None:
@@ -446,7 +507,7 @@ def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | N
     if not entries.num_rows and (tombstones is None or not tombstones.num_rows):
         return None
     segment = make_segment(index.key, entries.select(entry_schema(index.key).names), tombstones, level=0, base=False)
-    dup = _duplicate_keys(segment)
+    dup = key_build.duplicate_keys(segment)
     if dup:
         raise KeyViolationError(f"the commit would leave several live rows with the same key, e.g. {dup}")
     return segment

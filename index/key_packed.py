@@ -31,7 +31,10 @@ pages, never the whole file.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,36 +106,27 @@ def prefix_bits(n: int) -> int:
     return max(0, min(40, _bits(n) - 1 - _BUCKET))
 
 
-def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object], keep_keys: bool) -> list[bytes | memoryview]:
-    """The bytes of a format 3 file (in parts, to be written one after another)."""
-    n = store.n
-    hashes = store.hash_values
+def record_layout(n: int, files: int, ranges: dict[str, tuple[int, int]]) -> Layout:
+    """The layout of ``n`` records naming ``files`` data files, whose integer columns span ``ranges`` (lo, hi)."""
     p = prefix_bits(n)
-    file, ints = store.file, store.ints  # file ordinals as stored (int32 or int64)
-    live = file >= 0
-    every = bool(live.all())
-    used = np.flatnonzero(np.bincount(file[live] if not every else file, minlength=len(store.files))) if n else np.zeros(0, np.int64)
-    if every and np.array_equal(used, np.arange(len(store.files))):  # the common case: no remap, no tombstone
-        values: dict[str, np.ndarray] = {"file": file.astype(np.uint64)}
-    else:
-        remap = np.zeros(int(used.max()) + 1 if len(used) else 1, np.int64)
-        remap[used] = np.arange(len(used))
-        values = {"file": np.where(live, remap[np.where(live, file, 0)], len(used)).astype(np.uint64)}
-    widths = {"hash": 64 - p, "file": _bits(len(used))}
+    widths = {"hash": 64 - p, "file": _bits(files)}
     bases = {"hash": 0, "file": 0}
-    values["hash"] = hashes & np.uint64((1 << (64 - p)) - 1) if p else hashes.copy()
     for name in INT_ENTRIES:
-        v = ints[name]
-        lo, hi = (int(v.min()), int(v.max())) if every and n else ((int(v[live].min()), int(v[live].max())) if live.any() else (0, 0))
+        lo, hi = ranges[name]
         bases[name] = lo
         widths[name] = _bits(hi - lo)
-        if widths[name]:
-            off = v.astype(np.uint64)  # sign-extended: the offset below wraps modulo 2**64, exact for any range
-            off -= np.uint64(lo & 0xFFFFFFFFFFFFFFFF)
-            if not every:
-                off[~live] = 0
-            values[name] = off
-    layout = _plan(widths, bases, p)
+    return _plan(widths, bases, p)
+
+
+def offsets(values: np.ndarray, base: int) -> np.ndarray:
+    """``values - base`` as uint64 (sign-extended: the offset wraps modulo 2**64, exact for any range)."""
+    off = values.astype(np.uint64)
+    off -= np.uint64(base & 0xFFFFFFFFFFFFFFFF)
+    return off
+
+
+def pack_records(layout: Layout, values: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """The ``n`` records (uint8, ``n`` x ``record_bytes``) of the field values (uint64 offsets; shifted in place)."""
     records = np.empty((n, layout.record_bytes), np.uint8)
     for lane, nbytes in enumerate(layout.lanes):
         acc: np.ndarray | None = None
@@ -148,13 +142,85 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
         assert acc is not None
         start = layout.lane_offset(lane)
         records[:, start : start + nbytes] = _le(acc).view(np.uint8).reshape(n, 8)[:, :nbytes]
+    return records
+
+
+def directory_type(n: int) -> np.dtype:
+    """The integer type of the hash directory of ``n`` records."""
+    return np.dtype(np.uint32 if n < 2**32 else np.uint64)
+
+
+def header_fields(meta: dict[str, object], n: int, layout: Layout, files: list[str]) -> dict[str, object]:
+    """The header of a file of ``n`` records (without its sections): ``meta``, then what the records need."""
+    return dict(meta, **{"entries": n, "record-bytes": layout.record_bytes, "directory-type": str(directory_type(n)),
+                         "files": files, "layout": layout.to_json()})
+
+
+def section_offsets(lengths: list[tuple[str, int]], start: int) -> dict[str, list[int]]:
+    """Where the sections of these lengths go from ``start`` (each 64-byte aligned; ``padding`` extends the records)."""
+    where: dict[str, list[int]] = {}
+    offset = start
+    for name, length in lengths:
+        if name == "padding":  # right after the records, counted in their section
+            where["records"][1] += length
+            offset = _aligned(where["records"][0] + where["records"][1])
+            continue
+        where[name] = [offset, length]
+        offset = _aligned(offset + length)
+    return where
+
+
+def frame(header: dict[str, object], lengths: list[tuple[str, int]]) -> bytes:
+    """The bytes before the first section: magic, header length, the header naming the sections, zero padding.
+
+    The sections then follow as :func:`section_offsets` lays them out from 0, shifted by the returned length
+    (a multiple of the alignment), so a body laid out from 0 is appended to the frame unchanged.
+    """
+    # Offsets depend on the header's length and the header names them: lay out with a fixed-width placeholder.
+    placeholder = {name: [10**15, 10**15] for name, _ in lengths if name != "padding"}
+    head_len = len(json.dumps(dict(header, sections=placeholder)).encode())
+    start = _aligned(len(MAGIC) + 4 + head_len)
+    head = json.dumps(dict(header, sections=section_offsets(lengths, start))).encode()
+    head += b" " * (head_len - len(head))
+    size = np.uint32(head_len).tobytes() if sys.byteorder == "little" else np.uint32(head_len).byteswap().tobytes()
+    return MAGIC + size + head + b"\x00" * (start - len(MAGIC) - 4 - head_len)
+
+
+def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object], keep_keys: bool) -> list[bytes | memoryview]:
+    """The bytes of a format 3 file (in parts, to be written one after another)."""
+    n = store.n
+    hashes = store.hash_values
+    file, ints = store.file, store.ints  # file ordinals as stored (int32 or int64)
+    live = file >= 0
+    every = bool(live.all())
+    used = np.flatnonzero(np.bincount(file[live] if not every else file, minlength=len(store.files))) if n else np.zeros(0, np.int64)
+    if every and np.array_equal(used, np.arange(len(store.files))):  # the common case: no remap, no tombstone
+        values: dict[str, np.ndarray] = {"file": file.astype(np.uint64)}
+    else:
+        remap = np.zeros(int(used.max()) + 1 if len(used) else 1, np.int64)
+        remap[used] = np.arange(len(used))
+        values = {"file": np.where(live, remap[np.where(live, file, 0)], len(used)).astype(np.uint64)}
+    ranges = {}
+    for name in INT_ENTRIES:
+        v = ints[name]
+        ranges[name] = (int(v.min()), int(v.max())) if every and n else ((int(v[live].min()), int(v[live].max())) if live.any() else (0, 0))
+    layout = record_layout(n, len(used), ranges)
+    p = layout.prefix_bits
+    values["hash"] = hashes & np.uint64((1 << (64 - p)) - 1) if p else hashes.copy()
+    for name in INT_ENTRIES:
+        if layout.fields[name][2]:
+            off = offsets(ints[name], ranges[name][0])
+            if not every:
+                off[~live] = 0
+            values[name] = off
+    records = pack_records(layout, values, n)
     counts = np.bincount((hashes >> np.uint64(64 - p)).astype(np.int64), minlength=1 << p) if p else np.array([n])
-    directory = np.concatenate(([0], np.cumsum(counts))).astype(np.uint32 if n < 2**32 else np.uint64)
+    directory = np.concatenate(([0], np.cumsum(counts))).astype(directory_type(n))
     sections: list[tuple[str, bytes | memoryview]] = [
         ("schema", key_schema(key).serialize().to_pybytes()),
         ("directory", memoryview(_le(directory).view(np.uint8))),
         ("records", memoryview(records.reshape(-1))),
-        ("padding", b"\x00" * 8),  # a record's last lane is read as 8 bytes (see PackedStore): never past the file's end
+        ("padding", PADDING),  # a record's last lane is read as 8 bytes (see PackedStore): never past the file's end
     ]
     if keep_keys and store.keys is not None:
         sink = pa.BufferOutputStream()
@@ -162,30 +228,20 @@ def encode(store: ArrayStore, key: tuple[KeyField, ...], meta: dict[str, object]
         with pa.ipc.new_stream(sink, keys.schema) as writer:
             writer.write_table(keys)
         sections.append(("keys", sink.getvalue().to_pybytes()))
-    header = dict(meta, **{"entries": n, "record-bytes": layout.record_bytes, "directory-type": str(directory.dtype),
-                           "files": [store.files[i] for i in used], "layout": layout.to_json()})
-    # Offsets depend on the header's length and the header names them: lay out with a fixed-width placeholder.
-    placeholder = {name: [10**15, 10**15] for name, _ in sections if name != "padding"}
-    head_len = len(json.dumps(dict(header, sections=placeholder)).encode())
-    offset = _aligned(len(MAGIC) + 4 + head_len)
-    where: dict[str, list[int]] = {}
-    for name, data in sections:
-        if name == "padding":  # right after the records, counted in their section
-            where["records"][1] += len(data)
-            offset = _aligned(where["records"][0] + where["records"][1])
-            continue
-        where[name] = [offset, len(data)]
-        offset = _aligned(offset + len(data))
-    head = json.dumps(dict(header, sections=where)).encode()
-    head += b" " * (head_len - len(head))
-    parts: list[bytes | memoryview] = [MAGIC, np.uint32(head_len).tobytes() if sys.byteorder == "little" else np.uint32(head_len).byteswap().tobytes(), head]
-    pos = len(MAGIC) + 4 + head_len
+    lengths = [(name, len(data)) for name, data in sections]
+    header = header_fields(meta, n, layout, [store.files[i] for i in used])
+    parts: list[bytes | memoryview] = [frame(header, lengths)]
+    where = section_offsets(lengths, 0)
+    pos = 0
     for name, data in sections:
         start = pos if name == "padding" else where[name][0]
         parts.append(b"\x00" * (start - pos))
         parts.append(data)
         pos = start + len(data)
     return parts
+
+
+PADDING = b"\x00" * 8
 
 
 def _aligned(x: int) -> int:
@@ -335,3 +391,54 @@ class PackedStore:
         if self.keys is None or records is None:
             return self.keys
         return self.keys.take(pa.array(records, pa.int64()))
+
+
+@dataclass(frozen=True)
+class Spool:
+    """A format 3 file's sections, laid out from offset 0 in a local temporary file that is already unlinked.
+
+    Written by a bounded build (:mod:`index.key_build`) before the commit knows the segment's metadata
+    (its version); :meth:`SpooledStore.parts` frames it with the final header. The file's space is freed
+    when the descriptor is closed, which happens when the spool is garbage-collected.
+    """
+
+    fd: int
+    size: int
+    fields: dict[str, object]  # the header without the metadata and the sections (see header_fields)
+    lengths: list[tuple[str, int]]
+
+    def __post_init__(self) -> None:
+        weakref.finalize(self, os.close, self.fd)
+
+    def chunks(self, size: int = 8 << 20) -> Iterator[bytes]:
+        """The file's bytes, ``size`` at a time (read, not mapped: the pages do not count as this process's memory)."""
+        for start in range(0, self.size, size):
+            yield os.pread(self.fd, min(size, self.size - start), start)
+
+
+@dataclass(frozen=True)
+class SpooledStore(PackedStore):
+    """The records of a spool, memory-mapped for lookups before the segment is written (the same answers as a
+    :class:`PackedStore` of the written file)."""
+
+    spool: Spool | None = field(default=None, repr=False)
+
+    @staticmethod
+    def open(path: str, fields: dict[str, object], lengths: list[tuple[str, int]]) -> SpooledStore:
+        """The store of the spool at ``path`` (closed and complete); the path may be unlinked once this returns."""
+        where = section_offsets(lengths, 0)
+        buf = pa.memory_map(path).read_buffer()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            store, _ = PackedStore.of(buf, dict(fields, sections=where))
+        except BaseException:
+            os.close(fd)
+            raise
+        spool = Spool(fd, max(start + length for start, length in where.values()), fields, lengths)
+        return SpooledStore(store.n, store.files, store.layout, store.directory, store.lanes, store.keys, spool)
+
+    def parts(self, meta: dict[str, object]) -> Iterator[bytes]:
+        """The bytes of the format 3 file with ``meta`` in its header: the frame, then the spool as it is."""
+        assert self.spool is not None
+        yield frame(dict(meta, **self.spool.fields), self.spool.lengths)
+        yield from self.spool.chunks()

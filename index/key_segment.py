@@ -25,8 +25,9 @@ values; keys the hash gives back are not stored, and cannot collide.
 from __future__ import annotations
 
 import json
+import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,7 +39,7 @@ from pyiceberg.io import FileIO
 
 from index.key_hash import hash_is_injective, hash_name, key_hash, unhash
 from index.key_legacy import ArrowStore, check_columns, legacy_batch
-from index.key_packed import MAGIC, PackedStore, encode, read_header
+from index.key_packed import MAGIC, PackedStore, SpooledStore, encode, read_header
 from index.key_store import (
     CREATED,
     ENTRY_COLUMNS,
@@ -118,6 +119,13 @@ class Segment:
     hash: str
     path: str | None = None
     format_version: int = SEGMENT_FORMAT_VERSION
+    mapping: mmap.mmap | None = field(default=None, repr=False, compare=False)  # the local file's memory map
+
+    def release(self) -> None:
+        """Drop the pages of the memory-mapped file from this process's resident memory (they stay in the page
+        cache and are mapped again on the next touch; nothing for a segment in memory)."""
+        if self.mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self.mapping.madvise(mmap.MADV_DONTNEED)
 
     @property
     def entries(self) -> int:
@@ -429,11 +437,13 @@ def write_key_segment(fileio: FileIO, path: str, segment: Segment, version: int,
         "key-index.base": "true" if segment.base else "false",
         "key-index.version": str(version),
     }
-    store = to_arrays(segment.store)
-    if format_version == SEGMENT_FORMAT_VERSION:
-        parts = encode(store, segment.key, meta, keep_keys=not _injective(segment.key))
+    parts: Iterable[bytes | memoryview]
+    if format_version == SEGMENT_FORMAT_VERSION and isinstance(segment.store, SpooledStore):  # a bounded build: copied
+        parts = segment.store.parts(meta)
+    elif format_version == SEGMENT_FORMAT_VERSION:
+        parts = encode(to_arrays(segment.store), segment.key, meta, keep_keys=not _injective(segment.key))
     elif format_version == 2:
-        batch = legacy_batch(store, segment.key).replace_schema_metadata(meta)
+        batch = legacy_batch(to_arrays(segment.store), segment.key).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
@@ -453,16 +463,26 @@ def _is_local(path: str) -> bool:
     return path.startswith("file:") or "://" not in path
 
 
+def _map(path: str) -> tuple[pa.Buffer, mmap.mmap | None]:
+    """A local file's bytes, memory-mapped (the map, to release its pages; None for an empty file)."""
+    with open(local_path(path), "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            return pa.py_buffer(b""), None
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return pa.py_buffer(mapping), mapping
+
+
 def _open(fileio: FileIO, path: str) -> Segment:
+    mapping = None
     try:
-        buf = pa.memory_map(local_path(path)).read_buffer() if _is_local(path) else pa.py_buffer(read_bytes(fileio, path))
+        buf, mapping = _map(path) if _is_local(path) else (pa.py_buffer(read_bytes(fileio, path)), None)
     except FileNotFoundError:
         raise LineageMetadataError(
             f"key index segment {path} is missing (deleted by hand or by a foreign vacuum?); rebuild the index with "
             "`lineage reindex TABLE` or Table.reindex()"
         ) from None
     if buf.size >= len(MAGIC) and buf.slice(0, len(MAGIC)).to_pybytes() == MAGIC:
-        return _open_packed(buf, path)
+        return replace(_open_packed(buf, path), mapping=mapping)
     try:
         if buf.slice(0, len(_ARROW_MAGIC)).to_pybytes() != _ARROW_MAGIC:
             raise ValueError("neither a packed segment nor an Arrow file")
@@ -478,7 +498,7 @@ def _open(fileio: FileIO, path: str) -> Segment:
         key = tuple(KeyField(int(k["id"]), str(k["name"]), batch.schema.field(str(k["name"])).type) for k in json.loads(meta["key-index.key"]))
         check_columns(batch)
         return Segment(ArrowStore(batch.replace_schema_metadata(None), tuple(k.name for k in key)), key, int(meta["key-index.level"]),
-                       meta["key-index.base"] == "true", meta["key-index.hash"], path, int(meta["lineage.format-version"]))
+                       meta["key-index.base"] == "true", meta["key-index.hash"], path, int(meta["lineage.format-version"]), mapping)
     except Exception as exc:
         raise LineageMetadataError(f"key index segment {path} has damaged content ({exc!r}); rebuild it with `lineage reindex TABLE`") from None
 

@@ -184,6 +184,10 @@ KEY_INDEX_DEFER_ROWS = _define(
     "lineage.key-index.defer-rows", "int", 100_000,
     "An append of at least this many rows to a table with no live key leaves building the index to its first keyed use "
     "(0: never defer).", _KEYS, minimum=0)
+KEY_INDEX_BUILD_MEMORY = _define(
+    "lineage.key-index.build-memory-bytes", "int", 256 * 1024 * 1024,
+    "Memory a key index build (`reindex`, the first keyed write) or a merge into a new base holds for the table's keys; "
+    "beyond it they are spilled to temporary files in hash ranges.", _KEYS, minimum=0, exclusive=True)
 KEY_INDEX_FANOUT = _define("lineage.key-index.merge-fanout", "int", 8, "Segments of one level merged together.", _KEYS, minimum=1)
 KEY_INDEX_BASE_FRACTION = _define("lineage.key-index.base-fraction", "float", 0.25,
                                   "Deltas merge into the base once they reach this fraction of it.", _KEYS, minimum=0, exclusive=True)
