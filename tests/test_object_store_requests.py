@@ -192,20 +192,46 @@ def test_a_deleted_object_is_not_served_from_memory(moto_server) -> None:
         puts.read(location)
 
 
-def test_old_metadata_files_are_removed_after_the_commit_not_during_it(counted) -> None:
-    """Past ``write.metadata.previous-versions-max`` the removal of the oldest metadata file (a HEAD and a DELETE)
-    runs on a background thread after the commit, off the writer's path: the files still go."""
-    import lineage.catalog as catalog
+def test_old_metadata_files_are_removed_in_batches_off_the_writers_path(counted, monkeypatch) -> None:
+    """Past ``write.metadata.previous-versions-max`` the oldest metadata files are queued and removed by one
+    ``DeleteObjects`` request per batch (no HEAD, no DELETE each, no folder marker): the files still go."""
+    import lineage.storage.removals as removals
     import pyarrow.fs as pafs
 
+    monkeypatch.setattr(removals, "BATCH", 3)
     lake, proxy = counted
     t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where(),
                              properties={"write.metadata.previous-versions-max": "1"})
-    for i in range(4):
-        proxy.reset()
+    proxy.reset()
+    for i in range(5):
         t.append(_rows(np.arange(i * 10, i * 10 + 10), "a"))
-        catalog._CLEANUP[0].submit(lambda: None).result()  # the removals sent so far have run
+    assert len(removals.pending()) == 1  # 4 files past the limit: a batch of 3 sent, one queued
+    removals.wait()
+    logged = proxy.counts(log=True)["log"]
+    assert not [p for kind, p, *_ in logged if kind == "PUT" and p.endswith("/")], "a folder marker was written"
+    kinds = proxy.counts()["requests"]
+    assert "HEAD" not in kinds and "DELETE" not in kinds, kinds
+    assert kinds.get("POST") == 2, kinds  # the batch of 3, then the last one at wait()
     fs, root = lineage.storage.files.filesystem(t.iceberg.metadata.location + "/metadata")
     names = [f.path for f in fs.get_file_info(pafs.FileSelector(root)) if f.path.endswith(".metadata.json")]
     assert len(names) == 2, names  # the current file and one previous version
-    assert t.scan().num_rows == 40
+    assert t.scan().num_rows == 50
+
+
+def test_delete_objects_removes_a_batch_in_one_request(counted) -> None:
+    import lineage.storage.files as files
+    import lineage.storage.s3_get as s3_get
+
+    lake, proxy = counted
+    files.register(lake.warehouse, lake.properties)
+    root = lake.warehouse.rstrip("/")
+    names = [f"{root}/batch/{i}&<x>.bin" for i in range(5)]  # keys that need escaping in the request's XML
+    for name in names:
+        puts.put(name, b"x")
+    proxy.reset()
+    settings = files.settings_for(root)
+    assert s3_get.delete_objects(names[:4] + [f"{root}/batch/missing.bin"], settings) == []
+    s3_get.delete(names[4], settings)
+    s3_get.delete(names[4], settings)  # already gone: no error
+    assert proxy.counts()["requests"] == {"POST": 1, "DELETE": 2}
+    assert not any(files.exists(n) for n in names)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+import lineage.storage.s3_get as s3_get
 import lineage.storage.s3_range as s3_range
 from lineage.errors import InvalidArgumentError
 import lineage.storage.s3_reader as s3_reader
@@ -209,12 +210,8 @@ def delete(location: str) -> None:
         except FileNotFoundError:
             pass
         return
-    fs, path = filesystem(location)
     s3_reader.discard(location)  # a deleted object is not served from memory either
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
+    s3_get.delete(location, settings_for(location))  # one request (pyarrow's delete_file sends a HEAD and may PUT a folder marker)
 
 
 def list_files(root: str) -> list[FileInfo]:
