@@ -28,13 +28,33 @@ from s3_proxy import Running  # noqa: E402 - the benchmark's proxy
 @pytest.fixture
 def counted(moto_server, tmp_path):
     """A lake on a new bucket of the moto server, reached through a counting proxy: ``(lake, proxy)``."""
-    proxy = Running(moto_server.endpoint, latency_ms=0)
+    yield from _proxied(moto_server, tmp_path, 0)
+
+
+@pytest.fixture
+def slow(moto_server, tmp_path):
+    """As ``counted``, with 40 ms added to every request (requests sent one after another show)."""
+    yield from _proxied(moto_server, tmp_path, 40)
+
+
+def _proxied(moto_server, tmp_path, latency_ms: float):  # noqa: ANN001, ANN202
+    proxy = Running(moto_server.endpoint, latency_ms=latency_ms)
     base = s3_lake(moto_server, str(tmp_path / "catalog"))
     lake = Lake("s3", base.root, base.warehouse, {**base.properties, "s3.endpoint": proxy.endpoint})
     try:
         yield lake, proxy
     finally:
         proxy.stop()
+
+
+def _most_in_flight(log: list[list]) -> int:
+    """The most requests of a proxy's log (entries ``[kind, path, bytes, arrived ms, answered ms]``) under way at once."""
+    events = sorted([(e[3], 1) for e in log] + [(e[4], -1) for e in log])
+    now = most = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def _rows(ids: np.ndarray, tag: str) -> pa.Table:
@@ -235,3 +255,41 @@ def test_delete_objects_removes_a_batch_in_one_request(counted) -> None:
     s3_get.delete(names[4], settings)  # already gone: no error
     assert proxy.counts()["requests"] == {"POST": 1, "DELETE": 2}
     assert not any(files.exists(n) for n in names)
+
+
+def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monkeypatch) -> None:
+    """A table of many small commits (a data and a delete file each): a fresh reader's scan sends one GET per
+    file, many in flight together (not one after another), never more than ``LINEAGE_S3_PARALLEL_READS``."""
+    from lineage.errors import InvalidArgumentError
+
+    lake, proxy = slow
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    for i in range(12):
+        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
+    expected = t.scan().sort_by("id")
+    live = t.state().live_files()
+    wanted = sorted("/" + p.split("://", 1)[1] for p in {f.path for f in live} | {d for f in live for d in f.delete_paths})
+    assert len(wanted) == 25  # 13 data files, 12 delete files
+
+    def scan(parallel: str | None) -> list[list]:
+        if parallel is None:
+            monkeypatch.delenv("LINEAGE_S3_PARALLEL_READS", raising=False)
+        else:
+            monkeypatch.setenv("LINEAGE_S3_PARALLEL_READS", parallel)
+        puts.forget()
+        proxy.reset()
+        assert t.scan().sort_by("id").equals(expected)
+        log = proxy.counts(log=True)["log"]
+        assert sorted(e[1] for e in log) == wanted, [e[:2] for e in log]  # one GET per file, nothing else
+        assert {e[0] for e in log} == {"GET"}
+        return log
+
+    log = scan(None)
+    span = max(e[4] for e in log) - min(e[3] for e in log)
+    assert _most_in_flight(log) >= 12 and span < 25 * 40 / 3, (_most_in_flight(log), span)  # one after another: 1 s
+    assert _most_in_flight(scan("4")) <= 4  # bounded by the setting
+    monkeypatch.setenv("LINEAGE_S3_PARALLEL_READS", "0")
+    puts.forget()
+    with pytest.raises(InvalidArgumentError, match="LINEAGE_S3_PARALLEL_READS"):
+        t.scan()

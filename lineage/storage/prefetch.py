@@ -7,10 +7,12 @@ files of small commits) costs a few round trips per file, one after another.
 A scan reads every byte of a small file anyway, and Iceberg's manifests
 already give every file's size: :func:`local_copies` fetches the small
 remote files of a scan in parallel (one GET each, no HEAD, up to
-:data:`~lineage.storage.puts.PARALLEL_REQUESTS` at once) into a temporary
-folder the reader reads instead, removed when the block ends. Large files
-are left to the reader's byte-range requests (projection and row-group
-pruning pay off there), and the total fetched is bounded.
+:func:`~lineage.storage.s3_get.parallel_reads` at once, the largest first so
+that its transfer overlaps the many small ones) into a temporary folder the
+reader reads instead, removed when the block ends. Large files are left to
+the reader's byte-range requests (projection and row-group pruning pay off
+there), and the total fetched is bounded. What is fetched is not kept in
+memory after the block (the writer's own recent files stay there instead).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 
 import lineage.storage.files as files
 import lineage.storage.puts as puts
+import lineage.storage.s3_get as s3_get
 
 MAX_FILE_BYTES = 8 << 20  # a remote file up to this size is fetched whole
 MAX_TOTAL_BYTES = 512 << 20  # at most this much per block (the smallest files first)
@@ -65,7 +68,9 @@ def local_copies(sized: Iterable[tuple[str, int | None]]) -> Iterator[dict[str, 
         def fetch(item: tuple[int, str]) -> tuple[str, str] | None:
             i, location = item
             try:
-                data = puts.read(location)
+                data = puts.known(location)
+                if data is None:
+                    data = s3_get.get(location, files.settings_for(location))
             except OSError:
                 return None
             local = os.path.join(folder, f"{i}-{os.path.basename(location.rstrip('/'))}")
@@ -73,8 +78,8 @@ def local_copies(sized: Iterable[tuple[str, int | None]]) -> Iterator[dict[str, 
                 f.write(data)
             return location, local
 
-        with ThreadPoolExecutor(min(puts.PARALLEL_REQUESTS, len(wanted)), thread_name_prefix="lineage-fetch") as pool:
-            got = [x for x in pool.map(fetch, enumerate(wanted)) if x is not None]
+        with ThreadPoolExecutor(min(s3_get.parallel_reads(), len(wanted)), thread_name_prefix="lineage-fetch") as pool:
+            got = [x for x in pool.map(fetch, reversed(list(enumerate(wanted)))) if x is not None]  # the largest first
         yield dict(got)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -35,7 +35,9 @@ from xml.sax.saxutils import escape
 
 from lineage.storage.settings import StoreSettings
 
-MAX_CONNECTIONS = 32  # pooled connections per endpoint (readers fetch up to PARALLEL_REQUESTS objects at once)
+MAX_CONNECTIONS = 64  # pooled connections per endpoint, at least (readers keep parallel_reads() requests in flight)
+ENV_PARALLEL_READS = "LINEAGE_S3_PARALLEL_READS"
+DEFAULT_PARALLEL_READS = 64
 ATTEMPTS = 3  # a request that fails with a connection error or a 5xx/429/503 reply is sent again, up to this often
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -70,10 +72,32 @@ def _endpoint(settings: StoreSettings) -> _Endpoint:
 
                 credentials = botocore.session.get_session().get_credentials()
             bundle = os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
-            pool = urllib3.PoolManager(num_pools=16, maxsize=MAX_CONNECTIONS, cert_reqs="CERT_REQUIRED", ca_certs=bundle,
+            pool = urllib3.PoolManager(num_pools=16, maxsize=max(MAX_CONNECTIONS, parallel_reads()), cert_reqs="CERT_REQUIRED", ca_certs=bundle,
                                        retries=False, timeout=urllib3.Timeout(connect=10.0, read=60.0))
             found = _ENDPOINTS[settings] = _Endpoint(pool, credentials, settings.region)
         return found
+
+
+def parallel_reads() -> int:
+    """GET requests a reader keeps in flight at once (``LINEAGE_S3_PARALLEL_READS``, default 64).
+
+    A scan of a table of many small files (the files of small commits) fetches
+    them all, one GET each: at tens of milliseconds a request, the number in
+    flight sets the scan's time. ``InvalidArgumentError`` for a value that is
+    no whole number from 1 to 1024.
+    """
+    raw = os.environ.get(ENV_PARALLEL_READS, "").strip()
+    if not raw:
+        return DEFAULT_PARALLEL_READS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1024:
+        from lineage.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"{ENV_PARALLEL_READS} must be a whole number of requests from 1 to 1024, got {raw!r}")
+    return value
 
 
 def object_url(location: str, settings: StoreSettings) -> str:
