@@ -126,17 +126,22 @@ def test_a_failed_background_put_fails_the_block(moto_server) -> None:
     assert files.exists(ok) and puts.read(ok) == b"fine"
 
 
+def _small_commits(lake: Lake, commits: int) -> tuple[lineage.Table, pa.Table, list[str]]:
+    """A table of 1000 rows and ``commits`` small upserts; its rows by id, and the proxy paths of its data and delete files."""
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    for i in range(commits):
+        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
+    live = t.state().live_files()
+    paths = {f.path for f in live} | {d for f in live for d in f.delete_paths}
+    return t, t.scan().sort_by("id"), sorted("/" + p.split("://", 1)[1] for p in paths)
+
+
 def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
     import cdf
 
     lake, proxy = counted
-    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
-    t.append(_rows(np.arange(1000), "a"))
-    for i in range(4):
-        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
-    expected = t.scan().sort_by("id")
-    files = t.state().live_files()
-    data_and_deletes = {f.path for f in files} | {d for f in files for d in f.delete_paths}
+    t, expected, data_and_deletes = _small_commits(lake, 4)
     reader = lineage.open_table("shop.orders", **lake.where())
     puts.forget()
     proxy.reset()
@@ -145,7 +150,7 @@ def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
     assert got.equals(expected)
     assert set(counts["requests"]) == {"GET"}, counts["requests"]  # sizes come from the manifests: no HEAD
     read = [path for _, path, *_ in counts["log"] if "/data/" in path]
-    assert sorted(read) == sorted("/" + p.split("://", 1)[1] for p in data_and_deletes), read  # one GET each
+    assert sorted(read) == data_and_deletes, read  # one GET each
     puts.forget()
     proxy.reset()
     feed = cdf.changes(reader, t.version - 3)
@@ -263,13 +268,7 @@ def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monk
     from lineage.errors import InvalidArgumentError
 
     lake, proxy = slow
-    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
-    t.append(_rows(np.arange(1000), "a"))
-    for i in range(12):
-        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
-    expected = t.scan().sort_by("id")
-    live = t.state().live_files()
-    wanted = sorted("/" + p.split("://", 1)[1] for p in {f.path for f in live} | {d for f in live for d in f.delete_paths})
+    t, expected, wanted = _small_commits(lake, 12)
     assert len(wanted) == 25  # 13 data files, 12 delete files
 
     def scan(parallel: str | None) -> list[list]:
