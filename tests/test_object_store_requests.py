@@ -33,8 +33,8 @@ def counted(moto_server, tmp_path):
 
 @pytest.fixture
 def slow(moto_server, tmp_path):
-    """As ``counted``, with 40 ms added to every request (requests sent one after another show)."""
-    yield from _proxied(moto_server, tmp_path, 40)
+    """As ``counted``, with 100 ms added to every request (requests sent one after another show)."""
+    yield from _proxied(moto_server, tmp_path, 100)
 
 
 def _proxied(moto_server, tmp_path, latency_ms: float):  # noqa: ANN001, ANN202
@@ -286,8 +286,23 @@ def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monk
 
     log = scan(None)
     span = max(e[4] for e in log) - min(e[3] for e in log)
-    assert _most_in_flight(log) >= 12 and span < 25 * 40 / 3, (_most_in_flight(log), span)  # one after another: 1 s
+    assert _most_in_flight(log) >= 12 and span < 25 * 100 / 3, (_most_in_flight(log), span)  # one after another: 2.5 s
     assert _most_in_flight(scan("4")) <= 4  # bounded by the setting
+
+    # The large file (here: the first one) is read while the small ones arrive: two queries, same rows, same GETs.
+    import lineage.read.batched_scan as batched_scan
+
+    queries = []
+    real_query = batched_scan._query_group
+    monkeypatch.setattr(batched_scan, "PIPELINE_FILE_BYTES", max(f.data_file.file_size_in_bytes for f in t.state().live_files()))
+    monkeypatch.setattr(batched_scan, "_query_group", lambda plan, group, *a: queries.append(len(group)) or real_query(plan, group, *a))
+    scan(None)
+    assert queries == [1, 12], queries
+    queries.clear()
+    puts.forget()
+    got = t.scan(where="id < 500", columns=["id", "name", "_row_id"]).sort_by("id")
+    assert got.equals(expected.filter(pa.compute.less(expected["id"], 500)).select(["id", "name", "_row_id"]))
+    assert queries == [1, 12], queries
     monkeypatch.setenv("LINEAGE_S3_PARALLEL_READS", "0")
     puts.forget()
     with pytest.raises(InvalidArgumentError, match="LINEAGE_S3_PARALLEL_READS"):

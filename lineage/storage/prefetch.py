@@ -21,8 +21,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import lineage.storage.files as files
 import lineage.storage.puts as puts
@@ -50,23 +51,46 @@ def chosen(
     return out
 
 
-@contextmanager
-def local_copies(sized: Iterable[tuple[str, int | None]]) -> Iterator[dict[str, str]]:
-    """Fetch the small remote files among ``(location, size)`` (see :func:`chosen`) in parallel into a temporary folder.
+@dataclass
+class Fetch:
+    """Downloads under way into a temporary folder (see :func:`fetching`)."""
 
-    Yields ``{location: local path}`` for the files fetched (empty when none
-    is remote and small); the folder is removed when the block ends. A file
-    that cannot be fetched is left out (the reader then reads it from the
-    store and reports what is wrong with it).
+    futures: dict[str, Future]  # location -> future of its local path (None: it could not be fetched)
+
+    def copies(self, locations: Iterable[str] | None = None) -> dict[str, str]:
+        """``{location: local path}`` of ``locations`` (every file of the block when None) that were fetched, once
+        they have arrived (waits for them; the others may still be under way)."""
+        wanted = self.futures if locations is None else [loc for loc in dict.fromkeys(locations) if loc in self.futures]
+        out = {}
+        for location in wanted:
+            local = self.futures[location].result()
+            if local is not None:
+                out[location] = local
+        return out
+
+
+@contextmanager
+def fetching(sized: Iterable[tuple[str, int | None]], first: Iterable[str] = ()) -> Iterator[Fetch]:
+    """Start fetching the small remote files among ``(location, size)`` (see :func:`chosen`) into a temporary folder.
+
+    Those named in ``first`` are sent first, in that order, then the others,
+    the largest first; :meth:`Fetch.copies` waits for the ones a reader
+    needs, so that it can read some while the rest arrive. A file that
+    cannot be fetched is left out (the reader then reads it from the store
+    and reports what is wrong with it). When the block ends, what is still
+    under way is dropped and the folder removed.
     """
     wanted = chosen(sized)
     if not wanted:
-        yield {}
+        yield Fetch({})
         return
+    known = set(wanted)
+    ahead = [loc for loc in dict.fromkeys(first) if loc in known]
+    order = ahead + [loc for loc in reversed(wanted) if loc not in set(ahead)]
     folder = tempfile.mkdtemp(prefix="lineage-fetch-")
+    pool = ThreadPoolExecutor(min(s3_get.parallel_reads(), len(order)), thread_name_prefix="lineage-fetch")
     try:
-        def fetch(item: tuple[int, str]) -> tuple[str, str] | None:
-            i, location = item
+        def fetch(i: int, location: str) -> str | None:
             try:
                 data = puts.known(location)
                 if data is None:
@@ -76,10 +100,22 @@ def local_copies(sized: Iterable[tuple[str, int | None]]) -> Iterator[dict[str, 
             local = os.path.join(folder, f"{i}-{os.path.basename(location.rstrip('/'))}")
             with open(local, "wb") as f:
                 f.write(data)
-            return location, local
+            return local
 
-        with ThreadPoolExecutor(min(s3_get.parallel_reads(), len(wanted)), thread_name_prefix="lineage-fetch") as pool:
-            got = [x for x in pool.map(fetch, reversed(list(enumerate(wanted)))) if x is not None]  # the largest first
-        yield dict(got)
+        yield Fetch({location: pool.submit(fetch, i, location) for i, location in enumerate(order)})
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def local_copies(sized: Iterable[tuple[str, int | None]]) -> Iterator[dict[str, str]]:
+    """Fetch the small remote files among ``(location, size)`` (see :func:`chosen`) in parallel into a temporary folder.
+
+    Yields ``{location: local path}`` for the files fetched (empty when none
+    is remote and small); the folder is removed when the block ends. A file
+    that cannot be fetched is left out (the reader then reads it from the
+    store and reports what is wrong with it).
+    """
+    with fetching(sized) as fetch:
+        yield fetch.copies()
