@@ -307,3 +307,26 @@ def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monk
     puts.forget()
     with pytest.raises(InvalidArgumentError, match="LINEAGE_S3_PARALLEL_READS"):
         t.scan()
+
+
+def test_removals_fall_back_to_one_delete_each_where_the_store_refuses_a_batch(counted, monkeypatch) -> None:
+    import lineage.storage.files as files
+    import lineage.storage.removals as removals
+    import lineage.storage.s3_get as s3_get
+
+    lake, proxy = counted
+    files.register(lake.warehouse, lake.properties)
+    names = [f"{lake.warehouse.rstrip('/')}/old/{i}.metadata.json" for i in range(3)]
+    for name in names:
+        puts.put(name, b"{}")
+
+    def refused(locations: list[str], settings: object) -> list[str]:
+        raise OSError("removing objects failed: HTTP 501 NotImplemented")
+
+    monkeypatch.setattr(s3_get, "delete_objects", refused)
+    monkeypatch.setattr(removals, "BATCH", 2)
+    proxy.reset()
+    removals.remove_later(names)
+    removals.wait()
+    assert proxy.counts()["requests"] == {"DELETE": 3}
+    assert not any(files.exists(n) for n in names) and removals.pending() == []

@@ -5,8 +5,9 @@ metadata file out of the table's metadata log. Removing it at once costs a
 request per commit (and pyarrow's ``delete_file`` sends three: a HEAD, the
 DELETE and a PUT of a folder marker). :func:`remove_later` queues such
 objects by bucket and, once :data:`BATCH` of one bucket are queued, removes
-them with one ``DeleteObjects`` request on a background thread; what is
-still queued goes when the interpreter exits (or at :func:`wait`). So at
+them with one ``DeleteObjects`` request on a background thread (one
+``DeleteObject`` each on a store that refuses it); what is still queued
+goes when the interpreter exits (or at :func:`wait`). So at
 most ``BATCH - 1`` files beyond the limit stay while a writer lives. A
 removal that fails (or a process killed before it exits cleanly) leaves
 files no metadata log names, which ``vacuum`` removes; the commit has
@@ -78,10 +79,17 @@ def _submit(batch: list[str]) -> None:  # under _LOCK
 def _remove(batch: list[str]) -> None:
     for location in batch:
         s3_reader.discard(location)
+    settings = files.settings_for(batch[0])
     try:
-        s3_get.delete_objects(batch, files.settings_for(batch[0]))
-    except (OSError, ValueError):
-        pass  # left for vacuum: the files are named by no metadata log
+        s3_get.delete_objects(batch, settings)
+        return
+    except OSError:
+        pass  # a store without DeleteObjects (Google Cloud Storage's XML API): one request each
+    for location in batch:
+        try:
+            s3_get.delete(location, settings)
+        except OSError:
+            pass  # left for vacuum: the file is named by no metadata log
 
 
 def _forget() -> None:  # a forked child starts its own thread and queue (the parent removes what it queued)
