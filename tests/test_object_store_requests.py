@@ -295,7 +295,8 @@ def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monk
     queries = []
     real_query = batched_scan._query_group
     monkeypatch.setattr(batched_scan, "PIPELINE_FILE_BYTES", max(f.data_file.file_size_in_bytes for f in t.state().live_files()))
-    monkeypatch.setattr(batched_scan, "_query_group", lambda plan, group, *a: queries.append(len(group)) or real_query(plan, group, *a))
+    monkeypatch.setattr(batched_scan, "_query_group",
+                        lambda plan, group, *a: queries.append(len(group)) or real_query(plan, group, *a))
     scan(None)
     assert queries == [1, 12], queries
     queries.clear()

@@ -211,7 +211,8 @@ def delete(location: str) -> None:
             pass
         return
     s3_reader.discard(location)  # a deleted object is not served from memory either
-    s3_get.delete(location, settings_for(location))  # one request (pyarrow's delete_file sends a HEAD and may PUT a folder marker)
+    # one request (pyarrow's delete_file sends a HEAD first and may PUT a folder marker after)
+    s3_get.delete(location, settings_for(location))
 
 
 def list_files(root: str) -> list[FileInfo]:

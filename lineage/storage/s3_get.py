@@ -72,7 +72,8 @@ def _endpoint(settings: StoreSettings) -> _Endpoint:
 
                 credentials = botocore.session.get_session().get_credentials()
             bundle = os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
-            pool = urllib3.PoolManager(num_pools=16, maxsize=max(MAX_CONNECTIONS, parallel_reads()), cert_reqs="CERT_REQUIRED", ca_certs=bundle,
+            pool = urllib3.PoolManager(num_pools=16, maxsize=max(MAX_CONNECTIONS, parallel_reads()),
+                                       cert_reqs="CERT_REQUIRED", ca_certs=bundle,
                                        retries=False, timeout=urllib3.Timeout(connect=10.0, read=60.0))
             found = _ENDPOINTS[settings] = _Endpoint(pool, credentials, settings.region)
         return found

@@ -69,8 +69,9 @@ def forget_tails() -> None:
 
 
 def warm(locations: Iterable[str], settings_of: Callable[[str], StoreSettings]) -> None:
-    """Fetch the tails of ``locations`` not held yet, :func:`~lineage.storage.s3_get.parallel_reads` at once (a reader about to open
-    each of them one after another: its opens then read from memory). A failure is left for the reader to meet."""
+    """Fetch the tails of ``locations`` not held yet, :func:`~lineage.storage.s3_get.parallel_reads` at once (a reader
+    about to open each of them one after another: its opens then read from memory). A failure is left for the reader
+    to meet."""
     wanted = [loc for loc in dict.fromkeys(locations) if _held_tail(loc) is None]
     if len(wanted) < 2:
         return
