@@ -331,3 +331,17 @@ def test_removals_fall_back_to_one_delete_each_where_the_store_refuses_a_batch(c
     removals.wait()
     assert proxy.counts()["requests"] == {"DELETE": 3}
     assert not any(files.exists(n) for n in names) and removals.pending() == []
+
+
+def test_many_files_are_removed_by_one_request_per_thousand(counted) -> None:
+    import lineage.storage.files as files
+
+    lake, proxy = counted
+    files.register(lake.warehouse, lake.properties)
+    names = [f"{lake.warehouse.rstrip('/')}/gone/{i}.parquet" for i in range(1003)]
+    for name in names[:20] + names[-3:]:
+        puts.put(name, b"x")
+    proxy.reset()
+    files.delete_many(names)
+    assert proxy.counts()["requests"] == {"POST": 2}
+    assert puts.known(names[0]) is None and not any(files.exists(n) for n in names[:20] + names[-3:])

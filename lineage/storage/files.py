@@ -239,14 +239,36 @@ PARALLEL_REQUESTS = 16  # independent object-store requests in flight at once (e
 
 
 def delete_many(locations: list[str]) -> None:
-    """Delete the files at ``locations`` (missing ones are not an error); an object store's in parallel."""
-    remote = [loc for loc in locations if is_remote(loc)]
+    """Delete the files at ``locations`` (missing ones are not an error).
+
+    An object store's go by ``DeleteObjects`` requests (up to 1000 objects of
+    a bucket each) in parallel; a store that refuses one (Google Cloud
+    Storage's XML API), or objects it could not remove, get one
+    ``DeleteObject`` each, whose error is raised.
+    """
+    by_bucket: dict[str, list[str]] = {}
     for loc in locations:
-        if not is_remote(loc):
+        if is_remote(loc):
+            by_bucket.setdefault(bucket_of(loc), []).append(loc)
+        else:
             delete(loc)
-    if remote:
-        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(remote))) as pool:
-            list(pool.map(delete, remote))
+    batches = [group[i:i + 1000] for group in by_bucket.values() for i in range(0, len(group), 1000)]
+    if batches:
+        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(batches))) as pool:
+            left = [loc for rest in pool.map(_delete_batch, batches) for loc in rest]
+        if left:
+            with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(left))) as pool:
+                list(pool.map(delete, left))
+
+
+def _delete_batch(batch: list[str]) -> list[str]:
+    """Remove ``batch`` (objects of one bucket) with one request; the locations still to remove one by one."""
+    for location in batch:
+        s3_reader.discard(location)
+    try:
+        return s3_get.delete_objects(batch, settings_for(batch[0]))
+    except OSError:
+        return batch
 
 
 def source(location: str) -> object:

@@ -23,8 +23,6 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import lineage.storage.files as files
-import lineage.storage.s3_get as s3_get
-import lineage.storage.s3_reader as s3_reader
 
 BATCH = 16  # objects of one bucket removed by one request
 
@@ -77,19 +75,10 @@ def _submit(batch: list[str]) -> None:  # under _LOCK
 
 
 def _remove(batch: list[str]) -> None:
-    for location in batch:
-        s3_reader.discard(location)
-    settings = files.settings_for(batch[0])
     try:
-        s3_get.delete_objects(batch, settings)
-        return
+        files.delete_many(batch)  # one request (one each on a store without DeleteObjects)
     except OSError:
-        pass  # a store without DeleteObjects (Google Cloud Storage's XML API): one request each
-    for location in batch:
-        try:
-            s3_get.delete(location, settings)
-        except OSError:
-            pass  # left for vacuum: the file is named by no metadata log
+        pass  # left for vacuum: the files are named by no metadata log
 
 
 def _forget() -> None:  # a forked child starts its own thread and queue (the parent removes what it queued)
