@@ -255,14 +255,15 @@ def delete_many(locations: list[str]) -> None:
     batches = [group[i:i + 1000] for group in by_bucket.values() for i in range(0, len(group), 1000)]
     if batches:
         with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(batches))) as pool:
-            left = [loc for rest in pool.map(_delete_batch, batches) for loc in rest]
+            left = [loc for rest in pool.map(delete_batch, batches) for loc in rest]
         if left:
             with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(left))) as pool:
                 list(pool.map(delete, left))
 
 
-def _delete_batch(batch: list[str]) -> list[str]:
-    """Remove ``batch`` (objects of one bucket) with one request; the locations still to remove one by one."""
+def delete_batch(batch: list[str]) -> list[str]:
+    """Remove ``batch`` (up to 1000 objects of one bucket) with one request; the locations still to remove one by one
+    (all of them when the store refuses the request)."""
     for location in batch:
         s3_reader.discard(location)
     try:

@@ -75,10 +75,12 @@ def _submit(batch: list[str]) -> None:  # under _LOCK
 
 
 def _remove(batch: list[str]) -> None:
-    try:
-        files.delete_many(batch)  # one request (one each on a store without DeleteObjects)
-    except OSError:
-        pass  # left for vacuum: the files are named by no metadata log
+    # On the calling thread, no pool: at interpreter exit no new work reaches one.
+    for location in files.delete_batch(batch):  # one request (one each on a store without DeleteObjects)
+        try:
+            files.delete(location)
+        except OSError:
+            pass  # left for vacuum: the file is named by no metadata log
 
 
 def _forget() -> None:  # a forked child starts its own thread and queue (the parent removes what it queued)
