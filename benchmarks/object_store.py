@@ -5,6 +5,7 @@ LIST, HEAD, DELETE, POST) and adds a fixed latency to each (default 20 ms, like 
 system runs on the same proxy, each in a bucket of its own, in this process one after the other:
 
 - ``lineage`` and ``lineage-capture`` (pre-image capture): this project, SQLite catalog, data on the store;
+  ``lineage-v3`` (not run by default): the same on an Iceberg v3 table (deletion vectors);
 - ``delta``: delta-rs with the change data feed on;
 - ``ducklake``: DuckLake (catalog in a local DuckDB file, data on the store through httpfs);
 - ``pyiceberg``: pyiceberg's own upsert (no change feed).
@@ -62,14 +63,14 @@ def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 # --------------------------------------------------------------------------- systems
 class Lineage:
-    def __init__(self, endpoint: str, bucket: str, work: str, capture: bool) -> None:
+    def __init__(self, endpoint: str, bucket: str, work: str, capture: bool, format_version: int = 2) -> None:
         from pyiceberg.catalog.sql import SqlCatalog
 
         import lineage
 
         props = {"s3.endpoint": endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
         cat = SqlCatalog("lineage", uri=f"sqlite:///{work}/catalog.db", warehouse=f"s3://{bucket}/wh", **props)
-        self.t = lineage.create_table("shop.orders", SCHEMA, key=["id"], catalog=cat,
+        self.t = lineage.create_table("shop.orders", SCHEMA, key=["id"], catalog=cat, format_version=format_version,
                                       properties={"lineage.cdf.capture-preimages": str(capture).lower()})
 
     def load(self, data: pa.Table) -> None:
@@ -185,7 +186,8 @@ class PyIceberg:
 
 def make(system: str, endpoint: str, bucket: str, work: str) -> Any:
     if system.startswith("lineage"):
-        return Lineage(endpoint, bucket, work, capture=system == "lineage-capture")
+        version = 3 if system == "lineage-v3" else 2
+        return Lineage(endpoint, bucket, work, capture=system == "lineage-capture", format_version=version)
     return {"delta": Delta, "ducklake": DuckLake, "pyiceberg": PyIceberg}[system](endpoint, bucket, work)
 
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote
@@ -15,10 +13,13 @@ from urllib.parse import quote
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.utils.properties import property_as_bool
 
 import lineage.iceberg.v3_metadata as v3_metadata
 import lineage.storage.files as storage_files
+import lineage.storage.removals as removals
 from lineage.errors import CatalogUnavailableError, InvalidArgumentError, TableNotFoundError, UnsupportedFormatError
 
 DEFAULT_NAMESPACE = "default"
@@ -169,29 +170,22 @@ def swap_metadata(iceberg: IcebergTable, prepared: PreparedMetadata) -> None:
 def _delete_old_metadata(iceberg: IcebergTable, base: TableMetadata, metadata: TableMetadata) -> None:
     """Remove the metadata files that fell out of ``write.metadata.previous-versions-max`` after a landed commit.
 
-    On an object store each removal costs round trips (a HEAD and a DELETE)
-    that the writer need not wait for: they run on a background thread
-    (joined at interpreter exit). A removal that fails leaves a file for
-    ``vacuum``; the commit has landed either way.
+    On an object store each removal is a request the writer need not wait
+    for: they are queued and sent in batches, one request each, off the
+    writer's path (:mod:`lineage.storage.removals`). A removal that fails
+    leaves a file for ``vacuum``; the commit has landed either way.
     """
-    def run() -> None:
+    if not storage_files.is_remote(metadata.location):
         try:
             iceberg.catalog._delete_old_metadata(iceberg.io, base, metadata)
         except Exception:  # noqa: BLE001 - the commit landed; old metadata files are vacuum's to remove
             pass
-
-    if not storage_files.is_remote(metadata.location):
-        run()
         return
-    with _CLEANUP_LOCK:
-        if not _CLEANUP:
-            _CLEANUP.append(ThreadPoolExecutor(1, thread_name_prefix="lineage-metadata-cleanup"))
-        _CLEANUP[0].submit(run)
-
-
-_CLEANUP_LOCK = threading.Lock()
-_CLEANUP: list[ThreadPoolExecutor] = []
-os.register_at_fork(after_in_child=_CLEANUP.clear)  # a forked child starts its own thread
+    if not property_as_bool(metadata.properties, TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED,
+                            TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED_DEFAULT):
+        return
+    kept = {log.metadata_file for log in metadata.metadata_log}
+    removals.remove_later(sorted({log.metadata_file for log in base.metadata_log} - kept))
 
 
 def resolve_catalog(warehouse: str | os.PathLike[str] | None, catalog: Catalog | None) -> Catalog:

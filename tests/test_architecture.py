@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         # the object store: settings, file systems, pyiceberg FileIO, DuckDB and Spark-worker access
         "lineage.storage.settings", "lineage.storage.files", "lineage.storage.store_fileio", "lineage.storage.duckdb_s3",
         "lineage.storage.objects", "lineage.storage.s3_get", "lineage.storage.s3_reader", "lineage.storage.puts",
-        "lineage.storage.prefetch",
+        "lineage.storage.prefetch", "lineage.storage.removals",
         "lineage.storage.spark_read",
         "lineage.iceberg", "lineage.iceberg.schema", "lineage.iceberg.v3_metadata",
         "lineage.commits", "lineage.commits.merge_rule",

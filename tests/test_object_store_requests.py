@@ -28,13 +28,33 @@ from s3_proxy import Running  # noqa: E402 - the benchmark's proxy
 @pytest.fixture
 def counted(moto_server, tmp_path):
     """A lake on a new bucket of the moto server, reached through a counting proxy: ``(lake, proxy)``."""
-    proxy = Running(moto_server.endpoint, latency_ms=0)
+    yield from _proxied(moto_server, tmp_path, 0)
+
+
+@pytest.fixture
+def slow(moto_server, tmp_path):
+    """As ``counted``, with 100 ms added to every request (requests sent one after another show)."""
+    yield from _proxied(moto_server, tmp_path, 100)
+
+
+def _proxied(moto_server, tmp_path, latency_ms: float):  # noqa: ANN001, ANN202
+    proxy = Running(moto_server.endpoint, latency_ms=latency_ms)
     base = s3_lake(moto_server, str(tmp_path / "catalog"))
     lake = Lake("s3", base.root, base.warehouse, {**base.properties, "s3.endpoint": proxy.endpoint})
     try:
         yield lake, proxy
     finally:
         proxy.stop()
+
+
+def _most_in_flight(log: list[list]) -> int:
+    """The most requests of a proxy's log (entries ``[kind, path, bytes, arrived ms, answered ms]``) under way at once."""
+    events = sorted([(e[3], 1) for e in log] + [(e[4], -1) for e in log])
+    now = most = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def _rows(ids: np.ndarray, tag: str) -> pa.Table:
@@ -106,17 +126,22 @@ def test_a_failed_background_put_fails_the_block(moto_server) -> None:
     assert files.exists(ok) and puts.read(ok) == b"fine"
 
 
+def _small_commits(lake: Lake, commits: int) -> tuple[lineage.Table, pa.Table, list[str]]:
+    """A table of 1000 rows and ``commits`` small upserts; its rows by id, and the proxy paths of its data and delete files."""
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    for i in range(commits):
+        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
+    live = t.state().live_files()
+    paths = {f.path for f in live} | {d for f in live for d in f.delete_paths}
+    return t, t.scan().sort_by("id"), sorted("/" + p.split("://", 1)[1] for p in paths)
+
+
 def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
     import cdf
 
     lake, proxy = counted
-    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
-    t.append(_rows(np.arange(1000), "a"))
-    for i in range(4):
-        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
-    expected = t.scan().sort_by("id")
-    files = t.state().live_files()
-    data_and_deletes = {f.path for f in files} | {d for f in files for d in f.delete_paths}
+    t, expected, data_and_deletes = _small_commits(lake, 4)
     reader = lineage.open_table("shop.orders", **lake.where())
     puts.forget()
     proxy.reset()
@@ -125,7 +150,7 @@ def test_a_scan_and_a_feed_read_without_head_requests(counted) -> None:
     assert got.equals(expected)
     assert set(counts["requests"]) == {"GET"}, counts["requests"]  # sizes come from the manifests: no HEAD
     read = [path for _, path, *_ in counts["log"] if "/data/" in path]
-    assert sorted(read) == sorted("/" + p.split("://", 1)[1] for p in data_and_deletes), read  # one GET each
+    assert sorted(read) == data_and_deletes, read  # one GET each
     puts.forget()
     proxy.reset()
     feed = cdf.changes(reader, t.version - 3)
@@ -192,20 +217,131 @@ def test_a_deleted_object_is_not_served_from_memory(moto_server) -> None:
         puts.read(location)
 
 
-def test_old_metadata_files_are_removed_after_the_commit_not_during_it(counted) -> None:
-    """Past ``write.metadata.previous-versions-max`` the removal of the oldest metadata file (a HEAD and a DELETE)
-    runs on a background thread after the commit, off the writer's path: the files still go."""
-    import lineage.catalog as catalog
+def test_old_metadata_files_are_removed_in_batches_off_the_writers_path(counted, monkeypatch) -> None:
+    """Past ``write.metadata.previous-versions-max`` the oldest metadata files are queued and removed by one
+    ``DeleteObjects`` request per batch (no HEAD, no DELETE each, no folder marker): the files still go."""
+    import lineage.storage.removals as removals
     import pyarrow.fs as pafs
 
+    monkeypatch.setattr(removals, "BATCH", 3)
     lake, proxy = counted
     t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where(),
                              properties={"write.metadata.previous-versions-max": "1"})
-    for i in range(4):
-        proxy.reset()
+    proxy.reset()
+    for i in range(5):
         t.append(_rows(np.arange(i * 10, i * 10 + 10), "a"))
-        catalog._CLEANUP[0].submit(lambda: None).result()  # the removals sent so far have run
+    assert len(removals.pending()) == 1  # 4 files past the limit: a batch of 3 sent, one queued
+    removals.wait()
+    logged = proxy.counts(log=True)["log"]
+    assert not [p for kind, p, *_ in logged if kind == "PUT" and p.endswith("/")], "a folder marker was written"
+    kinds = proxy.counts()["requests"]
+    assert "HEAD" not in kinds and "DELETE" not in kinds, kinds
+    assert kinds.get("POST") == 2, kinds  # the batch of 3, then the last one at wait()
     fs, root = lineage.storage.files.filesystem(t.iceberg.metadata.location + "/metadata")
     names = [f.path for f in fs.get_file_info(pafs.FileSelector(root)) if f.path.endswith(".metadata.json")]
     assert len(names) == 2, names  # the current file and one previous version
-    assert t.scan().num_rows == 40
+    assert t.scan().num_rows == 50
+
+
+def test_delete_objects_removes_a_batch_in_one_request(counted) -> None:
+    import lineage.storage.files as files
+    import lineage.storage.s3_get as s3_get
+
+    lake, proxy = counted
+    files.register(lake.warehouse, lake.properties)
+    root = lake.warehouse.rstrip("/")
+    names = [f"{root}/batch/{i}&<x>.bin" for i in range(5)]  # keys that need escaping in the request's XML
+    for name in names:
+        puts.put(name, b"x")
+    proxy.reset()
+    settings = files.settings_for(root)
+    assert s3_get.delete_objects(names[:4] + [f"{root}/batch/missing.bin"], settings) == []
+    s3_get.delete(names[4], settings)
+    s3_get.delete(names[4], settings)  # already gone: no error
+    assert proxy.counts()["requests"] == {"POST": 1, "DELETE": 2}
+    assert not any(files.exists(n) for n in names)
+
+
+def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monkeypatch) -> None:
+    """A table of many small commits (a data and a delete file each): a fresh reader's scan sends one GET per
+    file, many in flight together (not one after another), never more than ``LINEAGE_S3_PARALLEL_READS``."""
+    from lineage.errors import InvalidArgumentError
+
+    lake, proxy = slow
+    t, expected, wanted = _small_commits(lake, 12)
+    assert len(wanted) == 25  # 13 data files, 12 delete files
+
+    def scan(parallel: str | None) -> list[list]:
+        if parallel is None:
+            monkeypatch.delenv("LINEAGE_S3_PARALLEL_READS", raising=False)
+        else:
+            monkeypatch.setenv("LINEAGE_S3_PARALLEL_READS", parallel)
+        puts.forget()
+        proxy.reset()
+        assert t.scan().sort_by("id").equals(expected)
+        log = proxy.counts(log=True)["log"]
+        assert sorted(e[1] for e in log) == wanted, [e[:2] for e in log]  # one GET per file, nothing else
+        assert {e[0] for e in log} == {"GET"}
+        return log
+
+    log = scan(None)
+    span = max(e[4] for e in log) - min(e[3] for e in log)
+    assert _most_in_flight(log) >= 12 and span < 25 * 100 / 3, (_most_in_flight(log), span)  # one after another: 2.5 s
+    assert _most_in_flight(scan("4")) <= 4  # bounded by the setting
+
+    # The large file (here: the first one) is read while the small ones arrive: two queries, same rows, same GETs.
+    import lineage.read.batched_scan as batched_scan
+
+    queries = []
+    real_query = batched_scan._query_group
+    monkeypatch.setattr(batched_scan, "PIPELINE_FILE_BYTES", max(f.data_file.file_size_in_bytes for f in t.state().live_files()))
+    monkeypatch.setattr(batched_scan, "_query_group",
+                        lambda plan, group, *a: queries.append(len(group)) or real_query(plan, group, *a))
+    scan(None)
+    assert queries == [1, 12], queries
+    queries.clear()
+    puts.forget()
+    got = t.scan(where="id < 500", columns=["id", "name", "_row_id"]).sort_by("id")
+    assert got.equals(expected.filter(pa.compute.less(expected["id"], 500)).select(["id", "name", "_row_id"]))
+    assert queries == [1, 12], queries
+    monkeypatch.setenv("LINEAGE_S3_PARALLEL_READS", "0")
+    puts.forget()
+    with pytest.raises(InvalidArgumentError, match="LINEAGE_S3_PARALLEL_READS"):
+        t.scan()
+
+
+def test_removals_fall_back_to_one_delete_each_where_the_store_refuses_a_batch(counted, monkeypatch) -> None:
+    import lineage.storage.files as files
+    import lineage.storage.removals as removals
+    import lineage.storage.s3_get as s3_get
+
+    lake, proxy = counted
+    files.register(lake.warehouse, lake.properties)
+    names = [f"{lake.warehouse.rstrip('/')}/old/{i}.metadata.json" for i in range(3)]
+    for name in names:
+        puts.put(name, b"{}")
+
+    def refused(locations: list[str], settings: object) -> list[str]:
+        raise OSError("removing objects failed: HTTP 501 NotImplemented")
+
+    monkeypatch.setattr(s3_get, "delete_objects", refused)
+    monkeypatch.setattr(removals, "BATCH", 2)
+    proxy.reset()
+    removals.remove_later(names)
+    removals.wait()
+    assert proxy.counts()["requests"] == {"DELETE": 3}
+    assert not any(files.exists(n) for n in names) and removals.pending() == []
+
+
+def test_many_files_are_removed_by_one_request_per_thousand(counted) -> None:
+    import lineage.storage.files as files
+
+    lake, proxy = counted
+    files.register(lake.warehouse, lake.properties)
+    names = [f"{lake.warehouse.rstrip('/')}/gone/{i}.parquet" for i in range(1003)]
+    for name in names[:20] + names[-3:]:
+        puts.put(name, b"x")
+    proxy.reset()
+    files.delete_many(names)
+    assert proxy.counts()["requests"] == {"POST": 2}
+    assert puts.known(names[0]) is None and not any(files.exists(n) for n in names[:20] + names[-3:])

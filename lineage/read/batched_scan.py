@@ -30,10 +30,14 @@ from lineage.commits.merge_rule import pack_from_end
 from lineage.errors import BadPredicateError, InvalidArgumentError, LineageMetadataError, UnknownColumnError
 from lineage.read.scan import register_live_view
 from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
+from lineage.storage.files import is_remote
 from lineage.state import LiveFile, TableState
 
 DEFAULT_GROUP_BYTES = 128 << 20
 DEFAULT_BATCH_ROWS = 65_536
+# read_all on an object store: data files this large are read while the smaller ones (at least this many) arrive
+PIPELINE_FILE_BYTES = 256 << 10
+PIPELINE_MIN_FILES = 8
 
 
 @dataclass(frozen=True)
@@ -144,10 +148,24 @@ def scan_batches(
 
 
 def read_all(plan: BatchedScan) -> pa.Table:
-    """Every row ``plan`` selects as one Arrow table (all files in one DuckDB query)."""
+    """Every row ``plan`` selects as one Arrow table (all files in one DuckDB query, or two on an object store).
+
+    On an object store, a table of large files and many small ones (the
+    files of small commits) is read in two queries: the large files as soon
+    as they and their delete files have arrived, while the small files are
+    still being fetched, then the small ones (see :data:`PIPELINE_FILE_BYTES`).
+    """
     select = ", ".join(quote_ident(c) for c in plan.columns)
-    table = _read_group(plan, plan.files, select)
-    return table.cast(plan.target) if table.schema != plan.target else table
+    large = [f for f in plan.files if f.data_file.file_size_in_bytes >= PIPELINE_FILE_BYTES]
+    small = [f for f in plan.files if f.data_file.file_size_in_bytes < PIPELINE_FILE_BYTES]
+    if not large or len(small) < PIPELINE_MIN_FILES or not all(is_remote(f.path) for f in small):
+        parts = [_read_group(plan, plan.files, select)]
+    else:
+        ahead = [f.path for f in large] + [d.file_path for f in large for d in f.deletes]
+        with prefetch.fetching(_sized(plan.files), first=ahead) as fetch:
+            parts = [_query_group(plan, group, select, fetch.copies(_sized_paths(group))) for group in (large, small)]
+    parts = [t.cast(plan.target) if t.schema != plan.target else t for t in parts]
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -162,10 +180,18 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
         del table
 
 
-def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Table:
+def _sized(group: Sequence[LiveFile]) -> list[tuple[str, int]]:
+    """``(location, size)`` of the data and position delete files of ``group``."""
     sized = [(f.path, f.data_file.file_size_in_bytes) for f in group]
-    sized += [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
-    with prefetch.local_copies(sized) as copies:  # small files on an object store: fetched at once, one GET each
+    return sized + [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
+
+
+def _sized_paths(group: Sequence[LiveFile]) -> list[str]:
+    return [location for location, _ in _sized(group)]
+
+
+def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Table:
+    with prefetch.local_copies(_sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
         return _query_group(plan, group, select, copies)
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+import lineage.storage.s3_get as s3_get
 import lineage.storage.s3_range as s3_range
 from lineage.errors import InvalidArgumentError
 import lineage.storage.s3_reader as s3_reader
@@ -209,12 +210,9 @@ def delete(location: str) -> None:
         except FileNotFoundError:
             pass
         return
-    fs, path = filesystem(location)
     s3_reader.discard(location)  # a deleted object is not served from memory either
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
+    # one request (pyarrow's delete_file sends a HEAD first and may PUT a folder marker after)
+    s3_get.delete(location, settings_for(location))
 
 
 def list_files(root: str) -> list[FileInfo]:
@@ -241,14 +239,37 @@ PARALLEL_REQUESTS = 16  # independent object-store requests in flight at once (e
 
 
 def delete_many(locations: list[str]) -> None:
-    """Delete the files at ``locations`` (missing ones are not an error); an object store's in parallel."""
-    remote = [loc for loc in locations if is_remote(loc)]
+    """Delete the files at ``locations`` (missing ones are not an error).
+
+    An object store's go by ``DeleteObjects`` requests (up to 1000 objects of
+    a bucket each) in parallel; a store that refuses one (Google Cloud
+    Storage's XML API), or objects it could not remove, get one
+    ``DeleteObject`` each, whose error is raised.
+    """
+    by_bucket: dict[str, list[str]] = {}
     for loc in locations:
-        if not is_remote(loc):
+        if is_remote(loc):
+            by_bucket.setdefault(bucket_of(loc), []).append(loc)
+        else:
             delete(loc)
-    if remote:
-        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(remote))) as pool:
-            list(pool.map(delete, remote))
+    batches = [group[i:i + 1000] for group in by_bucket.values() for i in range(0, len(group), 1000)]
+    if batches:
+        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(batches))) as pool:
+            left = [loc for rest in pool.map(delete_batch, batches) for loc in rest]
+        if left:
+            with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(left))) as pool:
+                list(pool.map(delete, left))
+
+
+def delete_batch(batch: list[str]) -> list[str]:
+    """Remove ``batch`` (up to 1000 objects of one bucket) with one request; the locations still to remove one by one
+    (all of them when the store refuses the request)."""
+    for location in batch:
+        s3_reader.discard(location)
+    try:
+        return s3_get.delete_objects(batch, settings_for(batch[0]))
+    except OSError:
+        return batch
 
 
 def source(location: str) -> object:

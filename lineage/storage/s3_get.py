@@ -1,4 +1,4 @@
-"""Reading a whole object of an S3-compatible store, or a byte range of it, in one request.
+"""Reading a whole object of an S3-compatible store, or a byte range of it, in one request; removing objects.
 
 pyarrow's S3 file system (and DuckDB's ``httpfs``) asks for an object's size
 with a HEAD request before every read, so reading a small file whole costs
@@ -21,16 +21,23 @@ refresh. One connection pool per set of settings, shared by threads.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+from html import unescape
 from urllib.parse import quote, urlparse
+from xml.sax.saxutils import escape
 
 from lineage.storage.settings import StoreSettings
 
-MAX_CONNECTIONS = 32  # pooled connections per endpoint (readers fetch up to PARALLEL_REQUESTS objects at once)
+MAX_CONNECTIONS = 64  # pooled connections per endpoint, at least (readers keep parallel_reads() requests in flight)
+ENV_PARALLEL_READS = "LINEAGE_S3_PARALLEL_READS"
+DEFAULT_PARALLEL_READS = 64
 ATTEMPTS = 3  # a request that fails with a connection error or a 5xx/429/503 reply is sent again, up to this often
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -65,10 +72,33 @@ def _endpoint(settings: StoreSettings) -> _Endpoint:
 
                 credentials = botocore.session.get_session().get_credentials()
             bundle = os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
-            pool = urllib3.PoolManager(num_pools=16, maxsize=MAX_CONNECTIONS, cert_reqs="CERT_REQUIRED", ca_certs=bundle,
+            pool = urllib3.PoolManager(num_pools=16, maxsize=max(MAX_CONNECTIONS, parallel_reads()),
+                                       cert_reqs="CERT_REQUIRED", ca_certs=bundle,
                                        retries=False, timeout=urllib3.Timeout(connect=10.0, read=60.0))
             found = _ENDPOINTS[settings] = _Endpoint(pool, credentials, settings.region)
         return found
+
+
+def parallel_reads() -> int:
+    """GET requests a reader keeps in flight at once (``LINEAGE_S3_PARALLEL_READS``, default 64).
+
+    A scan of a table of many small files (the files of small commits) fetches
+    them all, one GET each: at tens of milliseconds a request, the number in
+    flight sets the scan's time. ``InvalidArgumentError`` for a value that is
+    no whole number from 1 to 1024.
+    """
+    raw = os.environ.get(ENV_PARALLEL_READS, "").strip()
+    if not raw:
+        return DEFAULT_PARALLEL_READS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1024:
+        from lineage.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"{ENV_PARALLEL_READS} must be a whole number of requests from 1 to 1024, got {raw!r}")
+    return value
 
 
 def object_url(location: str, settings: StoreSettings) -> str:
@@ -100,36 +130,76 @@ def get_range(location: str, settings: StoreSettings, byte_range: str | None) ->
     100 bytes), ``"-65536"`` (the last 64 KiB, or the whole object when it
     is smaller), None (everything).
     """
-    endpoint = _endpoint(settings)
-    url = object_url(location, settings)
     headers = {} if byte_range is None else {"Range": f"bytes={byte_range}"}
+    reply = _send("GET", location, object_url(location, settings), settings, headers, f"reading {location}")
+    whole = reply.headers.get("Content-Range")  # "bytes 0-99/1234" for a range
+    data = reply.data
+    return data, int(whole.rsplit("/", 1)[1]) if whole else len(data)
+
+
+def delete(location: str, settings: StoreSettings) -> None:
+    """Remove the object at ``location`` with one ``DeleteObject`` request (a missing object is no error).
+
+    pyarrow's ``delete_file`` sends a HEAD first and, when the key's folder
+    looks empty afterwards, a PUT of a folder marker: three requests for one.
+    """
+    _send("DELETE", location, object_url(location, settings), settings, {}, f"removing {location}")
+
+
+def delete_objects(locations: list[str], settings: StoreSettings) -> list[str]:
+    """Remove up to 1000 objects of one bucket with one ``DeleteObjects`` request; the locations it could not remove.
+
+    Missing objects count as removed (S3's rule). ``OSError`` when the request itself fails.
+    """
+    if not locations:
+        return []
+    if len(locations) > 1000:
+        raise ValueError(f"DeleteObjects takes at most 1000 keys, got {len(locations)}")
+    parsed = [urlparse(loc) for loc in locations]
+    bucket = parsed[0].netloc
+    if any(p.netloc != bucket for p in parsed):
+        raise ValueError("DeleteObjects removes objects of one bucket")
+    keys = "".join(f"<Object><Key>{escape(p.path.lstrip('/'))}</Key></Object>" for p in parsed)
+    body = f'<?xml version="1.0" encoding="UTF-8"?><Delete><Quiet>true</Quiet>{keys}</Delete>'.encode()
+    url = object_url(f"s3://{bucket}/", settings) + "?delete"
+    headers = {"Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode(), "Content-Type": "application/xml"}
+    reply = _send("POST", f"s3://{bucket}/", url, settings, headers, f"removing {len(locations)} objects of {bucket}", body)
+    failed = set(re.findall(rb"<Error>\s*<Key>([^<]*)</Key>", reply.data))
+    return [loc for loc, p in zip(locations, parsed) if unescape(p.path.lstrip("/")).encode() in failed]
+
+
+def _send(method: str, location: str, url: str, settings: StoreSettings, headers: dict[str, str], what: str,
+          body: bytes | None = None) -> Any:
+    """One signed request, sent again on a connection error or a 5xx/429 reply; the reply (2xx) or the error raised."""
+    endpoint = _endpoint(settings)
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            reply = endpoint.pool.request("GET", url, headers=_signed(endpoint, url, headers), preload_content=True)
+            reply = endpoint.pool.request(method, url, body=body, headers=_signed(endpoint, method, url, headers, body),
+                                          preload_content=True)
         except Exception as exc:  # noqa: BLE001 - urllib3's connection errors: sent again, then reported
             if attempt == ATTEMPTS:
-                raise OSError(f"reading {location} failed: {type(exc).__name__}: {exc}") from None
+                raise OSError(f"{what} failed: {type(exc).__name__}: {exc}") from None
         else:
-            if reply.status in (200, 206):
-                whole = reply.headers.get("Content-Range")  # "bytes 0-99/1234" for a range
-                data = reply.data
-                return data, int(whole.rsplit("/", 1)[1]) if whole else len(data)
-            if reply.status == 404:
+            if 200 <= reply.status < 300:
+                return reply
+            if reply.status == 404 and method == "GET":
                 raise FileNotFoundError(location)
+            if reply.status == 404 and method == "DELETE":
+                return reply  # some stores answer 404 for a missing key: removed either way
             if reply.status not in _RETRIED_STATUS or attempt == ATTEMPTS:
-                raise OSError(f"reading {location} failed: HTTP {reply.status} {_error_code(reply.data)}".rstrip())
+                raise OSError(f"{what} failed: HTTP {reply.status} {_error_code(reply.data)}".rstrip())
         time.sleep(0.05 * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
 
 
-def _signed(endpoint: _Endpoint, url: str, headers: dict[str, str]) -> dict[str, str]:
-    """``headers`` with the SigV4 signature of a GET of ``url`` (unchanged without credentials: anonymous reads)."""
+def _signed(endpoint: _Endpoint, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> dict[str, str]:
+    """``headers`` with the SigV4 signature of the request (unchanged without credentials: anonymous requests)."""
     if endpoint.credentials is None:
         return headers
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
 
-    request = AWSRequest(method="GET", url=url, headers=dict(headers))
+    request = AWSRequest(method=method, url=url, headers=dict(headers), data=body)
     S3SigV4Auth(endpoint.credentials.get_frozen_credentials(), "s3", endpoint.region).add_auth(request)
     return dict(request.headers.items())
 

@@ -27,7 +27,6 @@ from lineage.storage.settings import StoreSettings
 
 TAIL_BYTES = 64 << 10  # what pyarrow reads first for a Parquet footer
 TAILS_KEPT = 256  # tails of larger objects kept (a file's footer is read again by each open of it)
-WARM_REQUESTS = 16  # tails fetched at once by :func:`warm`
 
 _TAILS_LOCK = threading.Lock()
 _TAILS: OrderedDict[str, tuple[int, int, bytes]] = OrderedDict()  # location -> (size, offset of the tail, tail)
@@ -70,8 +69,9 @@ def forget_tails() -> None:
 
 
 def warm(locations: Iterable[str], settings_of: Callable[[str], StoreSettings]) -> None:
-    """Fetch the tails of ``locations`` not held yet, up to :data:`WARM_REQUESTS` at once (a reader about to open
-    each of them one after another: its opens then read from memory). A failure is left for the reader to meet."""
+    """Fetch the tails of ``locations`` not held yet, :func:`~lineage.storage.s3_get.parallel_reads` at once (a reader
+    about to open each of them one after another: its opens then read from memory). A failure is left for the reader
+    to meet."""
     wanted = [loc for loc in dict.fromkeys(locations) if _held_tail(loc) is None]
     if len(wanted) < 2:
         return
@@ -82,7 +82,7 @@ def warm(locations: Iterable[str], settings_of: Callable[[str], StoreSettings]) 
         except OSError:
             pass
 
-    with ThreadPoolExecutor(min(WARM_REQUESTS, len(wanted)), thread_name_prefix="lineage-warm") as pool:
+    with ThreadPoolExecutor(min(s3_get.parallel_reads(), len(wanted)), thread_name_prefix="lineage-warm") as pool:
         list(pool.map(fetch, wanted))
 
 
