@@ -286,7 +286,9 @@ def test_a_scan_of_many_small_files_fetches_them_at_once_one_get_each(slow, monk
 
     log = scan(None)
     span = max(e[4] for e in log) - min(e[3] for e in log)
-    assert _most_in_flight(log) >= 12 and span < 25 * 100 / 3, (_most_in_flight(log), span)  # one after another: 2.5 s
+    # One after another the 25 GETs take at least 2.5 s; at once, one round trip plus the time a loaded machine
+    # needs to start them (1.2 s seen at load 15 on 2 cores), so the span only has to stay well below serial.
+    assert _most_in_flight(log) >= 12 and span < 25 * 100 * 0.7, (_most_in_flight(log), span)
     assert _most_in_flight(scan("4")) <= 4  # bounded by the setting
 
     # The large file (here: the first one) is read while the small ones arrive: two queries, same rows, same GETs.
