@@ -15,7 +15,7 @@ DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -302,48 +302,6 @@ class PartPlan:
 def _segment_stub(seg: IndexSegment) -> IndexSegment:
     empty = np.zeros(0, np.int64)
     return IndexSegment(seg.path, (), np.zeros(0, np.int32), empty, empty, empty, empty, empty, None, seg.captured)
-
-
-def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> list[PartPlan]:
-    """The feed over ``(a, b]`` planned from metadata and cut into parts of at most ``part_rows`` rows.
-
-    An update pair is never split (a part may hold one row more than
-    ``part_rows`` to keep it whole), so every part is a feed of its own: net
-    parts drop their equal pairs, and ``_changed_columns`` compares images
-    of the same part. Errors of planning (a lost file) are raised here.
-    """
-    p = change_pointers(state, a, b)
-    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    p = p.select(sk.pointer)  # row k of the feed shows image k
-    ids = field_ids(state)
-    n, i, parts = len(sk), 0, []
-    while i < n:
-        j = min(i + part_rows, n)
-        if sk.change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
-            j += 1
-        parts.append(PartPlan(a, b, p.select(slice(i, j)), sk.change[i:j], sk.version[i:j], data, net, ids))
-        i = j
-    return parts
-
-
-def change_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> Iterator[pa.Table]:
-    """The rows of :func:`changes`, in the same order, as consecutive tables of at most ``part_rows`` rows.
-
-    The feed is planned here (:func:`plan_parts`: errors such as a lost file
-    are raised by this call); the values of a part are read when the part is
-    asked for. Memory holds the plan (tens of bytes per row) and one part,
-    instead of the whole result; the price is that row groups holding images
-    of several parts are decoded once per part unless the decoded row-group
-    cache keeps them.
-    """
-    return _read_parts(plan_parts(state, a, b, data, net, part_rows))
-
-
-def _read_parts(parts: list[PartPlan]) -> Iterator[pa.Table]:
-    while parts:
-        part = read_part(parts.pop(0))  # a part's pointers are freed once it is read
-        if part.num_rows:
-            yield part
 
 
 def read_part(part: PartPlan) -> pa.Table:
