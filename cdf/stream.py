@@ -3,7 +3,7 @@
 :func:`cdf.change_batches` plans the whole feed from metadata first (so a bad
 range or a lost file raises at the call), keeping per row only what reading
 it needs: where the image's values are, its lineage, its change code and
-commit version (:class:`FeedPlan`, 33 bytes a row when versions, positions
+commit version (:func:`plan_feed`, 33 bytes a row when versions, positions
 and row ids fit in 32 bits; 53 before). The parts are cut from that plan
 when the reader gets to them (numpy slices: no copy), each at most
 ``batch_rows`` rows and about ``batch_bytes`` of output (update pairs kept
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -50,49 +50,34 @@ def _narrow(a: np.ndarray) -> np.ndarray:
     return a
 
 
-@dataclass(frozen=True)
-class FeedPlan:
-    """A planned feed over ``(a, b]``: row k shows image k of ``shown`` with change code ``change[k]`` at ``version[k]``.
+def plan_bytes(feed: engine_duckdb.PartPlan) -> int:
+    """The bytes a planned feed's arrays hold."""
+    s = feed.shown
+    arrays = (s.source, s.loc, s.row_id, s.created, s.valid_from, s.valid_to, s.purged, feed.change, feed.version)
+    return sum(x.nbytes for x in arrays if x is not None)
 
-    Update pairs are adjacent, pre-image first. Parts are cut from it by
-    :meth:`part` without copying.
+
+def part_end(feed: engine_duckdb.PartPlan, start: int, rows: int) -> int:
+    """Where a part of ``feed`` starting at row ``start`` with at most ``rows`` rows ends (one row more to keep a pair whole)."""
+    j = min(start + max(1, rows), len(feed))
+    if feed.change[j - 1] == plan.PREIMAGE:  # its post-image is row j
+        j += 1
+    return j
+
+
+def part_of(feed: engine_duckdb.PartPlan, start: int, end: int) -> engine_duckdb.PartPlan:
+    """Rows ``start`` to ``end`` (exclusive) of ``feed`` as a part of their own (views, no copy)."""
+    rows = slice(start, end)
+    return replace(feed, shown=feed.shown.select(rows), change=feed.change[rows], version=feed.version[rows])
+
+
+def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> engine_duckdb.PartPlan:
+    """The feed over ``(a, b]`` planned from metadata (errors such as a lost file are raised here), kept compact.
+
+    Row k shows image k of the plan's pointers, update pairs adjacent
+    (pre-image first): the whole feed as one part, from which
+    :func:`part_of` cuts parts without copying.
     """
-
-    a: int
-    b: int
-    shown: Pointers
-    change: np.ndarray
-    version: np.ndarray
-    data: pa.Schema
-    net: bool
-    field_ids: dict[str, int]
-
-    def __len__(self) -> int:
-        return len(self.change)
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes the plan's arrays hold."""
-        s = self.shown
-        arrays = (s.source, s.loc, s.row_id, s.created, s.valid_from, s.valid_to, s.purged, self.change, self.version)
-        return sum(x.nbytes for x in arrays if x is not None)
-
-    def end(self, start: int, rows: int) -> int:
-        """Where a part starting at row ``start`` with at most ``rows`` rows ends (one row more to keep a pair whole)."""
-        j = min(start + max(1, rows), len(self))
-        if self.change[j - 1] == plan.PREIMAGE:  # its post-image is row j
-            j += 1
-        return j
-
-    def part(self, start: int, end: int) -> engine_duckdb.PartPlan:
-        """Rows ``start`` to ``end`` (exclusive) as a part that :func:`cdf.engine_duckdb.read_part` reads (views, no copy)."""
-        rows = slice(start, end)
-        return engine_duckdb.PartPlan(self.a, self.b, self.shown.select(rows), self.change[rows], self.version[rows], self.data,
-                                      self.net, self.field_ids)
-
-
-def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> FeedPlan:
-    """The feed over ``(a, b]`` planned from metadata (errors such as a lost file are raised here), kept compact."""
     p = change_pointers(state, a, b)
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
     pointer = sk.pointer
@@ -101,7 +86,7 @@ def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> 
     purged = None if p.purged is None else p.purged[pointer]
     shown = Pointers(p.files, p.captured, purged=purged, commit_ms=p.commit_ms, **cols)
     del p, pointer
-    return FeedPlan(a, b, shown, sk.change, _narrow(sk.version), data, net, engine_duckdb.field_ids(state))
+    return engine_duckdb.PartPlan(a, b, shown, sk.change, _narrow(sk.version), data, net, engine_duckdb.field_ids(state))
 
 
 def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> list[engine_duckdb.PartPlan]:
@@ -115,8 +100,8 @@ def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, pa
     feed = plan_feed(state, a, b, data, net)
     parts, start = [], 0
     while start < len(feed):
-        end = feed.end(start, part_rows)
-        parts.append(feed.part(start, end))
+        end = part_end(feed, start, part_rows)
+        parts.append(part_of(feed, start, end))
         start = end
     return parts
 
@@ -147,7 +132,7 @@ def row_bytes(state: TableState, data: pa.Schema) -> tuple[int, bool]:
     return fixed + math.ceil(sum(decoded_bytes(f, only, ids) for f in files) / rows), True
 
 
-def read_parts(feed: FeedPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool) -> Iterator[pa.Table]:
+def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool) -> Iterator[pa.Table]:
     """The rows of ``feed`` as consecutive tables of at most ``batch_rows`` rows and about ``batch_bytes`` bytes.
 
     ``first_row_bytes`` sizes the first part (at most :data:`GUESS_ROWS`
@@ -163,8 +148,8 @@ def read_parts(feed: FeedPlan, batch_rows: int, batch_bytes: int | None, first_r
             rows = min(rows, max(1, batch_bytes // width))
             if not measured:
                 rows = min(rows, GUESS_ROWS)
-        end = feed.end(start, rows)
-        table = engine_duckdb.read_part(feed.part(start, end))
+        end = part_end(feed, start, rows)
+        table = engine_duckdb.read_part(part_of(feed, start, end))
         start = end
         if table.num_rows:
             seen = max(seen, math.ceil(table.get_total_buffer_size() / table.num_rows))

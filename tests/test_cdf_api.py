@@ -328,3 +328,17 @@ def test_change_batches_cut_wide_rows_by_bytes(table):
     assert max(b.num_rows for b in batches) < 40  # a row budget alone (1M rows) would hold the whole feed
     rows_only = list(cdf.change_batches(table, 0, batch_bytes=None))
     assert len(rows_only) == 1 and pa.Table.from_batches(rows_only, want.schema).equals(want)
+
+
+def test_the_streamed_feeds_plan_holds_33_bytes_a_row(history):
+    import cdf.stream as stream
+
+    t, _ = history
+    state = t.state()
+    feed = stream.plan_feed(state, 0, state.version, t.arrow_schema, False)
+    assert len(feed) == cdf.changes(t, 0).num_rows > 0
+    assert stream.plan_bytes(feed) <= 33 * len(feed)  # versions, positions and row ids of this table fit in 32 bits
+    parts = stream.plan_parts(state, 0, state.version, t.arrow_schema, False, 2)
+    assert len(parts) > 1 and parts[0].change.base is not None
+    assert all(p.change.base is parts[0].change.base for p in parts), "parts are views of one plan, not copies"
+    assert sum(len(p) for p in parts) == len(feed)
