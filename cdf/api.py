@@ -15,7 +15,7 @@ from cdf.retention import resolve_range, window
 from cdf.stream import DEFAULT_BATCH_BYTES
 import lineage.spark as spark_io
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
-from lineage.memory import release_if_grown
+from lineage.memory import release_at_end, release_if_grown
 from lineage.state import TableState
 from lineage.table import Table
 
@@ -130,13 +130,16 @@ def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, b
     finally:
         release_if_grown()
 
+    planned = [feed]  # handed to the reader, so that the plan is freed when the last part is read, not with the reader
+    del feed
+
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            for part in stream.read_parts(feed, batch_rows, batch_bytes, width, measured):
+            for part in stream.read_parts(planned.pop(), batch_rows, batch_bytes, width, measured):
                 yield from part.to_batches()
                 del part  # not held while the next part is read
         finally:
-            release_if_grown()
+            release_at_end()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 
