@@ -126,7 +126,7 @@ def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, b
     schema = change_schema(data, bool(state.lineage.purged))
     try:
         feed = stream.plan_feed(state, a, b, data, net)
-        width, measured = stream.row_bytes(state, data)
+        width, measured = stream.row_bytes(state, data, len(feed))
     finally:
         release_if_grown()
 

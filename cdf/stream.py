@@ -37,6 +37,7 @@ DEFAULT_BATCH_BYTES = 64 << 20
 META_BYTES = 96  # the change columns of one output row: five 64-bit values, the change type and _changed_columns
 VARIABLE_GUESS = 64  # bytes per string or binary value when no file metadata is at hand
 GUESS_ROWS = 65_536  # at most this many rows in a first part whose width was guessed
+SMALL_FEED = 4096  # a feed of at most this many rows is not worth planning the table's files for (a follow() step)
 
 _INT32 = np.iinfo(np.int32)
 
@@ -106,14 +107,16 @@ def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, pa
     return parts
 
 
-def row_bytes(state: TableState, data: pa.Schema) -> tuple[int, bool]:
+def row_bytes(state: TableState, data: pa.Schema, rows: int) -> tuple[int, bool]:
     """Estimated output bytes per feed row of ``data``'s columns, and whether that is measured rather than guessed.
 
     Fixed-width columns count their width; strings and binaries the decoded
     size :func:`lineage.read.batched_scan.decoded_bytes` estimates from the
     live files' metadata (four times their compressed size: an overestimate
     for most data, short for very repetitive long strings), or
-    :data:`VARIABLE_GUESS` bytes a value for a table without live files.
+    :data:`VARIABLE_GUESS` bytes a value for a table without live files and
+    for a feed of at most :data:`SMALL_FEED` ``rows`` when the state has not
+    planned its files (its width is then measured after its first part).
     """
     fixed, variable = META_BYTES, []
     for f in data:
@@ -123,13 +126,16 @@ def row_bytes(state: TableState, data: pa.Schema) -> tuple[int, bool]:
             variable.append(f)
     if not variable:
         return fixed, True
-    files = state.live_files()  # planned once per state (a feed has read the data manifests already)
-    rows = sum(int(f.data_file.record_count) for f in files)
-    if not rows:
+    known = state.files_if_known()
+    if known is None and rows <= SMALL_FEED:  # a small feed is one part anyway: no planning of the files for it
+        return fixed + VARIABLE_GUESS * len(variable), False
+    files = list(known.files.values()) if known is not None else state.live_files()  # planned once per state
+    total = sum(int(f.data_file.record_count) for f in files)
+    if not total:
         return fixed + VARIABLE_GUESS * len(variable), False
     ids = {f.name: f.field_id for f in state.iceberg.schema().fields}
     only = pa.schema(variable)
-    return fixed + math.ceil(sum(decoded_bytes(f, only, ids) for f in files) / rows), True
+    return fixed + math.ceil(sum(decoded_bytes(f, only, ids) for f in files) / total), True
 
 
 def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool) -> Iterator[pa.Table]:
