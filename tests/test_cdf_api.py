@@ -342,3 +342,18 @@ def test_the_streamed_feeds_plan_holds_33_bytes_a_row(history):
     assert len(parts) > 1 and parts[0].change.base is not None
     assert all(p.change.base is parts[0].change.base for p in parts), "parts are views of one plan, not copies"
     assert sum(len(p) for p in parts) == len(feed)
+
+
+def test_a_feed_streamed_in_several_parts_leaves_the_decoded_row_group_cache_alone(history, monkeypatch):
+    from lineage import decoded_cache
+
+    t, _ = history
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "64")
+    decoded_cache.clear()
+    for _ in range(3):  # kept from the second decoding on, were the parts using the cache
+        assert cdf.change_batches(t, 0, batch_rows=2).read_all().equals(cdf.change_batches(t, 0, batch_rows=3).read_all())
+    assert decoded_cache.CACHE.held == 0
+    for _ in range(2):  # in one part: as changes(), the second read keeps what it decoded
+        cdf.change_batches(t, 0).read_all()
+    assert decoded_cache.CACHE.held > 0
+    decoded_cache.clear()
