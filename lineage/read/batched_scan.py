@@ -160,7 +160,7 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
             # the group's rows are materialised in DuckDB (see lineage.duck.fetch_arrow), then exported a batch
             # at a time: the group is held once, in DuckDB, instead of once there and once as an Arrow table
             name = _materialise(plan, group, select, con)
-            for batch in con.execute(f"SELECT * FROM {name}").fetch_record_batch(batch_rows):
+            for batch in con.execute(f"SELECT * FROM {name}").to_arrow_reader(batch_rows):
                 if batch.num_rows:
                     yield batch if batch.schema == plan.target else batch.cast(plan.target)
         finally:
