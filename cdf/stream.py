@@ -3,8 +3,8 @@
 :func:`cdf.change_batches` plans the whole feed from metadata first (so a bad
 range or a lost file raises at the call), keeping per row only what reading
 it needs: where the image's values are, its lineage, its change code and
-commit version (:func:`plan_feed`, 33 bytes a row when versions, positions
-and row ids fit in 32 bits; 53 before). The parts are cut from that plan
+commit version (:func:`plan_feed`, 33 bytes a row while versions, positions
+and row ids fit in 32 bits, up to 53 when they need 64; 53 always before). The parts are cut from that plan
 when the reader gets to them (numpy slices: no copy), each at most
 ``batch_rows`` rows and about ``batch_bytes`` of output (update pairs kept
 whole), read by :func:`cdf.engine_duckdb.read_part`, handed on and dropped
