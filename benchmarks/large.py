@@ -23,7 +23,8 @@ starting metadata file (every file a run writes has a fresh name, so the next ru
 the reference copy by Iceberg's ``rollback_to_snapshot``.
 
 Per step: wall time; the peak RSS of the Python process that drives it (ours: this process, the kernel's
-high-water mark reset per step; the reference: its server's Python process, sampled); the peak RSS of the
+high-water mark reset per step, and what it holds after the step, anonymous and file-backed; the
+reference: its server's Python process, sampled); the peak RSS of the
 JVM and of Spark's Python workers (sampled every 0.1 s: ``large_measure.TreeSampler``); the bytes written, by
 kind. Per size, what grows with the table: data, manifests, lineage segments, deleted-rows index, key index,
 and the driver's planning memory (a fresh process: ``large_measure.planning_memory``).
@@ -175,6 +176,9 @@ class Steps:
                "load1": figures["load1"],
                "python_peak_mb": figures["peak_rss_mb"] if python == "self" else memory.get("python_peak_mb", 0.0),
                "python_before_mb": figures["rss_before_mb"] if python == "self" else None,
+               # what this process holds after the step, anonymous and file-backed (memory-mapped files, such as
+               # the key index's segments: pages the kernel may drop, counted in the peak all the same)
+               **(held_after() if python == "self" else {}),
                "jvm_peak_mb": memory.get("jvm_peak_mb", 0.0), "workers_peak_mb": memory.get("worker_peak_mb", 0.0),
                "executor_peak_mb": memory.get("executor_peak_mb", 0.0),
                "bytes_written": sum(v["bytes"] for v in written.values()),
@@ -187,6 +191,20 @@ class Steps:
               f"jvm {row['jvm_peak_mb']:6.0f} MB  workers {row['workers_peak_mb']:6.0f} MB  written {row['bytes_written'] / 1e6:8.1f} MB"
               f"  load {figures['load1']:.1f}", flush=True)
         return value
+
+
+def held_after() -> dict[str, float]:
+    """This process's resident memory now, anonymous and file-backed, in MB (Linux; empty elsewhere)."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("RssAnon", "RssFile"):
+                    out[f"python_after_{key[3:].lower()}_mb"] = round(int(value.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    return out
 
 
 def drain(reader: pa.RecordBatchReader) -> dict[str, Any]:

@@ -9,11 +9,13 @@ import pyarrow as pa
 
 import cdf.engine_duckdb as engine_duckdb
 import cdf.engine_spark as engine_spark
+import cdf.stream as stream
 from cdf.output import change_schema
 from cdf.retention import resolve_range, window
+from cdf.stream import DEFAULT_BATCH_BYTES
 import lineage.spark as spark_io
 from lineage.errors import InvalidArgumentError, RetentionError, UnknownColumnError, VersionRangeError
-from lineage.memory import release_if_grown
+from lineage.memory import release_at_end, release_if_grown
 from lineage.state import TableState
 from lineage.table import Table
 
@@ -92,40 +94,52 @@ def change_batches(
     from_timestamp: object = None,
     to_timestamp: object = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int | None = DEFAULT_BATCH_BYTES,
 ) -> pa.RecordBatchReader:
     """The rows of :func:`changes` (embedded engine), in the same order, as a stream of record batches.
 
-    For feeds too large to hold at once: memory holds the feed's plan (about
-    50 bytes per row) and one part of at most ``batch_rows`` rows (one more
-    where that keeps an update pair together), instead of the whole result.
-    The range is resolved and the feed planned by this call, so a bad range or
-    a lost file raises here; each part's values are read when the reader gets
-    to it. A part is a feed of its own (its pairs are compared, and in net
-    mode dropped when equal, within it), so the rows are exactly those of
-    :func:`changes`. Read the batches before a purge or vacuum of the table
-    removes the files they point into.
+    For feeds too large to hold at once: memory holds the feed's plan (33
+    bytes per row while versions, file positions and row ids fit in 32 bits,
+    up to 53 when they need 64) and one part of at most ``batch_rows`` rows and about
+    ``batch_bytes`` bytes of output (64 MiB by default; None: rows only), one
+    row more where that keeps an update pair together, instead of the whole
+    result. A part is dropped, and freed memory returned to the system,
+    before the next is read. The range is resolved and the feed planned by
+    this call, so a bad range or a lost file raises here; each part's values
+    are read when the reader gets to it. A part is a feed of its own (its
+    pairs are compared, and in net mode dropped when equal, within it), so
+    the rows are exactly those of :func:`changes`. Read the batches before a
+    purge or vacuum of the table removes the files they point into.
     """
     table = check_table(table)
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise InvalidArgumentError(f"batch_rows must be a whole number of rows >= 1, got {batch_rows!r}")
+    if batch_bytes is not None and (isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int) or batch_bytes < 1):
+        raise InvalidArgumentError(f"batch_bytes must be a whole number of bytes >= 1, or None, got {batch_bytes!r}")
     state, a, b, data = _feed_args(table, from_version, to_version, net, columns, from_timestamp, to_timestamp)
-    return feed_reader(state, a, b, data, net, batch_rows)
+    return feed_reader(state, a, b, data, net, batch_rows, batch_bytes)
 
 
-def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, batch_rows: int) -> pa.RecordBatchReader:
-    """:func:`change_batches` of a resolved range ``(a, b]`` of ``state``: planned now, values read batch by batch."""
+def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, batch_rows: int,
+                batch_bytes: int | None = DEFAULT_BATCH_BYTES) -> pa.RecordBatchReader:
+    """:func:`change_batches` of a resolved range ``(a, b]`` of ``state``: planned now, values read part by part."""
     schema = change_schema(data, bool(state.lineage.purged))
     try:
-        parts = engine_duckdb.change_parts(state, a, b, data, net, batch_rows)
+        feed = stream.plan_feed(state, a, b, data, net)
+        width, measured = stream.row_bytes(state, data, len(feed))
     finally:
         release_if_grown()
 
+    planned = [feed]  # handed to the reader, so that the plan is freed when the last part is read, not with the reader
+    del feed
+
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            for part in parts:
+            for part in stream.read_parts(planned.pop(), batch_rows, batch_bytes, width, measured):
                 yield from part.to_batches()
+                del part  # not held while the next part is read
         finally:
-            release_if_grown()
+            release_at_end()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 

@@ -15,7 +15,7 @@ DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -60,16 +60,16 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
 
 
 def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
-                 loc: np.ndarray, data: pa.Schema) -> Gathered:
+                 loc: np.ndarray, data: pa.Schema, cache: bool = True) -> Gathered:
     """The values of the images ``(source, loc)`` (see :class:`Pointers`): image i is row ``rows[i]`` of the pieces."""
     n = len(source)
     if n == 0 or int(source.min()) >= 0:  # no captured values: no copy of the pointers
-        return gather(files, source, loc, data, field_ids)
+        return gather(files, source, loc, data, field_ids, cache)
     from_files = np.flatnonzero(source >= 0)
     pieces: list[pa.Table] = []
     rows = np.zeros(n, np.int64)
     if len(from_files):
-        got = gather(files, source[from_files], loc[from_files], data, field_ids)
+        got = gather(files, source[from_files], loc[from_files], data, field_ids, cache)
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
         del got
@@ -93,16 +93,17 @@ def _erase(values: pa.Table, purged: np.ndarray, data: pa.Schema) -> pa.Table:
 
 
 def image_values(state: TableState | dict[str, int], p: Pointers, pointer: np.ndarray | None, data: pa.Schema,
-                 decode: bool = True) -> pa.Table:
+                 decode: bool = True, cache: bool = True) -> pa.Table:
     """The values of ``data``'s columns of the images ``pointer`` (in that order; None: every image of ``p``).
 
     ``state`` is the table's state, or the field ids of its columns
     (:func:`field_ids`). Purged images read as null. ``decode=False`` may
     leave string columns dictionary-encoded (see :func:`lineage.read.values.take_rows`).
+    ``cache=False`` neither uses nor fills the decoded row-group cache.
     """
     ids = state if isinstance(state, dict) else field_ids(state)
     source, loc = (p.source, p.loc) if pointer is None else (p.source[pointer], p.loc[pointer])
-    got = _read_images(ids, p.files, p.captured, source, loc, data)
+    got = _read_images(ids, p.files, p.captured, source, loc, data, cache)
     values = take_rows(got.pieces, got.rows, data, decode=decode or p.purged is not None)
     if p.purged is not None:
         values = _erase(values, p.purged if pointer is None else p.purged[pointer], data)
@@ -304,68 +305,27 @@ def _segment_stub(seg: IndexSegment) -> IndexSegment:
     return IndexSegment(seg.path, (), np.zeros(0, np.int32), empty, empty, empty, empty, empty, None, seg.captured)
 
 
-def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> list[PartPlan]:
-    """The feed over ``(a, b]`` planned from metadata and cut into parts of at most ``part_rows`` rows.
-
-    An update pair is never split (a part may hold one row more than
-    ``part_rows`` to keep it whole), so every part is a feed of its own: net
-    parts drop their equal pairs, and ``_changed_columns`` compares images
-    of the same part. Errors of planning (a lost file) are raised here.
-    """
-    p = change_pointers(state, a, b)
-    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    p = p.select(sk.pointer)  # row k of the feed shows image k
-    ids = field_ids(state)
-    n, i, parts = len(sk), 0, []
-    while i < n:
-        j = min(i + part_rows, n)
-        if sk.change[j - 1] == plan.PREIMAGE:  # its post-image is row j: keep the pair in one part
-            j += 1
-        parts.append(PartPlan(a, b, p.select(slice(i, j)), sk.change[i:j], sk.version[i:j], data, net, ids))
-        i = j
-    return parts
-
-
-def change_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> Iterator[pa.Table]:
-    """The rows of :func:`changes`, in the same order, as consecutive tables of at most ``part_rows`` rows.
-
-    The feed is planned here (:func:`plan_parts`: errors such as a lost file
-    are raised by this call); the values of a part are read when the part is
-    asked for. Memory holds the plan (tens of bytes per row) and one part,
-    instead of the whole result; the price is that row groups holding images
-    of several parts are decoded once per part unless the decoded row-group
-    cache keeps them.
-    """
-    return _read_parts(plan_parts(state, a, b, data, net, part_rows))
-
-
-def _read_parts(parts: list[PartPlan]) -> Iterator[pa.Table]:
-    while parts:
-        part = read_part(parts.pop(0))  # a part's pointers are freed once it is read
-        if part.num_rows:
-            yield part
-
-
-def read_part(part: PartPlan) -> pa.Table:
+def read_part(part: PartPlan, cache: bool = True) -> pa.Table:
     """The rows of ``part``: its images' values read (data files or captured segments), pairs compared, rows assembled.
 
     From :data:`PARALLEL_ROWS` rows on, the values are read by a second thread while this one builds the
     change columns (per-version parts: a net part may drop pairs once their values are compared).
+    ``cache=False``: the decoded row-group cache is neither used nor filled (:mod:`lineage.decoded_cache`).
     """
     shown = part.shown
     sk = plan.Skeleton(np.arange(len(part.change)), part.change, part.version)
     if len(sk) < PARALLEL_ROWS:
-        return _assemble(_part_values(part), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net)
+        return _assemble(_part_values(part, cache), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        reading = pool.submit(_part_values, part)
+        reading = pool.submit(_part_values, part, cache)
         meta = None if part.net else _meta(sk, _Shown.of(shown), shown.commit_ms)
         return _assemble(reading.result(), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net, meta, pool)
 
 
-def _part_values(part: PartPlan) -> pa.Table:
+def _part_values(part: PartPlan, cache: bool = True) -> pa.Table:
     """The values of ``part``'s images (string columns may stay dictionaries: :func:`_assemble` decodes them)."""
     try:
-        return image_values(part.field_ids, part.shown, None, part.data, decode=False)
+        return image_values(part.field_ids, part.shown, None, part.data, decode=False, cache=cache)
     except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
         raise LostFileError(
             f"the change feed from version {part.a} to {part.b} was planned on a data file that is gone ({exc.filename or exc}); "

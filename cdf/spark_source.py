@@ -10,7 +10,7 @@ Register it once per session with :func:`cdf.spark.register_source`, then::
 **Offsets are table versions.** The offset after a micro-batch is the last
 version it covers (``{"version": v}`` in Spark's offset log), and the batch
 over ``(start, end]`` is exactly the per-version feed ``cdf.changes(table,
-start, end)``: the same pointers and plan (:func:`cdf.engine_duckdb.plan_parts`),
+start, end)``: the same pointers and plan (:func:`cdf.stream.plan_parts`),
 cut into parts of at most ``rowsPerPartition`` rows (update pairs whole),
 one Spark task each. The driver's planner ships each part's pointers (no
 row values); executors read the values with the embedded engine's reader
@@ -48,7 +48,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, ReadMaxRows, SupportsTriggerAvailableNow
 
 from cdf.api import DEFAULT_BATCH_ROWS, data_schema
-from cdf.engine_duckdb import PartPlan, plan_parts, read_part
+from cdf.engine_duckdb import PartPlan, read_part
+from cdf.stream import plan_parts
 from cdf.follow import next_end
 from cdf.output import change_schema
 from cdf.retention import resolve_range, timestamp_ms, version_at, window

@@ -136,11 +136,36 @@ def release_if_grown(resident: int | None = None) -> bool:
         if floor is not None and now - floor <= slack:
             _floor[0] = min(floor, now)  # growth counts from the lowest point seen since the last release
             return False
-        pa.default_memory_pool().release_unused()
-        _malloc_trim()
-        after = _resident_bytes() if resident is None else resident
-        _floor[0] = now if after is None else after
+        _release(now, resident)
     return True
+
+
+def release_at_end(resident: int | None = None) -> bool:
+    """Return free memory to the OS at the end of a long streamed operation, whatever the slack (unless releases are off).
+
+    A stream returns memory between its parts only past the slack, so up to
+    the slack of freed pages (and its plan, freed last) would otherwise stay
+    with the process after it. Returns whether a release ran.
+    """
+    try:
+        if slack_bytes() is None:
+            return False
+    except InvalidArgumentError as exc:
+        log.warning("%s; memory is not released", exc)
+        return False
+    now = _resident_bytes() if resident is None else resident
+    if now is None:
+        return False
+    with _lock:
+        _release(now, resident)
+    return True
+
+
+def _release(now: int, resident: int | None) -> None:
+    pa.default_memory_pool().release_unused()
+    _malloc_trim()
+    after = _resident_bytes() if resident is None else resident
+    _floor[0] = now if after is None else after
 
 
 tune_malloc()

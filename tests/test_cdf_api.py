@@ -199,6 +199,8 @@ def test_change_batches_refuse_bad_input_before_reading(history):
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(lineage.InvalidArgumentError, match="batch_rows"):
             cdf.change_batches(t, 0, batch_rows=bad)
+        with pytest.raises(lineage.InvalidArgumentError, match="batch_bytes"):
+            cdf.change_batches(t, 0, batch_bytes=bad)
     with pytest.raises(lineage.VersionRangeError, match="reversed"):
         cdf.change_batches(t, 5, 2)  # the range is checked by the call, not when the batches are read
     assert cdf.change_batches(t, 6, 6).read_all().num_rows == 0
@@ -307,3 +309,51 @@ def test_changed_matrix_compares_like_the_rule_for_every_column_kind(data):
         col = table.column(name).to_pylist()
         want = [not _same(col[k], col[k + 1]) for k in pre]
         assert got[:, j].tolist() == want, name
+
+
+def test_change_batches_cut_wide_rows_by_bytes(table):
+    rng = np.random.default_rng(7)
+    blob = lambda n: ["".join(map(chr, rng.integers(97, 123, 2000))) for _ in range(n)]  # noqa: E731  (2 kB, incompressible)
+    table.append(pa.table({"id": np.arange(400), "name": blob(400), "amount": np.ones(400)}))
+    table.update("id % 3 = 0", {"amount": "amount + 1"})  # pairs: a part may grow by one row to keep one whole
+    table.delete("id % 5 = 1")
+    budget = 64 << 10
+    want = cdf.changes(table, 0)
+    batches = list(cdf.change_batches(table, 0, batch_bytes=budget))
+    assert pa.Table.from_batches(batches, want.schema).equals(want)
+    widest = 2000 + 200  # the string, the other columns and the change columns of one row
+    assert len(batches) > want.get_total_buffer_size() // budget
+    sizes = [b.get_total_buffer_size() for b in batches]  # a batch is a part here (one chunk per column)
+    assert all(size <= budget + 2 * widest for size in sizes), sizes
+    assert max(b.num_rows for b in batches) < 40  # a row budget alone (1M rows) would hold the whole feed
+    rows_only = list(cdf.change_batches(table, 0, batch_bytes=None))
+    assert len(rows_only) == 1 and pa.Table.from_batches(rows_only, want.schema).equals(want)
+
+
+def test_the_streamed_feeds_plan_holds_33_bytes_a_row(history):
+    import cdf.stream as stream
+
+    t, _ = history
+    state = t.state()
+    feed = stream.plan_feed(state, 0, state.version, t.arrow_schema, False)
+    assert len(feed) == cdf.changes(t, 0).num_rows > 0
+    assert stream.plan_bytes(feed) <= 33 * len(feed)  # versions, positions and row ids of this table fit in 32 bits
+    parts = stream.plan_parts(state, 0, state.version, t.arrow_schema, False, 2)
+    assert len(parts) > 1 and parts[0].change.base is not None
+    assert all(p.change.base is parts[0].change.base for p in parts), "parts are views of one plan, not copies"
+    assert sum(len(p) for p in parts) == len(feed)
+
+
+def test_a_feed_streamed_in_several_parts_leaves_the_decoded_row_group_cache_alone(history, monkeypatch):
+    from lineage import decoded_cache
+
+    t, _ = history
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, "64")
+    decoded_cache.clear()
+    for _ in range(3):  # kept from the second decoding on, were the parts using the cache
+        assert cdf.change_batches(t, 0, batch_rows=2).read_all().equals(cdf.change_batches(t, 0, batch_rows=3).read_all())
+    assert decoded_cache.CACHE.held == 0
+    for _ in range(2):  # in one part: as changes(), the second read keeps what it decoded
+        cdf.change_batches(t, 0).read_all()
+    assert decoded_cache.CACHE.held > 0
+    decoded_cache.clear()

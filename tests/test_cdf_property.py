@@ -402,6 +402,8 @@ def check_range(table: lineage.Table, model: Model, a: int, b: int) -> None:
         whole = cdf.changes(table, a, b, net=net)
         streamed = cdf.change_batches(table, a, b, net=net, batch_rows=1 + (a + b) % 3).read_all()
         assert streamed.equals(whole), f"change_batches({a}, {b}, net={net}) differs from changes()"
+        by_bytes = cdf.change_batches(table, a, b, net=net, batch_bytes=150 * (1 + (a * b) % 7)).read_all()  # parts of ~1-7 rows
+        assert by_bytes.equals(whole), f"change_batches({a}, {b}, net={net}) in parts cut by bytes differs from changes()"
     got_del = _canon(cdf.deleted_rows(table, since=a, until=b), DATA_COLS + DELETED_COLS)
     _assert_multiset(got_del, expected_deleted(model, a, b), f"deleted_rows(since={a}, until={b})")
     if a == b:

@@ -170,14 +170,14 @@ def test_the_second_read_decodes_only_what_the_first_did_not_keep(tmp_path, budg
     for _ in range(2):  # the first read decodes and keeps nothing; the second decodes again and keeps
         got = values.read_at([path], np.zeros(2, np.int32), np.array([57, 3]), TARGET, IDS)
         assert got.to_pylist() == [want.slice(p, 1).to_pylist()[0] for p in (57, 3)]
-        assert sorted(g for g, _ in decoded) == [0, 5]
+        assert sorted(set(decoded)) == [(g, (c,)) for g in (0, 5) for c in ("amount", "id", "name")]  # a column at a time
         decoded.clear()
     got = values.read_at([path], np.zeros(3, np.int32), np.array([51, 59, 95]), pa.schema(list(TARGET)[:2]), IDS)
     assert got.to_pylist() == [{"id": want["id"][p].as_py(), "name": want["name"][p].as_py()} for p in (51, 59, 95)]
-    assert decoded == [(9, ("id", "name"))], "row group 5's columns were kept; only row group 9 is decoded"
+    assert sorted(decoded) == [(9, ("id",)), (9, ("name",))], "row group 5's columns were kept; only row group 9 is decoded"
     decoded.clear()
     values.read_at([path], np.zeros(1, np.int32), np.array([52]), TARGET, IDS, cache=False)
-    assert decoded == [(5, ("amount", "id", "name"))], "cache=False decodes and keeps nothing"
+    assert sorted(decoded) == [(5, ("amount",)), (5, ("id",)), (5, ("name",))], "cache=False decodes and keeps nothing"
 
 
 def test_jobs_whose_chunks_are_kept_run_in_the_calling_thread(tmp_path, budget, monkeypatch):

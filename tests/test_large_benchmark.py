@@ -73,6 +73,7 @@ def test_the_embedded_run_end_to_end(tmp_path) -> None:
     assert r["agree"] and r["live_rows"]["embedded"] == r["outcomes"]["embedded"]["live_rows"] > 2900
     assert r["build"]["sizes"]["data"]["files"] == 3 and r["build"]["sizes"]["key_index"]["bytes"] > 0
     assert "grew_mb" in r["build"]["reindex"] and "plan_grew_mb" in r["build"]["planning"]
+    assert all(s["python_after_anon_mb"] > 0 and s["python_after_file_mb"] >= 0 for s in r["steps"])  # what each step left held
     changed = {s["step"]: s.get("rows_changed") for s in r["steps"]}
     assert changed["delete"] > 0 and changed["update"] > 0 and changed["upsert"] == 30
     # a second run reuses the table from its starting snapshot and gets the same answers

@@ -83,3 +83,25 @@ def test_malloc_is_tuned_once_unless_the_environment_or_the_settings_say_otherwi
     assert tuned(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1000000") == "False"
     assert tuned(**{memory.ENV_SLACK: "-1"}) == "False"  # releases off: memory is left as glibc manages it
     assert tuned(**{memory.ENV_SLACK: "lots"}) == "False"
+
+
+def test_a_streamed_feed_releases_between_parts_and_at_its_end_whatever_the_slack(warehouse, monkeypatch):
+    import cdf
+    import lineage
+
+    calls: list[str] = []
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: calls.append("trim"))
+    monkeypatch.setattr(memory, "_floor", [None])
+    monkeypatch.setenv(memory.ENV_SLACK, "100000")  # no growth reaches it
+    t = lineage.create_table("db.s", pa.schema([("id", pa.int64())]), warehouse=warehouse)
+    t.append(pa.table({"id": pa.array(range(1000), pa.int64())}))
+    release = memory.release_if_grown
+    monkeypatch.setattr("cdf.stream.release_if_grown", lambda: calls.append("part") or release())
+    reader = cdf.change_batches(t, 0, batch_rows=400)
+    calls.clear()
+    assert sum(b.num_rows for b in reader) == 1000
+    assert calls == ["part", "part", "part", "trim"], "a check after each of the 3 parts, one release at the end"
+    monkeypatch.setenv(memory.ENV_SLACK, "-1")  # off: not even at the end
+    calls.clear()
+    assert cdf.change_batches(t, 0).read_all().num_rows == 1000
+    assert "trim" not in calls

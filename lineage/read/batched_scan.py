@@ -9,9 +9,11 @@ as record batches before it reads the next group. Peak memory is one group's
 decoded rows plus DuckDB's buffer pool (limited by
 ``LINEAGE_DUCKDB_MEMORY_LIMIT``), whatever the table's size.
 
-Each group is materialised by :func:`lineage.duck.fetch_arrow` and then
-sliced: exporting the live view straight to a DuckDB record-batch reader
-hung in DuckDB 1.5.5 (see that function).
+Each group is materialised in a temporary DuckDB table and exported from
+it a record batch at a time: exporting the live view straight to a
+record-batch reader hung in DuckDB 1.5.5 (see
+:func:`lineage.duck.fetch_arrow`); exporting a materialised table does
+not, and the group is then held once (in DuckDB) rather than twice.
 """
 
 from __future__ import annotations
@@ -171,13 +173,34 @@ def read_all(plan: BatchedScan) -> pa.Table:
 def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -> Iterator[pa.RecordBatch]:
     select = ", ".join(quote_ident(c) for c in plan.columns)
     for group in groups:
-        table = _read_group(plan, group, select)
-        if table.schema != plan.target:
-            table = table.cast(plan.target)
-        for batch in table.to_batches(max_chunksize=batch_rows):
-            if batch.num_rows:
-                yield batch
-        del table
+        con = duck.connect(isolated=True)
+        try:
+            # the group's rows are materialised in DuckDB (see lineage.duck.fetch_arrow), then exported a batch
+            # at a time: the group is held once, in DuckDB, instead of once there and once as an Arrow table
+            name = _materialise(plan, group, select, con)
+            for batch in con.execute(f"SELECT * FROM {name}").to_arrow_reader(batch_rows):
+                if batch.num_rows:
+                    yield batch if batch.schema == plan.target else batch.cast(plan.target)
+        finally:
+            con.close()
+
+
+def _materialise(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.DuckDBPyConnection) -> str:
+    """The rows ``plan`` selects from ``group`` as a temporary table of ``con``; its name."""
+    sized = [(f.path, f.data_file.file_size_in_bytes) for f in group]
+    sized += [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
+    with prefetch.local_copies(sized) as copies:  # small files on an object store: fetched at once, one GET each
+        paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
+        duck.seal(con, paths, exact_floats=plan.exact_floats)
+        name = "__group"
+        try:
+            con.execute(f"CREATE TEMP TABLE {name} AS SELECT {select} FROM live WHERE {plan.where_sql}")
+        except duckdb.IOException as exc:
+            raise LineageMetadataError(f"a data or delete file of {plan.name} could not be read (run verify): {exc}") from None
+        except duckdb.Error as exc:
+            failed = BadPredicateError(f"evaluating where {plan.where_sql!r} failed on the table's data: {exc}")
+            raise duck.out_of_memory(exc) or failed from None
+        return name
 
 
 def _sized(group: Sequence[LiveFile]) -> list[tuple[str, int]]:
