@@ -28,6 +28,10 @@ def test_spliced_metadata_equals_pyiceberg_serialisation(warehouse: str, format_
     assert all((s.snapshot_id, True) in v3_metadata._SNAPSHOT_JSON for s in many)  # spliced, not encoded whole
     assert v3_metadata.metadata_json(big) == want  # from the remembered snapshots
     assert TableMetadataUtil.parse_raw(v3_metadata.metadata_json(big)).snapshots == many
+    grown = big.model_copy(update={"snapshots": [*many, base.model_copy(update={"snapshot_id": base.snapshot_id + 99})]})
+    assert v3_metadata.metadata_json(grown) == IcebergBaseModel.model_dump_json(v3_metadata.with_next_row_id(grown)).encode()  # extended
+    fewer = big.model_copy(update={"snapshots": many[5:]})  # expired snapshots: joined anew
+    assert v3_metadata.metadata_json(fewer) == IcebergBaseModel.model_dump_json(v3_metadata.with_next_row_id(fewer)).encode()
     # a snapshot object with a remembered id but other content (another table's) is encoded anew
     other = many[-1].model_copy(update={"timestamp_ms": many[-1].timestamp_ms + 1})
     changed = big.model_copy(update={"snapshots": [*many[:-1], other]})

@@ -16,6 +16,7 @@ compare-and-swap on the catalog's pointer.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -93,7 +94,7 @@ def metadata_json(metadata: TableMetadata, exclude_none: bool = True) -> bytes:
     if len(snapshots) >= _SPLICE_FROM:
         shell = IcebergBaseModel.model_dump_json(metadata.model_copy(update={"snapshots": []}), exclude_none=exclude_none)
         if shell.count(_NO_SNAPSHOTS) == 1:  # (a property value holding the same text would be escaped)
-            body = ",".join(_snapshot_json(snap, exclude_none) for snap in snapshots)
+            body = _snapshots_body(str(metadata.table_uuid), tuple(snapshots), exclude_none)
             return shell.replace(_NO_SNAPSHOTS, f'"snapshots":[{body}]').encode("utf-8")
     return IcebergBaseModel.model_dump_json(metadata, exclude_none=exclude_none).encode("utf-8")
 
@@ -104,6 +105,29 @@ _NO_SNAPSHOTS = '"snapshots":[]'
 _SNAPSHOT_JSON: OrderedDict[tuple[int, bool], tuple[Snapshot, str]] = OrderedDict()
 _SNAPSHOT_JSON_MAX = 20_000
 _SNAPSHOT_JSON_LOCK = threading.Lock()
+
+
+# Table uuid -> the snapshots of the last metadata encoded and their joined JSON: the next commit's list is the
+# same objects plus its own snapshot, so the text is extended, not joined from 500 parts again.
+_LAST_BODY: OrderedDict[tuple[str, bool], tuple[tuple[Snapshot, ...], str]] = OrderedDict()
+
+
+def _snapshots_body(table_uuid: str, snapshots: tuple[Snapshot, ...], exclude_none: bool) -> str:
+    """The JSON of ``snapshots`` joined by commas (the inside of the metadata's ``snapshots`` array)."""
+    key = (table_uuid, exclude_none)
+    with _SNAPSHOT_JSON_LOCK:
+        last = _LAST_BODY.get(key)
+    n = len(last[0]) if last is not None else 0
+    if last is not None and 0 < n <= len(snapshots) and all(map(operator.is_, last[0], snapshots[:n])):
+        body = "".join([last[1], *("," + _snapshot_json(snap, exclude_none) for snap in snapshots[n:])])
+    else:
+        body = ",".join(_snapshot_json(snap, exclude_none) for snap in snapshots)
+    with _SNAPSHOT_JSON_LOCK:
+        _LAST_BODY[key] = (snapshots, body)
+        _LAST_BODY.move_to_end(key)
+        while len(_LAST_BODY) > 64:
+            _LAST_BODY.popitem(last=False)
+    return body
 
 
 def _snapshot_json(snapshot: Snapshot, exclude_none: bool) -> str:
