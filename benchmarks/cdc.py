@@ -119,7 +119,9 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
     lat = np.array(latencies) * 1000
     if done:
         out.update(p50_ms=float(np.percentile(lat, 50)), p99_ms=float(np.percentile(lat, 99)), mean_ms=float(lat.mean()),
-                   cpu_p50_ms=float(np.percentile(np.array(cpu) * 1000, 50)),
+                   cpu_p50_ms=float(np.percentile(np.array(cpu) * 1000, 50)), cpu_p99_ms=float(np.percentile(np.array(cpu) * 1000, 99)),
+                   cpu_first50_p50_ms=float(np.percentile(np.array(cpu[:50]) * 1000, 50)),
+                   cpu_last50_p50_ms=float(np.percentile(np.array(cpu[-50:]) * 1000, 50)),
                    first50_p50_ms=float(np.percentile(lat[:50], 50)), last50_p50_ms=float(np.percentile(lat[-50:], 50)),
                    bytes_per_commit=(folder_bytes(root) - size0) / done)
         if reported:
@@ -192,6 +194,11 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"{_fmt(r.get('first50_p50_ms'))}/{_fmt(r.get('last50_p50_ms'))} | {_fmt(r.get('cpu_p50_ms'))} | "
             f"{_fmt(r.get('bytes_per_commit'), ',.0f')} | {fcols} | {final} |"
         )
+    cpu = [r for r in results if "cpu_first50_p50_ms" in r]
+    if cpu:  # CPU time of the process per commit: what a loaded machine disturbs least
+        lines += ["", "CPU ms per commit, p50 / p99 / p50 of the first and last 50: " + ", ".join(
+            f"{r['system']} {r['cpu_p50_ms']:.0f} / {r['cpu_p99_ms']:.0f} / {r['cpu_first50_p50_ms']:.0f}, {r['cpu_last50_p50_ms']:.0f}"
+            for r in cpu)]
     ours = next((r for r in results if r["system"] == "lineage" and "p50_ms" in r), None)
     if ours:
         lines += ["", "p50 commit latency relative to lineage: " + ", ".join(

@@ -154,6 +154,16 @@ FILE_SCOPED_LIMIT = _define(
     "lineage.write.delete.file-scoped-limit", "int", 16,
     "With `write.delete.granularity` unset: a partition in which a commit deletes from more data files than this gets "
     "one partition-scoped delete file.", _WRITES, minimum=1)
+FOLD_MAX_ROWS = _define(
+    "lineage.write.fold.max-rows", "int", 50_000,
+    "A merge-on-read write that deletes from more than `lineage.write.fold.min-files` data files rewrites the kept "
+    "rows of the smallest of them (up to this many rows in all, each file no larger than what the commit writes so "
+    "far) instead of writing their deletes, so a stream of small commits keeps few data files; 0 turns it off.",
+    _WRITES, minimum=0)
+FOLD_MIN_FILES = _define(
+    "lineage.write.fold.min-files", "int", 8,
+    "Data files a merge-on-read write must delete from before it folds small ones (see `lineage.write.fold.max-rows`).",
+    _WRITES, minimum=0)
 CHANGELOG_STRATEGY = _define(
     "write.changelog.strategy", "choice", "position",
     "How `apply_changelog` commits: `position` (key lookup, position deletes) or `equality` (equality deletes, upsert "

@@ -23,6 +23,7 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _OverwriteFiles
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 
+from lineage.storage.avro_out import BufferedAvroOutput
 from lineage.storage.fileio import ImmutableFileCache
 from lineage.commits.merge_rule import MergeSettings, plan_merge, plan_rewrite
 import lineage.storage.manifests_v3 as v3
@@ -37,8 +38,23 @@ class _ManifestWriter(ManifestWriterV2):
     equality delete file, e.g. a Flink sink's manifest our commit rewrote.
     """
 
+    written_sink: dict[str, list[ManifestEntry]] | None = None  # manifest path -> its entries as written (see remember_entries)
+
     def _with_partition(self, format_version):  # type: ignore[no-untyped-def]
         return v3.entry_schema(self._spec, self._schema, format_version)
+
+    def new_writer(self):  # type: ignore[no-untyped-def]
+        """pyiceberg's writer with every entry in one Avro block (:mod:`lineage.storage.avro_out`), the same bytes per entry."""
+        schema = self._with_partition(self.version)
+        return BufferedAvroOutput(output_file=self._output_file, file_schema=schema, record_schema=schema,
+                                  schema_name="manifest_entry", metadata=self._meta, memo_field="data_file")
+
+    def to_manifest_file(self) -> ManifestFile:
+        """The manifest's list entry; its entries as written go to ``written_sink`` when set."""
+        manifest = super().to_manifest_file()
+        if self.written_sink is not None:
+            self.written_sink[manifest.manifest_path] = self._writer.written  # type: ignore[attr-defined]
+        return manifest
 
 
 class _DeleteManifestWriter(_ManifestWriter):
@@ -192,17 +208,24 @@ class LineageSnapshotProducer(_OverwriteFiles):
                                        self._unassigned, self._written_entries)
         if self._transaction.table_metadata.format_version != 2:
             return super().new_manifest_writer(spec)
-        return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+        return self._v2_sink(_ManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression))
+
+    def _v2_sink(self, writer: _ManifestWriter) -> _ManifestWriter:
+        writer.written_sink = self._written_entries  # the next commit carries or rewrites the manifest without reading it
+        return writer
 
     def _delete_writer(self, spec):  # type: ignore[no-untyped-def]
         if self._v3:
             return v3.DeleteManifestWriterV3(spec, self.schema(), self.new_manifest_output(), self._snapshot_id,
                                              self._compression, written=self._written_entries)
-        return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+        return self._v2_sink(_DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression))
 
     def _entries(self, manifest: ManifestFile, discard_deleted: bool) -> list[ManifestEntry]:
-        """A manifest's entries; on v3 with every v3 field and inherited ``first_row_id`` (they are written back)."""
-        read = v3.read_entries if self._v3 else ManifestFile.fetch_manifest_entry
+        """A manifest's entries (cached by manifest); on v3 with every v3 field and inherited ``first_row_id`` (they are written back)."""
+        written = self._written_entries.get(manifest.manifest_path)
+        if written is not None:  # written by this producer (merged into another of its manifests): as written
+            return [e for e in written if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
+        read = v3.read_entries if self._v3 else v3.read_v2_entries
         return read(manifest, self._io, discard_deleted=discard_deleted)
 
     def _with_first_row_id(self, e: ManifestEntry) -> ManifestEntry:
@@ -313,7 +336,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
         lineage = v3_commit.snapshot_row_ids(writer)  # v3: first-row-id and added-rows
         for m in listed:  # v3: the next commit carries or rewrites them without reading them back
             if m.manifest_path in self._written_entries:
-                v3.remember_entries(m, self._written_entries[m.manifest_path])
+                v3.remember_entries(m, self._written_entries[m.manifest_path], v2=not self._v3)
         _WRITTEN_LISTS.get(location, lambda: listed)
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,

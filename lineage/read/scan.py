@@ -98,7 +98,7 @@ def register_live_view(
     delete_paths = sorted({local(d) for f in files for d in f.delete_paths if not is_puffin(d)})
     vectors = sorted({d for f in files for d in f.delete_paths if is_puffin(d)})  # Iceberg v3 deletion vectors
     if vectors:
-        con.register(f"{name}__dvs", vector_table(vectors))
+        con.register(f"{name}__dvs", vector_table(vectors, set(paths)))
     if delete_paths or vectors:
         sources = [f"SELECT file_path, pos FROM read_parquet({_list(delete_paths)}, hive_partitioning = false)"] if delete_paths else []
         sources += [f"SELECT file_path, pos FROM {quote_ident(name + '__dvs')}"] if vectors else []

@@ -9,7 +9,7 @@ reads the same way: referenced data file -> positions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -71,12 +71,16 @@ class _StoreIO:
         return store.open_input(self._path) if store.is_remote(self._path) else open(store.local_path(self._path), "rb")
 
 
-def vector_table(paths: Sequence[str]) -> pa.Table:
-    """(file_path, pos) rows of every deletion vector in the Puffin files ``paths``, as a position delete file has them."""
+def vector_table(paths: Sequence[str], data_paths: Collection[str] | None = None) -> pa.Table:
+    """(file_path, pos) rows of every deletion vector in the Puffin files ``paths``, as a position delete file has them;
+    with ``data_paths``, of the vectors of those data files only (a commit's Puffin file holds the vectors of every
+    file it deleted from, a large file's among them)."""
     names: list[str] = []
     parts: list[np.ndarray] = []
     for p in paths:
         for data_path, pos in read_position_deletes(p).items():
+            if data_paths is not None and data_path not in data_paths:
+                continue
             names.append(data_path)
             parts.append(pos)
     if not parts:

@@ -178,6 +178,17 @@ def read_entries(manifest: ManifestFile, io: FileIO, discard_deleted: bool = Tru
     return [e for e in entries if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
 
 
+def read_v2_entries(manifest: ManifestFile, io: FileIO, discard_deleted: bool = True) -> list[ManifestEntry]:
+    """A manifest's entries as pyiceberg's reader gives them (sequence numbers inherited; a v2 table's), cached like
+    :func:`read_entries` (pyiceberg converts the file's Avro schema anew for every manifest it reads)."""
+    key = (manifest.manifest_path, _V2, manifest.sequence_number)
+    entries = _ENTRIES.get(key, lambda: tuple(ManifestFile.fetch_manifest_entry(manifest, io, discard_deleted=False)))
+    return [e for e in entries if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
+
+
+_V2 = "v2"  # in the cache key in place of a first_row_id: entries in pyiceberg's v2 structs
+
+
 # Parsed manifests, bounded by the entries held: a commit that replaces deletion vectors rewrites the manifests
 # holding them, and reading an Avro manifest costs more in schema conversion than in its few entries.
 _ENTRIES: ImmutableFileCache[tuple[ManifestEntry, ...]] = ImmutableFileCache(200_000, weigh=lambda e: 1 + len(e), max_share=0.25)
@@ -222,8 +233,9 @@ def _as_read(entry: ManifestEntry, manifest: ManifestFile) -> DataFile:
     return df if unchanged else DataFile(*df._data)
 
 
-def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> None:
-    """Keep the entries of a manifest this process wrote as :func:`read_entries` would read them back.
+def remember_entries(manifest: ManifestFile, written: list[ManifestEntry], v2: bool = False) -> None:
+    """Keep the entries of a manifest this process wrote as :func:`read_entries` would read them back
+    (:func:`read_v2_entries` with ``v2``: a v2 table's manifest, entries in the v2 structs).
 
     ``manifest`` is the manifest as its manifest list lists it (sequence
     number and ``first_row_id`` assigned); ``written`` are its entries as
@@ -242,8 +254,8 @@ def remember_entries(manifest: ManifestFile, written: list[ManifestEntry]) -> No
             e.status, manifest.added_snapshot_id if e.snapshot_id is None else e.snapshot_id,
             seq if e.sequence_number is None and inherits else e.sequence_number,
             seq if e.file_sequence_number is None and inherits else e.file_sequence_number, df))
-    key = (manifest.manifest_path, manifest_first_row_id(manifest), manifest.sequence_number)
-    _ENTRIES.put(key, _inherit_first_row_ids(entries, manifest))
+    key = (manifest.manifest_path, _V2 if v2 else manifest_first_row_id(manifest), manifest.sequence_number)
+    _ENTRIES.put(key, tuple(entries) if v2 else _inherit_first_row_ids(entries, manifest))
 
 
 # ---------------------------------------------------------------- writing

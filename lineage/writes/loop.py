@@ -34,19 +34,18 @@ from lineage.commits.commit import CommitRequest, CommitResult, commit_change
 from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
 from lineage.memory import release_if_grown
-from lineage.commits.merge_rule import pack_from_end
 from lineage.outcome import Attempt, CommitLoop
-from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.read.values import read_at
-from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
-from lineage.storage.deletion_vectors import VectorTarget, replaced_by_vector, write_vectors
+from lineage.columns import HIDDEN_ROW_ID
+from lineage.storage.deletion_vectors import VectorTarget, write_vectors
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files, write_position_deletes
 import lineage.storage.puts as puts
 import lineage.properties as props
-from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, TARGET_FILE_SIZE, capture_preimages, delete_granularity
+from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages, delete_granularity
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
-from lineage.writes.rows import group_removed, kept_rows, with_hidden
+from lineage.writes.rows import group_removed
+from lineage.writes.small_files import FoldPolicy, files_to_fold, rewrite_kept
 
 
 # The name the write loop always logged under (operators and tests filter on it).
@@ -158,32 +157,24 @@ def _materialize_and_commit(
                 RemovedImages(plan.files[fid].path, cols["__pos"], cols["_row_id"], cols["_row_created_at_version"], cols["_row_last_updated_at_version"],
                               version, None if values is None else values.take(pa.array(cols["__row"])))
             )
-        if mode == MERGE_ON_READ and ice.metadata.format_version >= 3:  # Iceberg v3: one deletion vector per data file
+        # copy-on-write rewrites every file it deletes from; merge-on-read the small files it folds (lineage.writes.small_files)
+        rewrite = list(groups) if mode != MERGE_ON_READ else files_to_fold(
+            plan.files, {fid: cols["__pos"] for fid, cols in groups.items()}, _written_rows(plan),
+            FoldPolicy.of(ice.metadata.properties))
+        deleted = {fid: cols for fid, cols in groups.items() if fid not in rewrite}
+        if deleted and ice.metadata.format_version >= 3:  # Iceberg v3: one deletion vector per data file
             delete_files, removed_files = write_vectors(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
-                                                              for fid, cols in groups.items()])
+                                                              for fid, cols in deleted.items()])
             created.extend(f.file_path for f in delete_files)
-        elif mode == MERGE_ON_READ:
+        elif deleted:
             granularity, limit = delete_granularity(ice.metadata.properties)
-            targets = [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in groups.items()]
+            targets = [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in deleted.items()]
             delete_files = write_position_deletes(ice, targets, granularity, file_scoped_limit=limit)
             created.extend(f.file_path for f in delete_files)
-        else:
-            # The kept rows are read and rewritten a group of files at a time, so memory follows the group, not
-            # the number of files the write touches. A group holds at most one target file of Parquet and at most
-            # a sixteenth of DuckDB's memory limit (decoded rows take several times their Parquet bytes).
-            field_ids = projection_field_ids(ice.metadata)
-            target = with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))
-            file_size = int(props.read(ice.metadata.properties, TARGET_FILE_SIZE))
-            budget = min(file_size, duck.memory_limit_bytes() // 16)
-            for chunk in pack_from_end(list(groups), lambda fid: int(plan.files[fid].data_file.file_size_in_bytes), budget):
-                kept = kept_rows(con, [plan.files[fid] for fid in chunk], {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids)
-                rewritten = write_data_files(ice, kept.cast(target))
-                del kept
-                created.extend(w.data_file.file_path for w in rewritten)
-                written.extend(rewritten)
-            removed_files = [plan.files[fid].data_file for fid in groups]
-            if ice.metadata.format_version >= 3:  # their deletion vectors leave with them
-                removed_files += [d for fid in groups for d in replaced_by_vector(plan.files[fid].path, plan.files[fid].deletes)]
+        if rewrite:
+            kept, leaving = rewrite_kept(table, plan.files, groups, rewrite, con, created)
+            written.extend(kept)
+            removed_files.extend(leaving)
 
     # 2. new images of updated rows, then fresh inserts (in the same files when both are written now: fewer objects)
     inserts = plan.inserts if plan.inserts is not None and plan.inserts.num_rows else None
@@ -253,6 +244,11 @@ def _materialize_and_commit(
     result = commit_change(ice, state, request, attempt)
     table.carry_files(result.snapshot_id, result.files)
     return info(result)
+
+
+def _written_rows(plan: Plan) -> int:
+    """Rows of new images and inserts the plan writes."""
+    return sum(t.num_rows for t in (plan.new_images, plan.inserts) if t is not None)
 
 
 def _captured(table: TableContext, plan: Plan, groups: dict[int, dict]) -> pa.Table:

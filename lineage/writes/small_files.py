@@ -1,0 +1,123 @@
+"""Kept rows rewritten (copy-on-write), and the small data files a merge-on-read write folds that way.
+
+A merge-on-read write gives every data file it deletes from a delete (a
+deletion vector on Iceberg v3, position deletes on v2). In a stream of small
+commits with keys spread over the table, each commit adds a small data file
+(its new images and inserts), and the next commits delete from nearly every
+one of them: the files touched per commit, and with them the vectors, manifest
+entries, values read and key-index entries of a commit, grow with the number
+of commits since the last compaction.
+
+So a merge-on-read write that deletes from more than
+``lineage.write.fold.min-files`` data files *folds* the smallest of them: it
+rewrites their kept rows (with their row ids, created and updated versions:
+moves, not changes) into a new data file and removes them, instead of writing
+their deletes. Files are taken smallest first while each keeps no more rows
+than the commit writes so far (its new images and inserts, plus the rows
+folded before it), up to ``lineage.write.fold.max-rows`` rows in all: a
+tiered merge, so each row is rewritten a logarithmic number of times before
+it sits in a file of that size, and the files a commit touches stay few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+from pyiceberg.manifest import DataFile
+
+import lineage.duck as duck
+import lineage.properties as props
+import lineage.storage.manifests_v3 as v3
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
+from lineage.commits.merge_rule import pack_from_end
+from lineage.context import TableContext
+from lineage.iceberg.schema import projection_field_ids
+from lineage.properties import FOLD_MAX_ROWS, FOLD_MIN_FILES, TARGET_FILE_SIZE
+from lineage.state import LiveFile
+from lineage.storage.deletion_vectors import replaced_by_vector
+from lineage.storage.writer import WrittenFile, write_data_files
+from lineage.writes.rows import kept_rows, with_hidden
+
+
+@dataclass(frozen=True)
+class FoldPolicy:
+    """When a merge-on-read write folds small data files (table properties ``lineage.write.fold.*``)."""
+
+    max_rows: int = props.registry[FOLD_MAX_ROWS].default
+    min_files: int = props.registry[FOLD_MIN_FILES].default
+
+    @staticmethod
+    def of(properties: Mapping[str, str]) -> FoldPolicy:
+        """The policy a table's properties ask for (defaults where unset)."""
+        return FoldPolicy(max_rows=int(props.read(properties, FOLD_MAX_ROWS)), min_files=int(props.read(properties, FOLD_MIN_FILES)))
+
+
+def live_row_count(file: LiveFile) -> int:
+    """Rows of ``file`` live before the write: its record count less its deletion vectors' (other deletes not counted)."""
+    deleted = sum(int(d.record_count) for d in file.deletes if v3.referenced_data_file(d) == file.path)
+    return int(file.data_file.record_count) - deleted
+
+
+def files_to_fold(files: Sequence[LiveFile], removed: Mapping[int, np.ndarray], written_rows: int, policy: FoldPolicy) -> list[int]:
+    """The ids (indexes in ``files``) of the files whose kept rows the write rewrites; ``removed`` holds the positions
+    each file the write deletes from loses.
+
+    ``written_rows`` are the rows the commit writes anyway (new images and
+    inserts). Files with equality or resolved deletes are never folded, nor
+    files left with no row (their deletes are cheaper than a rewrite of
+    nothing and leave the file's history as it was).
+    """
+    if policy.max_rows <= 0 or len(removed) <= policy.min_files:
+        return []
+    candidates = []
+    for fid, positions in removed.items():
+        f = files[fid]
+        if f.equality_deletes or f.resolved:
+            continue
+        kept = live_row_count(f) - len(positions)
+        if 0 < kept <= policy.max_rows:
+            candidates.append((kept, fid))
+    folded: list[int] = []
+    total = 0
+    for kept, fid in sorted(candidates):
+        if kept > written_rows + total or total + kept > policy.max_rows:
+            break  # sorted by size: every later file is larger still
+        folded.append(fid)
+        total += kept
+    return folded
+
+
+def rewrite_kept(
+    table: TableContext,
+    files: Sequence[LiveFile],
+    groups: Mapping[int, dict[str, np.ndarray]],
+    fids: list[int],
+    con: duckdb.DuckDBPyConnection,
+    created: list[str],
+) -> tuple[list[WrittenFile], list[DataFile]]:
+    """Rewrite the kept rows of ``files[fid]`` for ``fid`` in ``fids`` (``groups``: positions removed); return the new
+    data files and the files leaving (the data files, and on v3 their deletion vectors).
+
+    The kept rows are read and rewritten a group of files at a time, so memory follows the group, not the number of
+    files the write touches. A group holds at most one target file of Parquet and at most a sixteenth of DuckDB's
+    memory limit (decoded rows take several times their Parquet bytes). Paths written are appended to ``created``.
+    """
+    ice = table.iceberg
+    field_ids = projection_field_ids(ice.metadata)
+    target = with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))
+    file_size = int(props.read(ice.metadata.properties, TARGET_FILE_SIZE))
+    budget = min(file_size, duck.memory_limit_bytes() // 16)
+    written: list[WrittenFile] = []
+    for chunk in pack_from_end(fids, lambda fid: int(files[fid].data_file.file_size_in_bytes), budget):
+        kept = kept_rows(con, [files[fid] for fid in chunk], {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids)
+        rewritten = write_data_files(ice, kept.cast(target))
+        del kept
+        created.extend(w.data_file.file_path for w in rewritten)
+        written.extend(rewritten)
+    removed = [files[fid].data_file for fid in fids]
+    if ice.metadata.format_version >= 3:  # their deletion vectors leave with them
+        removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
+    return written, removed
