@@ -41,7 +41,6 @@ from lineage.columns import HIDDEN_ROW_ID
 from lineage.storage.deletion_vectors import VectorTarget, write_vectors
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files, write_position_deletes
 import lineage.storage.puts as puts
-import lineage.properties as props
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages, delete_granularity
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed
