@@ -87,10 +87,12 @@ class MatchPass:
     image_columns: tuple[str, ...]
     select: str
     out: pa.Schema
+    where_lineage: bool = True  # the predicate reads a lineage column: the first pass attaches them
 
 
-def slices(files: Sequence[LiveFile], slice_rows: int = SLICE_ROWS) -> list[FileSlice]:
-    """The tasks of a pass over ``files``: one per file, or one per ``slice_rows`` positions of a longer file."""
+def slices(files: Sequence[LiveFile], slice_rows: int | None = None) -> list[FileSlice]:
+    """The tasks of a pass over ``files``: one per file, or one per ``slice_rows`` (default :data:`SLICE_ROWS`) positions of a longer file."""
+    slice_rows = SLICE_ROWS if slice_rows is None else slice_rows
     out = []
     for f in files:
         pos, rid, created, updated = combined_breakpoints(f.lineage.row_ids, f.lineage.created, f.lineage.updated)
@@ -107,8 +109,9 @@ def match_pass(schema: pa.Schema, field_ids: dict[str, int] | None, pred: Predic
     names = set(schema.names)
     where_columns = schema.names if pred.columns is None else [c for c in pred.columns if c in names]
     image_columns = schema.names if reads is None else [c for c in reads if c in names]
+    lineage = pred.columns is None or any(f.name in pred.columns for f in LINEAGE_SCHEMA)
     return MatchPass(schema, field_ids, pred.sql, pred.reads_floats, tuple(dict.fromkeys(where_columns)),
-                     tuple(dict.fromkeys(image_columns)), select, out)
+                     tuple(dict.fromkeys(image_columns)), select, out, lineage)
 
 
 def matches(spark: Any, files: Sequence[LiveFile], spec: MatchPass) -> Any:
@@ -194,10 +197,13 @@ def _rows(task: FileSlice, spec: MatchPass, columns: Sequence[str], positions: n
     return read_at([task.path], np.zeros(len(positions), np.int64), positions, schema, spec.field_ids, cache=False)
 
 
-def _view(data: pa.Table, task: FileSlice, positions: np.ndarray) -> pa.Table:
-    """``data`` (rows at ``positions``) with the lineage columns and ``__pos``: the embedded live view's columns."""
-    cols = [*data.columns, *lineage_at(task.runs, positions), pa.array(positions, pa.int64())]
-    return pa.Table.from_arrays(cols, names=[*data.column_names, *(f.name for f in LINEAGE_SCHEMA), POS])
+def _view(data: pa.Table, task: FileSlice, positions: np.ndarray, lineage: bool = True) -> pa.Table:
+    """``data`` (rows at ``positions``) with the lineage columns (unless not ``lineage``) and ``__pos``: the embedded live view's columns."""
+    cols, names = list(data.columns), list(data.column_names)
+    if lineage:
+        cols += lineage_at(task.runs, positions)
+        names += [f.name for f in LINEAGE_SCHEMA]
+    return pa.Table.from_arrays([*cols, pa.array(positions, pa.int64())], names=[*names, POS])
 
 
 def _query(con: Any, rows: pa.Table, sql: str) -> pa.Table:
@@ -225,7 +231,7 @@ def evaluate_slice(con: Any, task: FileSlice, spec: MatchPass) -> Iterator[pa.Re
         if not len(live):
             continue
         data = _rows(task, spec, spec.where_columns, live)
-        hit = _query(con, _view(data, task, live), f"SELECT {POS} FROM live WHERE ({spec.where})").column(POS).to_numpy()
+        hit = _query(con, _view(data, task, live, spec.where_lineage), f"SELECT {POS} FROM live WHERE ({spec.where})").column(POS).to_numpy()
         if not len(hit):
             continue
         hit = np.sort(hit.astype(np.int64))
