@@ -376,16 +376,15 @@ def existing_keys(spark: Any, state: TableState, batch: Any, key: list[str]) -> 
     return [r.asDict() for r in batch.select(*[column(k) for k in key]).join(live, key, "left_semi").limit(3).collect()]
 
 
-def evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select: str, out: pa.Schema,
-             reads: list[str] | None = None) -> Any:
+def evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select: str, out: pa.Schema) -> Any:
     """Executors run ``SELECT select FROM live WHERE pred`` over the live rows of ``files``; a Spark DataFrame of ``out``.
 
     ``pred`` is the checked predicate (:func:`lineage.sql.predicate.parse_predicate`) and ``select`` a checked
-    select list over the data columns ``reads`` (None: any data column), the lineage columns, ``__path`` and
-    ``__pos``. Each task reads its file's predicate columns itself, evaluates the predicate in a sealed DuckDB
-    database of its own, and reads the other columns of the matched rows only (:mod:`lineage.spark_match`):
-    the predicate means on Spark what it means embedded, and no row goes through the JVM to be tested.
+    select list over the data columns, the lineage columns, ``__path`` and ``__pos``. Each task builds the
+    embedded engine's live view over its file and evaluates them in a sealed DuckDB database of its own
+    (:mod:`lineage.spark_match`): they mean on Spark what they mean embedded, DuckDB reads only the columns
+    they name, and no row goes through the JVM to be tested.
     """
     session = spark_session(spark)
-    spec = spark_match.match_pass(arrow_schema_of(state), projection_field_ids(state.iceberg.metadata), pred, select, out, reads)
+    spec = spark_match.match_pass(arrow_schema_of(state), projection_field_ids(state.iceberg.metadata), pred, select, out)
     return spark_match.matches(session, files, spec)

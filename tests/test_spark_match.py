@@ -9,6 +9,9 @@ as they do embedded.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +19,6 @@ import pytest
 
 import cdf
 import lineage
-import lineage.duck as duck
 import lineage.spark as spark_io
 import lineage.spark_match as spark_match
 from conftest import rows
@@ -34,72 +36,79 @@ def _wide(start: int, n: int) -> pa.Table:
     return pa.table({"id": ids, **{f"c{i}": (ids * i) % 13 for i in range(1, 12)}, "name": [f"n{i % 7}" for i in ids]}, schema=WIDE)
 
 
-def _reads(monkeypatch) -> list[tuple[list[str], int]]:
-    """Every read a task makes through read_at: (columns, number of positions)."""
-    seen: list[tuple[list[str], int]] = []
-    read_at = spark_match.read_at
-
-    def spy(paths, file_index, positions, schema, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append((list(schema.names), len(positions)))
-        return read_at(paths, file_index, positions, schema, *args, **kwargs)
-
-    monkeypatch.setattr(spark_match, "read_at", spy)
-    return seen
-
-
-def _run_tasks(t: lineage.Table, where: str, select: str, out: pa.Schema, reads: list[str] | None, slice_rows: int | None = None) -> pa.Table:
-    """The pass run in this process, task by task, as the executors run it."""
+def _spec(t: lineage.Table, where: str, select: str, out: pa.Schema) -> spark_match.MatchPass:
     state = state_at(t.iceberg)
     pred = parse_predicate(where, pa.schema(list(WIDE) + LINEAGE_SCHEMA))
-    spec = spark_match.match_pass(WIDE, projection_field_ids(state.iceberg.metadata), pred, select, out, reads)
-    got = []
-    for task in spark_match.slices(state.live_files(), slice_rows):
-        con = duck.connect(isolated=True)
+    return spark_match.match_pass(WIDE, projection_field_ids(state.iceberg.metadata), pred, select, out)
+
+
+def _parquet_columns(t: lineage.Table, spec: spark_match.MatchPass) -> set[str]:
+    """The data columns the tasks' DuckDB plans read from Parquet (projected or filtered on), over every slice."""
+    found: set[str] = set()
+
+    def walk(node: dict) -> None:
+        if node.get("name") == "READ_PARQUET":
+            info = node.get("extra_info", {})
+            text = " ".join(info.get("Projections", [])) if isinstance(info.get("Projections"), list) else str(info.get("Projections", ""))
+            text += " " + (" ".join(info["Filters"]) if isinstance(info.get("Filters"), list) else str(info.get("Filters", "")))
+            found.update(c for c in WIDE.names if re.search(rf"\b{c}\b", text))
+        for child in node.get("children", []):
+            walk(child)
+
+    for task in spark_match.slices(state_at(t.iceberg).live_files()):
+        con = spark_match.open_slice(task, spec)
         try:
-            duck.seal(con)
-            got.extend(spark_match.evaluate_slice(con, task, spec))
+            for plan in json.loads(con.execute("EXPLAIN (FORMAT json) " + spark_match.slice_sql(task, spec)).fetchall()[0][1]):
+                walk(plan)
         finally:
             con.close()
-    return pa.Table.from_batches(got, schema=out)
+    return found
 
 
-def test_the_predicate_pass_reads_the_predicate_columns_of_live_rows_and_the_rest_of_matched_rows_only(warehouse, monkeypatch) -> None:
+def _run_tasks(t: lineage.Table, spec: spark_match.MatchPass, slice_rows: int | None = None) -> pa.Table:
+    """The pass run in this process, task by task, as the executors run it."""
+    got = [b for task in spark_match.slices(state_at(t.iceberg).live_files(), slice_rows) for b in spark_match.evaluate_slice(task, spec)]
+    return pa.Table.from_batches(got, schema=spec.out)
+
+
+def test_the_predicate_pass_reads_only_the_columns_it_names(warehouse) -> None:
     t = lineage.create_table("s.wide", WIDE, key=["id"], warehouse=warehouse)
     t.append(_wide(0, 300))
     t.append(_wide(300, 200))
-    t.delete("id % 10 = 0")  # 50 rows gone: 450 live
-    matched = sorted(r["id"] for r in t.scan().to_pylist() if r["c7"] == 5)
+    t.delete("id % 10 = 0")  # 50 rows gone: their c7 = 5 rows must not match
+    live = t.scan().to_pylist()
+    matched = sorted(r["id"] for r in live if r["c7"] == 5)
+
     pointer = pa.schema([("__path", pa.string()), ("__pos", pa.int64()), ("_row_id", pa.int64())])
+    spec = _spec(t, "c7 = 5", "__path, __pos, _row_id", pointer)
+    assert _parquet_columns(t, spec) == {"c7"}  # a delete without key index or capture: the predicate's column alone
+    by_row_id = {r["_row_id"]: r for r in live}
+    assert sorted(by_row_id[i]["id"] for i in _run_tasks(t, spec).column("_row_id").to_pylist()) == matched
 
-    seen = _reads(monkeypatch)
-    got = _run_tasks(t, "c7 = 5", "__path, __pos, _row_id", pointer, reads=[])
-    assert sorted(seen) == [(["c7"], 180), (["c7"], 270)]  # the live rows of each file, one column; nothing else
-    assert len(got) == len(matched)
+    keyed = _spec(t, "c7 = 5 AND _row_last_updated_at_version <= 2", '"id" AS __old_key_0, __pos', pa.schema([("__old_key_0", pa.int64()), ("__pos", pa.int64())]))
+    assert _parquet_columns(t, keyed) == {"c7", "id"}
+    assert sorted(_run_tasks(t, keyed).column("__old_key_0").to_pylist()) == matched
 
-    seen.clear()
     image = pa.schema([f.with_nullable(True) for f in WIDE] + [pa.field("_row_id", pa.int64())])
-    got = _run_tasks(t, "c7 = 5", ", ".join(f'"{c}"' for c in image.names), image, reads=None)
-    assert sorted(got.column("id").to_pylist()) == matched
-    others = [c for c in WIDE.names if c != "c7"]
-    hits = [n for cols, n in seen if cols == others]
-    assert [cols for cols, _ in seen if cols != others] == [["c7"], ["c7"]]
-    assert sum(hits) == len(matched)  # the other columns: the matched rows only
-    by_id = {r["id"]: r for r in t.scan().to_pylist()}
-    for r in got.to_pylist():
-        assert r == {c: by_id[r["id"]][c] for c in image.names}
+    whole = _spec(t, "c7 = 5", ", ".join(f'"{c}"' for c in image.names), image)
+    assert _parquet_columns(t, whole) == set(WIDE.names)  # an update's new images: every column (of the matched rows)
+    got = _run_tasks(t, whole).to_pylist()
+    assert sorted(r["id"] for r in got) == matched
+    assert all(r == {c: by_row_id[r["_row_id"]][c] for c in image.names} for r in got)
 
 
-def test_a_file_split_into_slices_and_chunks_of_row_groups_matches_every_row_once(warehouse, monkeypatch) -> None:
+def test_a_file_split_into_slices_matches_every_row_once(warehouse) -> None:
     t = lineage.create_table("s.groups", WIDE, key=["id"], warehouse=warehouse, properties={"write.parquet.row-group-limit": "64"})
     t.append(_wide(0, 1000))  # 16 row groups of 64 rows
     t.delete("id % 3 = 0")
     assert pq.ParquetFile(local_path(state_at(t.iceberg).live_files()[0].path)).num_row_groups == 16
-    monkeypatch.setattr(spark_match, "CHUNK_ROWS", 150)  # two row groups per chunk
-    out = pa.schema([("id", pa.int64()), ("_row_id", pa.int64())])
-    got = _run_tasks(t, "c2 < 6 OR _row_id > 990", "id, _row_id", out, reads=["id"], slice_rows=300)
+    out = pa.schema([("id", pa.int64()), ("_row_id", pa.int64()), ("__pos", pa.int64())])
+    spec = _spec(t, "c2 < 6 OR _row_id > 990", "id, _row_id, __pos", out)
+    assert len(spark_match.slices(state_at(t.iceberg).live_files(), 300)) == 4
+    got = _run_tasks(t, spec, slice_rows=300)
     expected = [r["id"] for r in t.scan().to_pylist() if r["c2"] < 6 or r["_row_id"] > 990]
     assert sorted(got.column("id").to_pylist()) == sorted(expected)
-    assert got.column("id").to_pylist() == got.column("_row_id").to_pylist()  # one append: row id = position = id
+    assert got.column("id").to_pylist() == got.column("_row_id").to_pylist() == got.column("__pos").to_pylist()  # one append
 
 
 @pytest.mark.spark
@@ -109,7 +118,7 @@ def test_no_row_goes_through_the_jvm_to_be_tested(spark, warehouse) -> None:
     state = state_at(t.iceberg)
     pred = parse_predicate("c3 > 4", pa.schema(list(WIDE) + LINEAGE_SCHEMA))
     out = pa.schema([("__path", pa.string()), ("__pos", pa.int64())])
-    df = spark_io.evaluate(spark, state, state.live_files(), pred, "__path, __pos", out, [])
+    df = spark_io.evaluate(spark, state, state.live_files(), pred, "__path, __pos", out)
     plan = df._jdf.queryExecution().optimizedPlan().toString()
     assert "Range" in plan and "Relation" not in plan and "parquet" not in plan.lower()  # task numbers in, matches out
     assert df.columns == ["__path", "__pos"] and df.count() == sum(1 for r in _wide(0, 100).to_pylist() if r["c3"] > 4)

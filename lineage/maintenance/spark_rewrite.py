@@ -124,7 +124,7 @@ def matching_rows(state: TableState, files: list[LiveFile], pred: Predicate, key
     out = pa.schema([pa.field("__path", pa.string()), pa.field("__pos", pa.int64()), pa.field("_row_id", pa.int64())]
                     + [schema.field(k).with_nullable(True) for k in key])
     select = ", ".join(quote_ident(c) for c in out.names)
-    got = spark_io.evaluate(spark, state, files, pred, select, out, key).toArrow()
+    got = spark_io.evaluate(spark, state, files, pred, select, out).toArrow()
     index_of = {local_path(f.path): i for i, f in enumerate(files)}
     file_ids = pa.array([index_of[p] for p in got.column("__path").to_pylist()], pa.int32())
     return pa.Table.from_arrays([file_ids, *[got.column(c).cast(out.field(c).type) for c in out.names[1:]]],

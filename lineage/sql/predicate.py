@@ -57,7 +57,6 @@ class Predicate:
     sql: str
     prune: BooleanExpression
     reads_floats: bool = False  # it reads a floating-point column: evaluate it with duck.seal(..., exact_floats=True)
-    columns: tuple[str, ...] | None = None  # the columns it reads (None: not known, assume every column)
 
     @property
     def is_true(self) -> bool:
@@ -152,7 +151,7 @@ def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema, pr
     of the allowed kind.
     """
     if where is None:
-        return Predicate("TRUE", AlwaysTrue(), columns=())
+        return Predicate("TRUE", AlwaysTrue())
     if isinstance(where, BooleanExpression):
         text = expression_to_sql(where)
     elif isinstance(where, str):
@@ -167,7 +166,7 @@ def parse_predicate(where: str | BooleanExpression | None, schema: pa.Schema, pr
     if not (tree.get("type") == "VALUE_CONSTANT" and tree.get("value", {}).get("is_null")):
         _check_boolean(checked.sql, text, schema)
     floats = any(pa.types.is_floating(schema.field(c).type) for c in checked.columns if c in schema.names)
-    return Predicate(checked.sql, prune_expression(tree, schema, set(prunable)), floats, checked.columns)
+    return Predicate(checked.sql, prune_expression(tree, schema, set(prunable)), floats)
 
 
 def prunable_columns(data_schema: pa.Schema) -> tuple[str, ...]:

@@ -60,8 +60,7 @@ def delete(table: TableContext, where: str | BooleanExpression, mode: str, spark
         capture = capture_preimages(state.iceberg.metadata.properties)
         select = f"{_POINTER}{_old_keys(key)}{old_values(schema) if capture else ''}"
         out = pa.schema(_pointer_fields() + _old_key_fields(schema, key) + _old_fields(schema, capture))
-        removed = write_removed(table, state, files, spark_io.evaluate(spark, state, files, pred, select, out, None if capture else key),
-                                key, capture)
+        removed = write_removed(table, state, files, spark_io.evaluate(spark, state, files, pred, select, out), key, capture)
         return _plan("delete", removed, key, deleted=removed.images)
 
     return run_write(table, plan, mode=MERGE_ON_READ)
