@@ -83,26 +83,42 @@ def match_pass(schema: pa.Schema, field_ids: dict[str, int] | None, pred: Predic
 def matches(spark: Any, files: Sequence[LiveFile], spec: MatchPass) -> Any:
     """Executors run ``SELECT spec.select FROM live WHERE spec.where`` over the live rows of ``files``: a Spark DataFrame of ``spec.out``.
 
-    One task per :func:`slices` entry; the tasks' slices travel with the
-    pickled function (Spark broadcasts a large one), the DataFrame handed to
-    the workers holds only task numbers.
+    The :func:`slices` are dealt to as many tasks as Spark runs at once
+    (:func:`deal`): each Python task costs Spark a fixed tenth of a second or
+    so of CPU in the JVM and in the worker, more than evaluating a
+    million-row file. The slices travel with the pickled function (Spark
+    broadcasts a large one); the DataFrame handed to the workers holds only
+    task numbers.
     """
     spark_schema = spark.createDataFrame(spec.out.empty_table()).schema
-    tasks = slices(files)
-    if not tasks:
+    pieces = slices(files)
+    if not pieces:
         return spark.createDataFrame(spec.out.empty_table())
+    tasks = deal(pieces, spark.sparkContext.defaultParallelism)
     blob = pickle.dumps(tasks)
     ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
     return ids.mapInArrow(spark_read.with_settings(_task(blob, spec)), spark_schema)
 
 
+def deal(pieces: Sequence[FileSlice], tasks: int) -> list[list[FileSlice]]:
+    """``pieces`` dealt to at most ``tasks`` tasks, the longest first, each to the task with the fewest rows so far."""
+    out: list[list[FileSlice]] = [[] for _ in range(max(1, min(tasks, len(pieces))))]
+    load = [0] * len(out)
+    for piece in sorted(pieces, key=lambda p: p.end - p.start, reverse=True):
+        i = load.index(min(load))
+        out[i].append(piece)
+        load[i] += piece.end - piece.start
+    return out
+
+
 def _task(blob: bytes, spec: MatchPass) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: the slices named by the incoming ids, evaluated one after the other."""
+    """A ``mapInArrow`` function: the slices dealt to the incoming task numbers, evaluated one after the other."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tasks: list[FileSlice] = pickle.loads(blob)
+        tasks: list[list[FileSlice]] = pickle.loads(blob)
         for i in [int(i) for b in batches for i in b.column(0).to_pylist()]:
-            yield from evaluate_slice(tasks[i], spec)
+            for piece in tasks[i]:
+                yield from evaluate_slice(piece, spec)
 
     return run
 

@@ -186,3 +186,32 @@ def test_rows_removed_by_an_earlier_delete_never_match_on_spark(spark, warehouse
     _same(embedded, on_spark)
     # the updated rows' old images (amount >= 0) are deleted positions of the old files: nothing is left to match
     assert not on_spark.delete("amount >= 0", engine="spark", spark=spark).committed
+
+
+@pytest.mark.spark
+def test_spark_deletes_and_updates_an_s3_table_as_embedded(s3, spark) -> None:
+    """The tasks' DuckDB reads the object store through httpfs, with the bucket settings the driver ships them."""
+    tables = []
+    for name in ("embedded", "spark"):
+        t = lineage.create_table(f"shop.{name}", WIDE, key=["id"], properties={"lineage.cdf.capture-preimages": "true"}, **s3.where())
+        t.append(_wide(0, 40))
+        t.append(_wide(40, 40))
+        t.delete("id % 5 = 0")
+        tables.append(t)
+    embedded, on_spark = tables
+    a, b = embedded.delete("c3 = 1 OR id = 41"), on_spark.delete("c3 = 1 OR id = 41", engine="spark", spark=spark)
+    assert a.deleted == b.deleted > 0
+    a, b = embedded.update("c4 < 3", {"name": "name || '?'"}), on_spark.update("c4 < 3", {"name": "name || '?'"}, engine="spark", spark=spark)
+    assert a.updated == b.updated > 0
+    _same(embedded, on_spark)
+
+
+def test_slices_are_dealt_to_one_wave_of_tasks_evenly(warehouse) -> None:
+    t = lineage.create_table("s.deal", WIDE, key=["id"], warehouse=warehouse)
+    for start, n in ((0, 50), (50, 10), (60, 30), (90, 30), (120, 20)):
+        t.append(_wide(start, n))
+    pieces = spark_match.slices(state_at(t.iceberg).live_files())
+    dealt = spark_match.deal(pieces, 2)
+    assert sorted(sum(p.end - p.start for p in task) for task in dealt) == [70, 70]  # 50+20 and 30+30+10
+    assert sorted(p.file.path for task in dealt for p in task) == sorted(p.file.path for p in pieces)
+    assert len(spark_match.deal(pieces, 16)) == 5 and len(spark_match.deal(pieces[:1], 4)) == 1
