@@ -244,6 +244,8 @@ def warm_up(spark: Any, t: lineage.Table) -> None:
 
     def import_in_worker(batches: Any) -> Any:  # nested: pickled by value (workers cannot import this script)
         import lineage.duck  # noqa: F401  (what the write paths' tasks import)
+        import lineage.spark_match  # noqa: F401
+        import lineage.writes.spark_removed  # noqa: F401
 
         yield from batches
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -31,10 +31,10 @@ from lineage.storage.rle import combined_breakpoints, encode_sequence, encode_va
 from lineage.iceberg.schema import arrow_schema, conform, projection_field_ids
 import lineage.storage.files as store
 import lineage.storage.spark_read as spark_read
+import lineage.spark_match as spark_match
 from lineage.state import LiveFile, TableState
 from lineage.read.values import file_columns, layout
-from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED, LINEAGE_SCHEMA
-import lineage.duck as duck
+from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 import lineage.iceberg.v3_metadata as v3_metadata
 from lineage.sql.predicate import Predicate
 from lineage.storage.deletes import is_puffin, vector_table
@@ -380,37 +380,11 @@ def evaluate(spark: Any, state: TableState, files: list, pred: Predicate, select
     """Executors run ``SELECT select FROM live WHERE pred`` over the live rows of ``files``; a Spark DataFrame of ``out``.
 
     ``pred`` is the checked predicate (:func:`lineage.sql.predicate.parse_predicate`) and ``select`` a checked
-    select list: each task evaluates them in a sealed DuckDB database of its own (:func:`evaluator`), so they
-    mean on Spark what they mean embedded.
+    select list over the data columns, the lineage columns, ``__path`` and ``__pos``. Each task builds the
+    embedded engine's live view over its file and evaluates them in a sealed DuckDB database of its own
+    (:mod:`lineage.spark_match`): they mean on Spark what they mean embedded, DuckDB reads only the columns
+    they name, and no row goes through the JVM to be tested.
     """
     session = spark_session(spark)
-    schema = arrow_schema_of(state)
-    if not files:
-        return session.createDataFrame(out.empty_table())
-    live = live_rows(session, state, schema.names, files)
-    live_schema = pa.schema(list(schema) + LINEAGE_SCHEMA + [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())])
-    spark_schema = session.createDataFrame(out.empty_table()).schema
-    return live.select(*[column(c) for c in live_schema.names]).mapInArrow(
-        evaluator(select, pred.sql, pred.reads_floats, live_schema, out), spark_schema
-    )
-
-
-def evaluator(select: str, where: str, exact_floats: bool, live: pa.Schema, out: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function evaluating the checked SQL on each batch in a sealed DuckDB database."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        con = duck.connect(isolated=True)
-        try:
-            duck.seal(con, exact_floats=exact_floats)  # reads no file: the rows come from Spark
-            for batch in batches:
-                # Spark hands timestamps with a time zone and may relax nullability: back to the table's types.
-                con.register("live", pa.Table.from_batches([batch]).select(live.names).cast(live))
-                try:
-                    result = con.execute(f"SELECT {select} FROM live WHERE ({where})").to_arrow_table()
-                finally:
-                    con.unregister("live")
-                yield from result.cast(out).to_batches()
-        finally:
-            con.close()
-
-    return run
+    spec = spark_match.match_pass(arrow_schema_of(state), projection_field_ids(state.iceberg.metadata), pred, select, out)
+    return spark_match.matches(session, files, spec)

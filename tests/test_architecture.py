@@ -43,7 +43,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "index.key_store", "index.key_legacy", "index.key_packed", "index.key_build", "index.key_merge",
     )),
     ("state", (
-        "lineage.state", "lineage.context", "lineage.retention", "lineage.outcome", "lineage.spark", "lineage.commits.*",
+        "lineage.state", "lineage.context", "lineage.retention", "lineage.outcome", "lineage.spark", "lineage.spark_match",
+        "lineage.commits.*",
         "lineage.read.*", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
     )),
     ("reconcile", ("lineage.reconcile.*",)),

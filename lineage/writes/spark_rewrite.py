@@ -3,11 +3,11 @@
 The driver checks the ``where`` and ``set`` expressions exactly as the
 embedded path does (:func:`lineage.sql.predicate.parse_predicate`,
 :func:`lineage.writes.checks.check_expression`), keeps the files the
-``where`` may match, and hands Spark the live rows of those files
-(:func:`lineage.spark.live_rows`). Each executor task evaluates the same
-checked DuckDB SQL on its Arrow batches in a sealed DuckDB database of its
-own, so a predicate means on Spark exactly what it means embedded (NULLs,
-NaN, casts, LIKE escapes); no SQL is translated to another dialect. For an
+``where`` may match, and hands those files to executor tasks that read each
+file's predicate columns themselves (:mod:`lineage.spark_match`). Each task
+evaluates the same checked DuckDB SQL in a sealed DuckDB database of its own,
+then reads the other columns of the matched rows only, so a predicate means
+on Spark exactly what it means embedded (NULLs, NaN, casts, LIKE escapes); no SQL is translated to another dialect. For an
 update, executors also write the new images as data files. Executors write
 the position delete files and the index segment of the removed images too
 (:mod:`lineage.writes.spark_removed`): what reaches the driver is one summary
