@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.rows < 1000:
         parser.error(f"unknown systems {unknown}" if unknown else "--rows must be at least 1000")
     rec = record.Recorder("large", scale=args.rows, argv=argv, settings={**vars(args), "data_dir": None}, peers=["pyspark"])
-    places = folders(os.path.expanduser(args.data_dir), args.rows)
+    places = folders(os.path.abspath(os.path.expanduser(args.data_dir)), args.rows)  # the reference server runs elsewhere
     os.makedirs(places["root"], exist_ok=True)
     info = json.load(open(places["info"], encoding="utf-8")) if os.path.exists(places["info"]) and not args.rebuild else {}
     built_now = not info
