@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -40,6 +41,7 @@ DEFAULT_BATCH_ROWS = 65_536
 # read_all on an object store: data files this large are read while the smaller ones (at least this many) arrive
 PIPELINE_FILE_BYTES = 256 << 10
 PIPELINE_MIN_FILES = 8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -187,20 +189,10 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
 
 def _materialise(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.DuckDBPyConnection) -> str:
     """The rows ``plan`` selects from ``group`` as a temporary table of ``con``; its name."""
-    sized = [(f.path, f.data_file.file_size_in_bytes) for f in group]
-    sized += [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
-    with prefetch.local_copies(sized) as copies:  # small files on an object store: fetched at once, one GET each
-        paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
-        duck.seal(con, paths, exact_floats=plan.exact_floats)
-        name = "__group"
-        try:
-            con.execute(f"CREATE TEMP TABLE {name} AS SELECT {select} FROM live WHERE {plan.where_sql}")
-        except duckdb.IOException as exc:
-            raise LineageMetadataError(f"a data or delete file of {plan.name} could not be read (run verify): {exc}") from None
-        except duckdb.Error as exc:
-            failed = BadPredicateError(f"evaluating where {plan.where_sql!r} failed on the table's data: {exc}")
-            raise duck.out_of_memory(exc) or failed from None
-        return name
+    name = "__group"
+    with prefetch.local_copies(_sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
+        _run(plan, group, select, con, copies, lambda query: con.execute(f"CREATE TEMP TABLE {name} AS {query}"))
+    return name
 
 
 def _sized(group: Sequence[LiveFile]) -> list[tuple[str, int]]:
@@ -221,14 +213,21 @@ def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Tab
 def _query_group(plan: BatchedScan, group: list[LiveFile], select: str, copies: dict[str, str]) -> pa.Table:
     con = duck.connect(isolated=True)
     try:
-        paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
-        duck.seal(con, paths, exact_floats=plan.exact_floats)
-        try:
-            return duck.fetch_arrow(con, f"SELECT {select} FROM live WHERE {plan.where_sql}")
-        except duckdb.IOException as exc:
-            raise LineageMetadataError(f"a data or delete file of {plan.name} could not be read (run verify): {exc}") from None
-        except duckdb.Error as exc:
-            failed = BadPredicateError(f"evaluating where {plan.where_sql!r} failed on the table's data: {exc}")
-            raise duck.out_of_memory(exc) or failed from None
+        return _run(plan, group, select, con, copies, lambda query: duck.fetch_arrow(con, query))
     finally:
         con.close()
+
+
+def _run(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.DuckDBPyConnection, copies: dict[str, str],
+         execute: Callable[[str], T]) -> T:
+    """``execute`` of the query selecting ``plan``'s rows of ``group`` in ``con`` (sealed to the group's files); DuckDB's
+    errors become the project's."""
+    paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
+    duck.seal(con, paths, exact_floats=plan.exact_floats)
+    try:
+        return execute(f"SELECT {select} FROM live WHERE {plan.where_sql}")
+    except duckdb.IOException as exc:
+        raise LineageMetadataError(f"a data or delete file of {plan.name} could not be read (run verify): {exc}") from None
+    except duckdb.Error as exc:
+        failed = BadPredicateError(f"evaluating where {plan.where_sql!r} failed on the table's data: {exc}")
+        raise duck.out_of_memory(exc) or failed from None
