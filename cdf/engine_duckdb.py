@@ -27,12 +27,13 @@ import cdf.plan as plan
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment, dictionary_values
-from lineage.arrays import unique
+from lineage.arrays import stable_argsort, unique
 from lineage.errors import LostFileError
 from lineage.state import TableState
 from lineage.read.values import Gathered, decoded, gather, take_rows
 
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
+_ENTRY_BITS = 40  # an entry of an index segment fits in 40 bits (a key packs the segment above it)
 PARALLEL_ROWS = 50_000  # feeds (and parts) from this many rows read their values in a second thread while the change columns are built
 
 
@@ -74,14 +75,33 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
         rows[from_files] = got.rows
         del got
     offset = sum(t.num_rows for t in pieces)
-    for k in unique(source[source < 0]):
-        idx = np.flatnonzero(source == k)
-        wanted = unique(loc[idx])
-        inverse = np.searchsorted(wanted, loc[idx])
-        piece = _captured_piece(dictionary_values(captured[-int(k) - 1]), wanted, data, field_ids)
-        pieces.append(piece)
-        rows[idx] = offset + inverse
-        offset += piece.num_rows
+    # One pass groups the captured images by segment (a feed of 25 commits has 25 segments): the distinct
+    # (segment, entry) keys in order, and each image's number among them, which is its row of the pieces.
+    cap = np.flatnonzero(source < 0)
+    key = np.negative(source[cap], dtype=np.int64)
+    key -= 1
+    key <<= _ENTRY_BITS
+    key |= loc[cap]
+    if len(key) > 1 and not bool((key[1:] > key[:-1]).all()):  # a per-version feed's are in order already
+        order = stable_argsort(key)
+        cap, key = cap[order], key[order]
+        del order
+        first = np.empty(len(key), bool)
+        first[0] = True
+        np.not_equal(key[1:], key[:-1], out=first[1:])
+        number = np.cumsum(first)
+        number += offset - 1
+        rows[cap] = number
+        key = key[first]
+        del first, number
+    else:
+        rows[cap] = np.arange(offset, offset + len(cap))
+    del cap
+    segment = key >> _ENTRY_BITS
+    key &= (1 << _ENTRY_BITS) - 1
+    bounds = np.flatnonzero(segment[1:] != segment[:-1]) + 1
+    for s, e in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(key)])).tolist(), strict=True):
+        pieces.append(_captured_piece(dictionary_values(captured[int(segment[s])]), key[s:e], data, field_ids))
     return Gathered(pieces, rows)
 
 
@@ -256,11 +276,56 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         meta = _meta(sk, shown, commit_ms)
         got = reading.result()
         # string columns stay dictionary-encoded until the pairs are compared (by index)
-        values = take_rows(got.pieces, got.rows[sk.pointer], data, decode=shown.purged is not None)
-        del got
-        if shown.purged is not None:
-            values = _erase(values, shown.purged, data)
-        return _assemble(values, sk, shown, commit_ms, data, net, meta, pool if len(sk) >= PARALLEL_ROWS else None)
+        rows = got.rows[sk.pointer]
+        if shown.purged is not None or len(sk) < PARALLEL_ROWS or len(data) < 2:
+            values = take_rows(got.pieces, rows, data, decode=shown.purged is not None)
+            del got, rows
+            if shown.purged is not None:
+                values = _erase(values, shown.purged, data)
+            return _assemble(values, sk, shown, commit_ms, data, net, meta, pool if len(sk) >= PARALLEL_ROWS else None)
+        values, changed = _ordered_halves(got, rows, sk.preimages, data, pool)
+        del got, rows
+        return _assemble(values, sk, shown, commit_ms, data, net, meta, pool, changed)
+
+
+def _ordered_halves(got: Gathered, rows: np.ndarray, pre: np.ndarray, data: pa.Schema,
+                    pool: ThreadPoolExecutor) -> tuple[pa.Table, np.ndarray]:
+    """``take_rows(got.pieces, rows, data, decode=False)`` and its :func:`changed_matrix` at ``pre``, the columns
+    split in two halves of about equal bytes, one ordered and compared by ``pool``'s worker, one by this thread."""
+    halves: list[list[int]] = [[], []]
+    load = [0, 0]
+    for i in sorted(range(len(data)), key=lambda i: -_width(data[i].type)):
+        k = int(load[1] < load[0])
+        halves[k].append(i)
+        load[k] += _width(data[i].type)
+    schemas = [pa.schema([data[i] for i in sorted(h)]) for h in halves]
+    parts = [[p.select(s.names) for p in got.pieces] for s in schemas]
+    got.pieces.clear()
+
+    def half(k: int) -> tuple[pa.Table, np.ndarray]:
+        values = take_rows(parts[k], rows, schemas[k], decode=False)
+        return values, changed_matrix(values, pre)
+
+    other = pool.submit(half, 1)
+    mine = half(0)
+    theirs = other.result()
+    by_name = {}
+    for values, changed in (mine, theirs):
+        for j, name in enumerate(values.column_names):
+            by_name[name] = (values.column(j), changed[:, j])
+    cols = [by_name[f.name][0] for f in data]
+    changed = np.empty((len(pre), len(data)), bool)
+    for j, f in enumerate(data):
+        changed[:, j] = by_name[f.name][1]
+    return pa.Table.from_arrays(cols, names=data.names), changed
+
+
+def _width(t: pa.DataType) -> int:
+    """Bytes per value a column's take copies, roughly (variable-width values count 16)."""
+    try:
+        return max(t.bit_width // 8, 1)
+    except ValueError:
+        return 16
 
 
 @dataclass(frozen=True)
@@ -350,15 +415,17 @@ def _meta(sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int]) -> list[p
 
 
 def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool,
-              meta: list[pa.Array] | None = None, pool: ThreadPoolExecutor | None = None) -> pa.Table:
+              meta: list[pa.Array] | None = None, pool: ThreadPoolExecutor | None = None,
+              changed: np.ndarray | None = None) -> pa.Table:
     """The feed's rows from the values of the images ``sk`` shows (row for row) and their lineage ``shown``.
 
     ``meta``: :func:`_meta` of ``sk`` and ``shown``, if already built (valid only if no pair is dropped
     here, so not in net mode); ``pool``: a worker that decodes the dictionary columns while this thread
-    builds ``_changed_columns``.
+    builds ``_changed_columns``; ``changed``: :func:`changed_matrix` of ``values``, if already computed.
     """
     pre = sk.preimages
-    changed = changed_matrix(values, pre)
+    if changed is None:
+        changed = changed_matrix(values, pre)
     if net:  # a pair whose images are equal in every selected column is no change
         same = pre[~changed.any(axis=1)]
         if len(same):
