@@ -30,7 +30,6 @@ from index.purged import is_purged, read_purged
 from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
 from lineage.storage.files import local_path
-from lineage.storage.rle import combined_breakpoints
 from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
 
@@ -156,7 +155,7 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     for fl in files:
         if fl.max_updated <= a or fl.min_updated > b:
             continue
-        pos_start, rid_start, created, updated = combined_breakpoints(fl.row_ids, fl.created, fl.updated)
+        pos_start, rid_start, created, updated = fl.breakpoints
         keep = (updated > a) & (updated <= b)
         if not keep.any():
             continue

@@ -34,7 +34,7 @@ from pyiceberg.io import FileIO
 from lineage.storage.commit_log import CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.storage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
-from lineage.storage.rle import Runs
+from lineage.storage.rle import Runs, combined_breakpoints
 
 SEGMENT_FORMAT = "lineage-segment"
 LIST_FORMAT = "lineage-list"
@@ -158,6 +158,15 @@ class FileLineage:
     def max_updated(self) -> int:
         """Largest valid-from version of any image in the file."""
         return int(self.updated.values.max()) if len(self.updated) else 0
+
+    @cached_property
+    def breakpoints(self) -> tuple[np.ndarray, ...]:
+        """:func:`~lineage.storage.rle.combined_breakpoints` of the three encodings, computed once (read-only
+        arrays): a change feed expands the lineage of the files it reads at every call."""
+        out = combined_breakpoints(self.row_ids, self.created, self.updated)
+        for a in out:
+            a.setflags(write=False)
+        return out
 
 
 def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
