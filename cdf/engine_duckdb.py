@@ -273,11 +273,14 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
         sk = plan.per_version(p, a, b)
         shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
         del p  # frees the pointers' other columns while the values are read
-        meta = _meta(sk, shown, commit_ms)
+        parallel = len(sk) >= PARALLEL_ROWS and shown.purged is None and len(data) > 1
+        # built now, while the values are read; a large feed builds them with its decoding instead, while this
+        # thread builds _changed_columns (planning alone takes longer than reading captured values)
+        meta = None if parallel else _meta(sk, shown, commit_ms)
         got = reading.result()
         # string columns stay dictionary-encoded until the pairs are compared (by index)
         rows = got.rows[sk.pointer]
-        if shown.purged is not None or len(sk) < PARALLEL_ROWS or len(data) < 2:
+        if not parallel:
             values = take_rows(got.pieces, rows, data, decode=shown.purged is not None)
             del got, rows
             if shown.purged is not None:
@@ -420,8 +423,9 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
     """The feed's rows from the values of the images ``sk`` shows (row for row) and their lineage ``shown``.
 
     ``meta``: :func:`_meta` of ``sk`` and ``shown``, if already built (valid only if no pair is dropped
-    here, so not in net mode); ``pool``: a worker that decodes the dictionary columns while this thread
-    builds ``_changed_columns``; ``changed``: :func:`changed_matrix` of ``values``, if already computed.
+    here, so not in net mode); ``pool``: a worker that decodes the dictionary columns (and builds ``meta``
+    if not given) while this thread builds ``_changed_columns``; ``changed``: :func:`changed_matrix` of
+    ``values``, if already computed.
     """
     pre = sk.preimages
     if changed is None:
@@ -435,12 +439,14 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
             shown = shown.select(keep)
             pre = sk.preimages
             meta = None
-    decoding = pool.submit(decoded, values, data) if pool is not None else None
+
+    def rest() -> tuple[pa.Table, list[pa.Array]]:
+        return decoded(values, data), (_meta(sk, shown, commit_ms) if meta is None else meta)
+
+    later = pool.submit(rest) if pool is not None else None
     lists = _changed_lists(len(sk), pre, changed, data.names)
     del changed
-    if meta is None:
-        meta = _meta(sk, shown, commit_ms)
-    values = decoding.result() if decoding is not None else decoded(values, data)
+    values, meta = later.result() if later is not None else rest()
     schema = change_schema(data, shown.purged is not None)
     return pa.Table.from_arrays(list(values.columns) + meta[:6] + [lists] + meta[6:], schema=schema)
 
