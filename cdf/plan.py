@@ -41,7 +41,7 @@ import numpy as np
 
 from cdf.dialect import Dialect
 from cdf.pointers import LIVE, Pointers
-from lineage.arrays import stable_argsort
+from lineage.arrays import sort_in_place, stable_argsort
 
 INSERT, PREIMAGE, POSTIMAGE, DELETE = 0, 1, 2, 3
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
@@ -119,11 +119,63 @@ def per_version(p: Pointers, a: int, b: int) -> Skeleton:
     """The per-version feed over ``(a, b]`` (see the module docstring)."""
     ends = np.flatnonzero((p.valid_to > a) & (p.valid_to <= b))
     starts = np.flatnonzero((p.valid_from > a) & (p.valid_from <= b))
+    n_ends = len(ends)
     pointer = np.concatenate((ends, starts))
-    start = np.concatenate((np.zeros(len(ends), np.int8), np.ones(len(starts), np.int8)))
     version = np.concatenate((p.valid_to[ends], p.valid_from[starts]))
     del ends, starts
     row_id = p.row_id[pointer]
+    packed = _sorted_events(version, row_id, n_ends)
+    if packed is None:
+        return _per_version_unpacked(pointer, version, row_id, n_ends)
+    del row_id
+    key, order, plo, rbits = packed
+    del packed
+    pointer = pointer[order]
+    del order
+    # the sorted keys hold the version and the start bit: no gather of them by the order
+    version = key >> (rbits + 1)
+    version += plo
+    start = (key & 1).astype(bool)
+    # an update pair: an end, then the start of the same row at the same version (the next key, start bit set)
+    pair = key[1:] == key[:-1] + 1
+    pair &= ~start[:-1]
+    del key
+    return Skeleton(pointer, _change_codes(start, pair), version)
+
+
+def _sorted_events(version: np.ndarray, row_id: np.ndarray, n_ends: int) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """The events (the first ``n_ends`` ends, the rest starts) sorted by (version, row id, end before start).
+
+    Returns the sorted keys ``(version - plo) << (rbits + 1) | (row id - its min) << 1 | start``, the order
+    that sorts the events (equal keys keep their input order), ``plo`` and ``rbits``; None when the key and
+    the event number do not fit in 63 bits together.
+    """
+    n = len(row_id)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0
+    plo, rlo = int(version.min()), int(row_id.min())
+    rbits = (int(row_id.max()) - rlo).bit_length()
+    nbits = max((n - 1).bit_length(), 1)
+    if (int(version.max()) - plo).bit_length() + rbits + 1 + nbits > 63:
+        return None
+    key = np.subtract(version, plo, dtype=np.int64)  # in place from here: each temporary costs its page faults
+    key <<= rbits + 1
+    r = np.subtract(row_id, rlo, dtype=np.int64)
+    r <<= 1
+    key |= r
+    del r
+    key[n_ends:] |= 1
+    key <<= nbits
+    key |= np.arange(n, dtype=np.int64)  # the event number below the key: a plain sort is a stable one
+    sort_in_place(key)
+    order = key & ((1 << nbits) - 1)
+    key >>= nbits
+    return key, order, plo, rbits
+
+
+def _per_version_unpacked(pointer: np.ndarray, version: np.ndarray, row_id: np.ndarray, n_ends: int) -> Skeleton:
+    """:func:`per_version` of events whose keys do not pack into 63 bits."""
+    start = np.concatenate((np.zeros(n_ends, np.int8), np.ones(len(pointer) - n_ends, np.int8)))
     order = feed_order(version, row_id, start)
     # one array at a time, so that at most one extra copy is alive (a feed of millions of rows)
     pointer = pointer[order]
@@ -132,11 +184,15 @@ def per_version(p: Pointers, a: int, b: int) -> Skeleton:
     row_id = row_id[order]
     del order
     pair = (row_id[1:] == row_id[:-1]) & (version[1:] == version[:-1]) & (start[:-1] == 0) & (start[1:] == 1)
+    return Skeleton(pointer, _change_codes(start == 1, pair), version)
+
+
+def _change_codes(start: np.ndarray, pair: np.ndarray) -> np.ndarray:
+    """The change code of each event, from whether it starts an image and whether it and the next form a pair."""
     pre = np.concatenate((pair, [False]))
     post = np.concatenate(([False], pair))
     # int8 throughout: at millions of rows an int64 temporary per np.where is tens of MB
-    change = np.where(start == 1, np.where(post, np.int8(POSTIMAGE), np.int8(INSERT)), np.where(pre, np.int8(PREIMAGE), np.int8(DELETE)))
-    return Skeleton(pointer, change, version)
+    return np.where(start, np.where(post, np.int8(POSTIMAGE), np.int8(INSERT)), np.where(pre, np.int8(PREIMAGE), np.int8(DELETE)))
 
 
 def net(p: Pointers, a: int, b: int) -> Skeleton:
