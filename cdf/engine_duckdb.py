@@ -8,7 +8,10 @@ range, so their values are read in a second thread while the feed is planned;
 a net feed plans first and reads only the images it keeps. Update pairs get
 ``_changed_columns`` by comparing their two images column by column (the rule
 of :mod:`cdf.plan`), net pairs equal in every selected column are dropped, and
-the result is assembled column by column as an Arrow table. The engine keeps its public
+the result is assembled column by column as an Arrow table. A large
+per-version feed puts its values in feed order and compares its pairs in two
+halves of its columns, one per thread, then builds ``_changed_columns`` in one
+thread while the other decodes strings and builds the other change columns. The engine keeps its public
 name ``duckdb``: it is the embedded default, and the views over it live in
 DuckDB (:mod:`cdf.views`).
 """
