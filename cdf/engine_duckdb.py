@@ -234,7 +234,8 @@ def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
         if lo <= v < lo + len(lookup):
             lookup[v - lo] = ms
     ms = lookup[version - lo]
-    return pa.array(ms, pa.int64(), mask=ms < 0).cast(TIMESTAMP)
+    missing = ms < 0  # a version without a commit entry: null
+    return pa.array(ms, pa.int64(), mask=missing if missing.any() else None).cast(TIMESTAMP)
 
 
 @dataclass(frozen=True)
