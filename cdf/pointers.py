@@ -116,15 +116,18 @@ def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dic
         pairs = unique(seg.file_index[rows].astype(np.int64) << 32 | seg.valid_to[rows])
         for f, v in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
             pinned.setdefault(seg.files[f], set()).add(v)
+    # a segment whose every image is in range (a feed over the commits since its own) is added as it is:
+    # the builder copies each column once, when it concatenates the parts
+    pick = (lambda x: x) if len(rows) == len(seg) else (lambda x: x[rows])
     if seg.values is not None:
         builder.captured.append(seg)
         source = np.full(len(rows), -len(builder.captured), np.int32)
-        loc = rows.astype(np.int64)
+        loc = rows.astype(np.int64, copy=False)
     else:
         ids = np.array([builder.file_id(f) for f in seg.files], np.int32)
         source = ids[seg.file_index[rows]]
-        loc = seg.positions[rows]
-    builder.add(source, loc, seg.row_ids[rows], seg.created[rows], seg.valid_from[rows], seg.valid_to[rows])
+        loc = pick(seg.positions)
+    builder.add(source, loc, pick(seg.row_ids), pick(seg.created), pick(seg.valid_from), pick(seg.valid_to))
 
 
 def live_lineage(state: TableState) -> list[FileLineage]:
