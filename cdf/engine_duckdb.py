@@ -11,9 +11,9 @@ of :mod:`cdf.plan`), net pairs equal in every selected column are dropped, and
 the result is assembled column by column as an Arrow table. A large
 per-version feed puts its values in feed order and compares its pairs in two
 halves of its columns, one per thread, then builds ``_changed_columns`` in one
-thread while the other decodes strings and builds the other change columns. The engine keeps its public
-name ``duckdb``: it is the embedded default, and the views over it live in
-DuckDB (:mod:`cdf.views`).
+thread while the other decodes strings and builds the other change columns.
+The engine keeps its public name ``duckdb``: it is the embedded default, and
+the views over it live in DuckDB (:mod:`cdf.views`).
 """
 
 from __future__ import annotations

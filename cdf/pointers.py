@@ -94,7 +94,8 @@ class _Builder:
         purged = None
         if state.lineage.purged:
             purged = is_purged(read_purged(state.iceberg.io, state.lineage.purged), cols[2])
-        return Pointers(tuple(self.file_ids), tuple(self.captured), cols[0].astype(np.int32, copy=False), *cols[1:], purged=purged, commit_ms=commit_ms)
+        return Pointers(tuple(self.file_ids), tuple(self.captured), cols[0].astype(np.int32, copy=False), *cols[1:], purged=purged,
+                        commit_ms=commit_ms)
 
 
 def index_segments(state: TableState, after: int, with_values: bool = True) -> list[IndexSegment]:
