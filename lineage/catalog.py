@@ -55,7 +55,7 @@ def _write_ahead_log(catalog: SqlCatalog) -> None:
     corrupted, and a power loss may forget the last commits, which is no
     weaker than the metadata and data files the catalog points at (written
     without a sync of their own). Readers and the writer no longer block
-    each other. A database that cannot switch (e.g. on a read-only folder)
+    each other. The log is checkpointed often and kept under 512 KiB. A database that cannot switch (e.g. on a read-only folder)
     stays as it is.
     """
     from sqlalchemy import event
@@ -64,6 +64,10 @@ def _write_ahead_log(catalog: SqlCatalog) -> None:
         try:
             dbapi_connection.execute("PRAGMA journal_mode=WAL")
             dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint every 100 pages (a few dozen commits; SQLite's default is 1000) and cut the log back to
+            # 512 KiB after one: the log stays small beside the tables' files.
+            dbapi_connection.execute("PRAGMA wal_autocheckpoint=100")
+            dbapi_connection.execute(f"PRAGMA journal_size_limit={512 * 1024}")
         except sqlite3.Error:
             pass
 
