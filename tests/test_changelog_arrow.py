@@ -136,6 +136,10 @@ def test_arrow_collapse_applies_only_to_its_batches(tmp_path) -> None:
     batch = pa.table({"_op": ["+I"], "id": [1], "name": ["a"], "amount": [1.0], "seq": [1]})
     assert changelog_arrow.applies(prepare_batch(ctx, batch.drop_columns(["seq"]), "_op", None))
     assert not changelog_arrow.applies(prepare_batch(ctx, batch, "_op", "seq"))  # explicit order: SQL (ties are checked)
+    assert not changelog_arrow.applies(prepare_batch(ctx, batch.drop_columns(["seq"]).slice(0, 0), "_op", None))
+    t.append(pa.table({"id": [1], "name": ["a"], "amount": [1.0]}, schema=SCHEMA))
+    info = t.apply_changelog(batch.drop_columns(["seq"]).slice(0, 0))  # an empty batch commits nothing
+    assert not info.committed and t.scan().num_rows == 1
 
 
 @pytest.mark.parametrize("format_version", [2, 3])

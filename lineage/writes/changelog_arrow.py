@@ -37,8 +37,8 @@ from lineage.writes.changelog_sql import DELETE, INSERT, NEGATIVE, POSITIVE, UPD
 
 
 def applies(batch: ChangelogBatch) -> bool:
-    """Whether :func:`collapse` plans this batch: one integer key column without nulls, batch order, flat columns."""
-    if len(batch.key) != 1 or batch.explicit_order or batch.order != (SEQ,):
+    """Whether :func:`collapse` plans this batch: events, one integer key column without nulls, batch order, flat columns."""
+    if len(batch.key) != 1 or batch.explicit_order or batch.order != (SEQ,) or batch.events.num_rows == 0:
         return False
     key = batch.events.column(batch.key[0])
     if not pa.types.is_integer(key.type) or key.null_count:
