@@ -279,9 +279,15 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = packed.view(np.int64)
     ordered = hashes[order]
     high = ordered >> np.uint64(bits)
-    shared = np.flatnonzero(high[1:] == high[:-1])
-    if len(shared):  # groups of equal high bits (contiguous): sort each by (hash, row), a lexsort of the few rows in them
-        sub = np.unique(np.concatenate((shared, shared + 1)))
+    same_high = high[1:] == high[:-1]
+    # A run of equal high bits is in (hash, row) order already when its hashes are all equal (one key several times,
+    # as a merge of segments has it): only runs holding two different hashes need sorting again.
+    mixed = same_high & (ordered[1:] != ordered[:-1])
+    if mixed.any():  # sort those runs (contiguous) by (hash, row), a lexsort of the few rows in them
+        run = np.concatenate(([0], np.cumsum(~same_high)))
+        bad = np.zeros(int(run[-1]) + 1, bool)
+        bad[run[1:][mixed]] = True
+        sub = np.flatnonzero(bad[run])
         fix = sub[np.lexsort((order[sub], ordered[sub]))]
         order[sub], ordered[sub] = order[fix], ordered[fix]
     return order, ordered

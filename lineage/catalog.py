@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,11 +37,43 @@ def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
     os.makedirs(root, exist_ok=True)
     # timeout: writers in several processes wait for SQLite's lock instead of failing.
     # The path is percent-encoded: SQLAlchemy decodes the URL, so a folder named "a%25b" would otherwise become "a%b".
-    return SqlCatalog(
+    catalog = SqlCatalog(
         CATALOG_NAME,
         uri=f"sqlite:///{quote(os.path.join(root, CATALOG_FILE))}?timeout=60",
         warehouse=root,
     )
+    _write_ahead_log(catalog)
+    return catalog
+
+
+def _write_ahead_log(catalog: SqlCatalog) -> None:
+    """Commit to the embedded catalog through SQLite's write-ahead log, without a sync per commit.
+
+    In its default rollback-journal mode SQLite syncs the journal and the
+    database at every commit: about 20 ms on a busy disk, the largest single
+    cost of a small commit. In WAL mode with ``synchronous=NORMAL`` a commit
+    appends to the log and syncs only at checkpoints; the database cannot be
+    corrupted, and a power loss may forget the last commits, which is no
+    weaker than the metadata and data files the catalog points at (written
+    without a sync of their own). Readers and the writer no longer block
+    each other. The log is checkpointed often and kept under 512 KiB. A database that cannot switch (e.g. on a read-only folder)
+    stays as it is.
+    """
+    from sqlalchemy import event
+
+    def on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        try:
+            dbapi_connection.execute("PRAGMA journal_mode=WAL")
+            dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint every 100 pages (a few dozen commits; SQLite's default is 1000) and cut the log back to
+            # 512 KiB after one: the log stays small beside the tables' files.
+            dbapi_connection.execute("PRAGMA wal_autocheckpoint=100")
+            dbapi_connection.execute(f"PRAGMA journal_size_limit={512 * 1024}")
+        except sqlite3.Error:
+            pass
+
+    event.listen(catalog.engine, "connect", on_connect)
+    catalog.engine.dispose()  # connections opened while the catalog created its tables get the settings too
 
 
 def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...]) -> str | None:

@@ -125,6 +125,8 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
         self._written_entries: dict[str, list[ManifestEntry]] = {}  # v3: manifest path -> its entries as written
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
+        self._absorb: list[DataFile] = []  # v3: new vectors to write into a rewritten delete manifest
+        self._absorbed = False
 
     def _added_manifest(self, writer: Any, files: list[DataFile], sequence_number: Callable[[DataFile], int | None]) -> ManifestFile:
         """One manifest of ``files`` as ADDED entries of this snapshot (None: the entry inherits the snapshot's number)."""
@@ -141,15 +143,32 @@ class LineageSnapshotProducer(_OverwriteFiles):
         manifests: list[ManifestFile] = []
         if data:
             manifests.append(self._added_manifest(self.new_manifest_writer(spec), data, lambda f: self._data_sequence_number))
-        if deletes:
-            manifests.append(self._added_manifest(self._delete_writer(spec), deletes, lambda f: self.delete_sequence_numbers.get(f.file_path)))
+        # v3: a commit's new vectors go into the delete manifest it rewrites anyway (the one holding the vectors they
+        # replace), one manifest fewer per commit; written apart when no delete manifest of their spec is rewritten.
+        self._absorb = deletes if self._v3 and deletes and not self.rewrite_all and self.first_row_ids is None else []
         carried = self._carried_manifests()
+        if deletes and not self._absorbed:
+            manifests.append(self._added_manifest(self._delete_writer(spec), deletes, self._delete_sequence_number))
         out: list[ManifestFile] = []
         for content in (ManifestContent.DATA, ManifestContent.DELETES):
             # Newest first, as Iceberg orders them: this commit's manifest, then the parent's.
             group = [m for m in manifests if m.content == content] + [m for m in carried if m.content == content]
             out.extend(self._merged(group, content))
         return out
+
+    def _delete_sequence_number(self, f: DataFile) -> int | None:
+        """An added delete file's explicit data sequence number (None: it inherits the snapshot's)."""
+        return self.delete_sequence_numbers.get(f.file_path)
+
+    def _take_absorbed(self, group: list[_Rewrite]) -> list[DataFile]:
+        """The new vectors to write into the rewritten delete manifest ``group`` (all of them, once, if their spec is its)."""
+        first = group[0].manifest
+        if not self._absorb or self._absorbed or first.content != ManifestContent.DELETES:
+            return []
+        if any(getattr(f, "_spec_id", None) != first.partition_spec_id for f in self._absorb):
+            return []
+        self._absorbed = True
+        return self._absorb
 
     def _merged(self, manifests: list[ManifestFile], content: ManifestContent) -> list[ManifestFile]:
         """``manifests`` of one content after merge-on-commit, partition spec by spec (highest id first)."""
@@ -285,19 +304,25 @@ class LineageSnapshotProducer(_OverwriteFiles):
         for slot in slots:
             if isinstance(slot, ManifestFile):
                 out.append(slot)
-            elif any(r.entries for r in slot):
-                out.append(self._rewritten(slot, removed, found))
+                continue
+            added = self._take_absorbed(slot)
+            if added or any(r.entries for r in slot):
+                out.append(self._rewritten(slot, removed, found, added))
         missing = [f.file_path for f in removed if f.file_path not in found]
         if missing:
             raise CommitFailedException(f"files to remove are no longer in the snapshot: {missing[:3]}")
         return out
 
-    def _rewritten(self, members: list[_Rewrite], removed: set[DataFile], found: set[str]) -> ManifestFile:
-        """One manifest of the entries of ``members`` (one content, one spec): the leaving ones DELETED, the others EXISTING."""
+    def _rewritten(self, members: list[_Rewrite], removed: set[DataFile], found: set[str], added: list[DataFile]) -> ManifestFile:
+        """One manifest of the entries of ``members`` (one content, one spec): the leaving ones DELETED, the others EXISTING,
+        and ``added`` files of this snapshot ADDED first."""
         first = members[0].manifest
         spec = self.spec(first.partition_spec_id)
         writer = self._delete_writer(spec) if first.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
         with writer:
+            for f in added:
+                writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                                                   sequence_number=self._delete_sequence_number(f), data_file=f))
             for r in members:
                 for e, leaving in zip(r.entries, r.hit, strict=True):
                     if leaving:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import duckdb
+import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange
 import lineage.duck as duck
@@ -43,7 +44,7 @@ from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.sql.predicate import quote_ident
 from lineage.iceberg.schema import to_arrow_table
 from lineage.spark import is_spark_dataframe
-from lineage.state import TableState
+from lineage.state import LiveFile, TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
 from lineage.writes.checks import check_user_properties
 from lineage.writes.loop import run_write
@@ -60,6 +61,7 @@ from lineage.writes.changelog_batch import (  # noqa: F401  (prepare_batch: re-e
     order_columns,
     prepare_batch,
 )
+import lineage.writes.changelog_arrow as changelog_arrow
 from lineage.writes.changelog_equality import apply_equality_changelog
 from lineage.writes.changelog_spark import apply_spark_changelog
 from lineage.writes.changelog_sql import Relations, net_effects_sql
@@ -175,11 +177,17 @@ class PositionDeletes:
     def plan(self, table: TableContext, batch: ChangelogBatch, upsert: bool, state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
         """Validate the batch against ``state`` and plan its net effects."""
         key = list(batch.key)
+        check_images = not upsert and batch.has_before_images
+        index = KeyIndex.open(state)
+        if changelog_arrow.applies(batch):  # the common batch: planned in Arrow (a batch with problems is reported below)
+            groups = changelog_arrow.EventGroups.of(batch)
+            live = live_images_for_keys(state, con, groups.keys_table(batch), key, values=check_images, index=index)
+            net = changelog_arrow.collapse(batch, groups, live.images, upsert, check_images)
+            if net is not None:
+                return self._planned(table, live.files, net.removed, net.images, net.inserts, net.ignored, key, index)
         con.register("events", batch.events)
         keys = ", ".join(quote_ident(k) for k in key)
         con.execute(f"CREATE OR REPLACE TEMP TABLE __keys AS SELECT DISTINCT {keys} FROM events")
-        check_images = not upsert and batch.has_before_images
-        index = KeyIndex.open(state)
         live = live_images_for_keys(state, con, "__keys", key, values=check_images, index=index)
         con.register("start", live.images)
         rel = Relations(key, batch.columns, batch.order, ("__file_id", "__pos"), quote_ident)
@@ -187,17 +195,23 @@ class PositionDeletes:
         con.execute(f"CREATE OR REPLACE TEMP TABLE __net AS {net_effects_sql(rel)}")
         cols = ", ".join(quote_ident(c) for c in batch.columns)
         removed = duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{select_list(key)} FROM __net WHERE __start_live")
-        change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
-        removed = removed.select(REMOVED_COLS.split(", "))
         images = duck.fetch_arrow(
             con, f"SELECT {cols}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED} FROM __net WHERE __start_live AND __end_live"
         )
         inserts = duck.fetch_arrow(con, f"SELECT {cols} FROM __net WHERE NOT __start_live AND __end_live")
+        return self._planned(table, live.files, removed, images, inserts, ignored, key, index)
+
+    @staticmethod
+    def _planned(table: TableContext, files: list[LiveFile], removed: pa.Table, images: pa.Table, inserts: pa.Table, ignored: int,
+                 key: list[str], index: KeyIndex | None) -> Plan:
+        """The plan of a batch's net effects: removed images (with their keys), new images, inserts."""
+        change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
+        removed = removed.select(REMOVED_COLS.split(", "))
         images = conform_images(images, table.iceberg.schema(), key, "upsert")
         inserts = inserts.cast(table.arrow_schema)
         updated = images.num_rows
         return Plan(
-            OPERATION, files=live.files, removed=removed, new_images=images, inserts=inserts,
+            OPERATION, files=files, removed=removed, new_images=images, inserts=inserts,
             inserted=inserts.num_rows, updated=updated, deleted=removed.num_rows - updated, ignored=ignored, key_index=change,
         )
 

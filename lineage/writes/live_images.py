@@ -82,28 +82,47 @@ def hit_files(files: Sequence[LiveFile], images: pa.Table) -> HitFiles:
 def live_images_for_keys(
     state: TableState,
     con: duckdb.DuckDBPyConnection,
-    keys: str,
+    keys: str | pa.Table,
     key: Sequence[str],
     *,
     values: bool = False,
     index: KeyIndex | None = None,
 ) -> LiveImages:
-    """The live image of every key value in the relation ``keys`` of ``con`` (keys without one are absent).
+    """The live image of every key value in the relation ``keys`` of ``con``, or the Arrow table ``keys``
+    (keys without one are absent).
 
     With ``values`` the images carry every data column too (for checks of
     before-images); otherwise only the key columns, lineage and pointers.
     ``index`` is the key index of ``state`` (None: scan the key columns).
     """
     files = state.live_files()
+    if isinstance(keys, pa.Table):
+        if index is not None:
+            return _indexed(state, con, files, keys, key, values, index)
+        con.register("__lookup_keys", keys)
+        keys = "__lookup_keys"
+    if index is not None:
+        return _indexed(state, con, files, duck.fetch_arrow(con, f"SELECT * FROM {quote_ident(keys)}"), key, values, index)
+    schema, field_ids, wanted = _projection(state, key, values)
+    register_live_view(con, "__key_live", files, schema, field_ids, keys=(keys, key))
+    return LiveImages(files, duck.fetch_arrow(con, f"SELECT {wanted} FROM __key_live"))
+
+
+def _projection(state: TableState, key: Sequence[str], values: bool) -> tuple[pa.Schema, dict[str, int], str]:
+    """The table's Arrow schema, its field ids, and the select list of the images asked for."""
     schema = arrow_schema(state.iceberg.schema())
-    field_ids = projection_field_ids(state.iceberg.metadata)
     wanted = ", ".join(quote_ident(c) for c in [*(schema.names if values else key), *LINEAGE_AND_POINTER])
-    if index is None:
-        register_live_view(con, "__key_live", files, schema, field_ids, keys=(keys, key))
-        return LiveImages(files, duck.fetch_arrow(con, f"SELECT {wanted} FROM __key_live"))
-    found = indexed_images(index, files, duck.fetch_arrow(con, f"SELECT * FROM {quote_ident(keys)}"))
+    return schema, projection_field_ids(state.iceberg.metadata), wanted
+
+
+def _indexed(
+    state: TableState, con: duckdb.DuckDBPyConnection, files: list[LiveFile], keys: pa.Table, key: Sequence[str], values: bool, index: KeyIndex
+) -> LiveImages:
+    """:func:`live_images_for_keys` through the key index, for the keys of an Arrow table."""
+    found = indexed_images(index, files, keys)
     if not values:
         return LiveImages(files, found)
+    schema, field_ids, wanted = _projection(state, key, values)
     hit = hit_files(files, found)
     data = values_at([f.path for f in hit.files], hit.ids, found.column("__pos").to_numpy(), schema, field_ids)
     if data is not None:  # only the row groups that hold the images, through a cache of decoded row groups

@@ -13,7 +13,10 @@ from lineage.errors import KeyViolationError
 from lineage.sql.predicate import quote_ident
 from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import conform
+from lineage.read.values import values_at
 from lineage.state import LiveFile
+from lineage.storage.deletes import positions_for
+from lineage.storage.rle import decode_sequence, decode_values
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED, REMOVED_COLUMNS
 
 # The columns of a removed image: where it is (file id, position) and its lineage.
@@ -33,6 +36,9 @@ def kept_rows(
     field_ids: dict[str, int],
 ) -> pa.Table:
     """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order."""
+    by_position = _kept_by_position(files, groups, schema, field_ids)
+    if by_position is not None:
+        return by_position
     register_live_view(con, "affected", files, schema, field_ids)
     removed = pa.table(
         {
@@ -48,6 +54,36 @@ def kept_rows(
         "FROM affected l ANTI JOIN removed_now r ON r.__file_id = l.__file_id AND r.__pos = l.__pos "
         "ORDER BY l.__file_id, l.__pos",
     )
+
+
+# Files of at most this many rows in all have their kept rows read by position (the small files a merge-on-read
+# write folds); larger ones (a copy-on-write rewrite) are read by a DuckDB scan.
+BY_POSITION_MAX_ROWS = 200_000
+
+
+def _kept_by_position(
+    files: list[LiveFile], groups: dict[int, dict[str, np.ndarray]], schema: pa.Schema, field_ids: dict[str, int]
+) -> pa.Table | None:
+    """:func:`kept_rows` read at the kept positions of each file (no query to plan), with the lineage the files carry;
+    None when the files are too large, have equality or resolved deletes, or cannot be read by position."""
+    if sum(int(f.data_file.record_count) for f in files) > BY_POSITION_MAX_ROWS or any(f.equality_deletes or f.resolved for f in files):
+        return None
+    ids, positions, lineage = [], [], []
+    for i, (f, g) in enumerate(zip(files, groups.values(), strict=True)):
+        keep = np.ones(int(f.data_file.record_count), bool)
+        keep[positions_for(f.path, [d.file_path for d in f.deletes])] = False
+        keep[g["__pos"]] = False
+        pos = np.flatnonzero(keep)
+        ids.append(np.full(len(pos), i, np.int64))
+        positions.append(pos)
+        lin = f.lineage
+        lineage.append((decode_sequence(lin.row_ids)[pos], decode_values(lin.created)[pos], decode_values(lin.updated)[pos]))
+    values = values_at([f.path for f in files], np.concatenate(ids), np.concatenate(positions), schema, field_ids)
+    if values is None:
+        return None
+    for i, name in enumerate((HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED)):
+        values = values.append_column(name, pa.array(np.concatenate([part[i] for part in lineage]), pa.int64()))
+    return values
 
 
 def group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
