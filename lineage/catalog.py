@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,6 @@ from typing import TypeVar
 from urllib.parse import quote
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
@@ -29,8 +29,21 @@ CATALOG_FILE = "catalog.db"
 CATALOG_NAME = "lineage"
 
 
+def is_sql_catalog(catalog: object) -> bool:
+    """Whether ``catalog`` is pyiceberg's ``SqlCatalog``.
+
+    Its module (and SQLAlchemy under it) is imported when a catalog is first
+    opened, not with the library: while it is not imported, no catalog can
+    be one.
+    """
+    sql = sys.modules.get("pyiceberg.catalog.sql")
+    return sql is not None and isinstance(catalog, sql.SqlCatalog)
+
+
 def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
     """pyiceberg's SqlCatalog on a SQLite file inside ``warehouse`` (created if missing)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
     root = os.path.abspath(os.fspath(warehouse))
     os.makedirs(root, exist_ok=True)
     # timeout: writers in several processes wait for SQLite's lock instead of failing.
@@ -50,7 +63,7 @@ def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...
     Refreshing a table whose pointer did not move can then skip reading and
     parsing a metadata file whose size grows with the number of snapshots.
     """
-    if not isinstance(catalog, SqlCatalog):
+    if not is_sql_catalog(catalog):
         return None
     from pyiceberg.catalog.sql import IcebergTables
     from sqlalchemy import select
@@ -114,7 +127,7 @@ def prepare_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple)
     an object store instead of two.
     """
     catalog = iceberg.catalog
-    if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
+    if not is_sql_catalog(catalog) or not catalog.engine.dialect.supports_sane_rowcount:
         return None
     from pyiceberg.table.locations import load_location_provider
     from pyiceberg.table.update import _TableMetadataUpdateContext, _update_table_metadata_log

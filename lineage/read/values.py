@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 import lineage.decoded_cache as decoded_cache
 from lineage.arrays import stable_argsort
+from lineage.memory import release_pool
 from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
 import lineage.storage.files as store
 
@@ -387,7 +388,10 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
 
         def run(j: _Job) -> pa.Table:
             t = tasks[j.task]
-            return _read_columns(files[t.file], upos[t.start:t.end], t.row_group, j.columns, number)
+            out = _read_columns(files[t.file], upos[t.start:t.end], t.row_group, j.columns, number)
+            if t.cost > SPLIT_BYTES:  # a large row group's decoding buffers are free now: hand them back before the next job
+                release_pool()
+            return out
 
         # A job whose chunks are all kept decodes nothing: it runs in this thread (a feed of a few commits is
         # mostly such jobs, one per small file, and handing each to a worker costs more than the job).
