@@ -186,7 +186,6 @@ class Table:
 
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
         from lineage.storage.store_fileio import store_io  # pyiceberg's pyarrow FileIO (pandas): not with the library
-
         storage_files.register(iceberg.metadata.location, iceberg.io.properties)
         iceberg.io = store_io(iceberg.io, iceberg.metadata.location)
         self._context = TableContext(iceberg, catalog)
