@@ -15,7 +15,6 @@ DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from lineage.errors import LostFileError
 from lineage.state import TableState
 from lineage.read.values import Gathered, decoded, gather, take_rows
 
+_CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 PARALLEL_ROWS = 50_000  # feeds (and parts) from this many rows read their values in a second thread while the change columns are built
 
 
@@ -233,15 +233,9 @@ class _Shown:
         return _Shown(self.row_id[rows], self.created[rows], self.valid_from[rows], None if self.purged is None else self.purged[rows])
 
 
-@functools.cache
-def _change_type_names() -> pa.Array:
-    # built at the first feed, not on import: pyarrow imports pandas at its first conversion of Python values
-    return pa.array(plan.CHANGE_TYPES, pa.string())
-
-
 def _change_names(change: np.ndarray) -> pa.Array:
     # decoding a dictionary of the four names costs a third of taking the strings by index
-    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _change_type_names()).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _CHANGE_NAMES).cast(pa.string())
 
 
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:

@@ -186,4 +186,19 @@ def _release(now: int, resident: int | None) -> None:
     _floor[0] = now if after is None else after
 
 
+def load_pandas_for_pyarrow() -> None:
+    """Have pyarrow import pandas now, in the importing thread, as it does at its first conversion of values.
+
+    pyarrow imports pandas the first time it converts NumPy or Python values
+    (``pa.array``, ``pa.scalar``, importing ``pyarrow.dataset``), under a lock
+    of its own. Left to a feed's first conversion, that could happen in a
+    decoding thread while another thread imports a module that converts
+    values (pyiceberg's Arrow I/O imports ``pyarrow.dataset``): each waits for
+    the other's lock. Every real use converts values, so nothing is saved by
+    deferring it.
+    """
+    pa.array(range(0), pa.int8())
+
+
 tune_malloc()
+load_pandas_for_pyarrow()
