@@ -50,7 +50,8 @@ a shared VM vary by 2-3x from run to run (our reader keeps decoded row groups
 between calls within ``LINEAGE_ROW_GROUP_CACHE_MB``, recorded in the settings:
 a chunk is kept the second time it is decoded, so from the third call on a
 feed finds kept what the earlier ones decoded; the first calls are reported
-too). After the feeds each system's final
+too; ``benchmarks/run_consumer.py`` then reads feed (a) again in a fresh process, whole and streamed,
+and records that process's import, open and peak RSS). After the feeds each system's final
 table is checked against the expected row count, ``sum(id)`` and
 ``sum(amount)``. Last, the base append is repeated ``--append-calls`` - 1 more
 times (default 5 in all), each into a fresh table in a folder of its own that
@@ -94,6 +95,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import record  # noqa: E402
+import run_consumer  # noqa: E402
 from run_systems import CHANGE_TYPES, IMPLS, PEER_PACKAGES, PROBE_TIMEOUT, SCHEMA, ducklake_probe, probe_table_changes, type_counts  # noqa: E402
 
 SEED = 42
@@ -558,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             results[s] = run_system(s, plan_dir, os.path.join(workdir, s), os.path.join(workdir, f"{s}.json"), timeout, args.feed_calls,
                                     args.append_calls)
             print(f"  {s}: process {results[s]['process_wall_s']:.1f}s, max RSS {results[s]['process_max_rss_mb']} MB", flush=True)
+            run_consumer.after_system(s, results[s], os.path.join(workdir, s))  # feed (a) in a fresh process (benchmarks/run_consumer.py)
             if not args.keep:
                 shutil.rmtree(os.path.join(workdir, s), ignore_errors=True)
     finally:

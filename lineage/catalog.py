@@ -6,14 +6,14 @@ import functools
 import os
 import re
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
@@ -24,6 +24,9 @@ import lineage.storage.files as storage_files
 import lineage.storage.removals as removals
 from lineage.errors import CatalogUnavailableError, InvalidArgumentError, TableNotFoundError, UnsupportedFormatError
 
+if TYPE_CHECKING:  # imported when a catalog is opened: SQLAlchemy is not part of importing the library
+    from pyiceberg.catalog.sql import SqlCatalog
+
 DEFAULT_NAMESPACE = "default"
 CATALOG_FILE = "catalog.db"
 # The name of the embedded catalog: pyiceberg's SqlCatalog stores it in every row of catalog.db
@@ -31,8 +34,21 @@ CATALOG_FILE = "catalog.db"
 CATALOG_NAME = "lineage"
 
 
+def is_sql_catalog(catalog: object) -> bool:
+    """Whether ``catalog`` is pyiceberg's ``SqlCatalog``.
+
+    Its module (and SQLAlchemy under it) is imported when a catalog is first
+    opened, not with the library: while it is not imported, no catalog can
+    be one.
+    """
+    sql = sys.modules.get("pyiceberg.catalog.sql")
+    return sql is not None and isinstance(catalog, sql.SqlCatalog)
+
+
 def default_catalog(warehouse: str | os.PathLike[str]) -> Catalog:
     """pyiceberg's SqlCatalog on a SQLite file inside ``warehouse`` (created if missing)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
     root = os.path.abspath(os.fspath(warehouse))
     os.makedirs(root, exist_ok=True)
     # timeout: writers in several processes wait for SQLite's lock instead of failing.
@@ -84,7 +100,7 @@ def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...
     Refreshing a table whose pointer did not move can then skip reading and
     parsing a metadata file whose size grows with the number of snapshots.
     """
-    if not isinstance(catalog, SqlCatalog):
+    if not is_sql_catalog(catalog):
         return None
     namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
     name = Catalog.table_name_from(table_identifier)
@@ -152,7 +168,7 @@ def prepare_metadata(iceberg: IcebergTable, updates: tuple, requirements: tuple)
     an object store instead of two.
     """
     catalog = iceberg.catalog
-    if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
+    if not is_sql_catalog(catalog) or not catalog.engine.dialect.supports_sane_rowcount:
         return None
     from pyiceberg.table.locations import load_location_provider
     from pyiceberg.table.update import _TableMetadataUpdateContext, _update_table_metadata_log

@@ -38,7 +38,6 @@ import lineage.properties as properties
 from lineage.catalog import identifier, load_iceberg, resolve_catalog
 import lineage.storage.files as storage_files
 from lineage.storage.commit_log import USER_PROPERTY_PREFIXES
-from lineage.storage.store_fileio import store_io
 from lineage.errors import (
     InvalidArgumentError,
     KeyViolationError,
@@ -186,6 +185,7 @@ class Table:
     """
 
     def __init__(self, iceberg: IcebergTable, catalog: Catalog) -> None:
+        from lineage.storage.store_fileio import store_io  # pyiceberg's pyarrow FileIO (pandas): not with the library
         storage_files.register(iceberg.metadata.location, iceberg.io.properties)
         iceberg.io = store_io(iceberg.io, iceberg.metadata.location)
         self._context = TableContext(iceberg, catalog)

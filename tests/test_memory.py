@@ -105,3 +105,38 @@ def test_a_streamed_feed_releases_between_parts_and_at_its_end_whatever_the_slac
     calls.clear()
     assert cdf.change_batches(t, 0).read_all().num_rows == 1000
     assert "trim" not in calls
+
+
+def test_a_decoding_worker_returns_a_large_chunks_buffers_and_only_a_large_ones(tmp_path, monkeypatch):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import lineage.read.values as values
+
+    calls: list[int] = []
+    monkeypatch.setattr(values, "release_pool", lambda: calls.append(1) or True)
+    big, small = str(tmp_path / "big.parquet"), str(tmp_path / "small.parquet")
+    n = 400_000  # two int64 columns, in one row group: 6.4 MB decoded, above SPLIT_BYTES
+    pq.write_table(pa.table({"a": np.arange(n), "b": np.arange(n) * 2}), big, row_group_size=n, use_dictionary=False)
+    assert values.layout(big).metadata.row_group(0).total_byte_size > values.SPLIT_BYTES
+    pq.write_table(pa.table({"a": np.arange(10), "b": np.arange(10) * 2}), small)
+    schema = pa.schema([("a", pa.int64()), ("b", pa.int64())])
+    want = np.array([3, 7, n - 1])
+    # a job per file, in two workers: the large group's worker hands its buffers back once its rows are taken
+    got = values.gather([big, small], np.array([0, 0, 0, 1]), np.append(want, 9), schema, cache=False)
+    rows = values.take_rows(got.pieces, got.rows, schema)
+    assert rows.column("b").to_pylist() == [6, 14, 2 * (n - 1), 18]
+    assert len(calls) >= 1
+    calls.clear()
+    got = values.gather([small, small], np.array([0, 1]), np.array([1, 2]), schema, cache=False)
+    assert values.take_rows(got.pieces, got.rows, schema).column("a").to_pylist() == [1, 2]
+    assert calls == []
+
+
+def test_releasing_the_pool_follows_the_release_setting(monkeypatch):
+    monkeypatch.setenv(memory.ENV_SLACK, "64")
+    assert memory.release_pool()
+    monkeypatch.setenv(memory.ENV_SLACK, "-1")  # releases off
+    assert not memory.release_pool()
+    monkeypatch.setenv(memory.ENV_SLACK, "lots")  # a bad setting: no release, no error in a read
+    assert not memory.release_pool()

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table.metadata import TableMetadata
@@ -124,6 +123,8 @@ def partition_spec(schema: Schema, partition_by: Sequence[str] | None) -> Partit
 
 def arrow_schema(schema: Schema) -> pa.Schema:
     """The pyarrow schema (without field-id metadata) that reads of the table return."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow  # imports pyarrow.dataset and pandas: not with the library
+
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema_to_pyarrow(schema, include_field_ids=False)])
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Operation
@@ -57,6 +56,7 @@ import lineage.iceberg.v3_tables as v3_tables
 import lineage.storage.manifests_v3 as manifests_v3
 from index.key_index import KeyIndexChange
 from index.key_merge_policy import MAINTENANCE
+from lineage.catalog import is_sql_catalog
 from lineage.commits.commit import CommitRequest, CommitResult, commit_change
 from lineage.commits.producer import manifests_of
 from lineage.context import HasContext, TableContext, context_of
@@ -101,7 +101,7 @@ def upgrade(table: TableContext | HasContext, format_version: object = TARGET, c
     if v3_metadata.is_v3(table.iceberg.metadata):
         return _already(table)
     catalog = table.iceberg.catalog
-    if not isinstance(catalog, SqlCatalog) or not catalog.engine.dialect.supports_sane_rowcount:
+    if not is_sql_catalog(catalog) or not catalog.engine.dialect.supports_sane_rowcount:
         raise UnsupportedFormatError(
             f"this catalog ({type(catalog).__name__}) cannot commit Iceberg format version 3 metadata from Python; "
             "use a SQL catalog (SQLite or PostgreSQL)"

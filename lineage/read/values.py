@@ -30,6 +30,7 @@ their read 6.95 -> 4.09 ms).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -41,6 +42,7 @@ import pyarrow.parquet as pq
 
 import lineage.decoded_cache as decoded_cache
 from lineage.arrays import stable_argsort
+from lineage.memory import release_pool
 from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
 import lineage.storage.files as store
 
@@ -383,11 +385,23 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
             tasks.append(_Task(k, row_group, int(s + rs), int(s + re_), f.costs[row_group]))
 
     jobs = _jobs(tasks, files)
+    # Once the last job of a large row group is done, its thread hands the freed decoding buffers back (the
+    # allocator keeps a thread's freed pages, which the next large job of that thread reuses, but the result
+    # is built on top of them): not after every large job, whose successor would fault its pages in again.
+    large = [len([j for j in jobs if tasks[j.task].cost > SPLIT_BYTES])]
+    lock = threading.Lock()
     with decoded_cache.CACHE.read() if cache else nullcontext() as number:
 
         def run(j: _Job) -> pa.Table:
             t = tasks[j.task]
-            return _read_columns(files[t.file], upos[t.start:t.end], t.row_group, j.columns, number)
+            out = _read_columns(files[t.file], upos[t.start:t.end], t.row_group, j.columns, number)
+            if t.cost > SPLIT_BYTES:
+                with lock:
+                    large[0] -= 1
+                    last = large[0] <= WORKERS - 1  # no large job is left for this thread: its buffers go back now
+                if last:
+                    release_pool()
+            return out
 
         # A job whose chunks are all kept decodes nothing: it runs in this thread (a feed of a few commits is
         # mostly such jobs, one per small file, and handing each to a worker costs more than the job).

@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.conversions import to_bytes
-from pyiceberg.io.pyarrow import _determine_partitions, write_file
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
@@ -34,7 +33,6 @@ from lineage.errors import UnsupportedFormatError
 import lineage.storage.lineage_columns as lineage_columns
 from lineage.storage.deletes import PATH_FIELD_ID
 from lineage.storage.fileio import write_bytes
-from lineage.storage.store_fileio import bound
 from lineage.properties import TARGET_FILE_SIZE, read
 from lineage.storage.rle import Runs
 
@@ -94,6 +92,11 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     Rows keep their order inside each partition; hidden columns, when present,
     are returned per file as lineage arrays.
     """
+    # pyiceberg's writer (its module imports pyarrow.dataset and pandas) and our FileIO over it: at the first write
+    from pyiceberg.io.pyarrow import _determine_partitions, write_file
+
+    from lineage.storage.store_fileio import bound
+
     if data.num_rows == 0:
         return []
     metadata = iceberg.metadata
@@ -140,6 +143,10 @@ def write_copy(
     ``lineage`` (row ids, updated versions) is written into the copy so that
     its rows keep their native ``_row_id`` and ``_last_updated_sequence_number``.
     """
+    from pyiceberg.io.pyarrow import write_file
+
+    from lineage.storage.store_fileio import bound
+
     metadata = iceberg.metadata
     schema = metadata.schema()
     if lineage is not None and lineage_columns.writes_lineage_columns(metadata):
@@ -182,6 +189,10 @@ def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Seq
     partition of a row follows from its values, so the spec's source columns
     must be among them (or the spec unpartitioned: a global delete).
     """
+    from pyiceberg.io.pyarrow import _determine_partitions, write_file
+
+    from lineage.storage.store_fileio import bound
+
     if keys.num_rows == 0:
         return []
     meta = iceberg.metadata
