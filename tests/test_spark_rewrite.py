@@ -262,16 +262,19 @@ def test_a_spark_upsert_by_join_sends_the_driver_no_row_per_matched_key(spark, w
     assert crossed[8] == crossed[800] <= 4 + 1 + 1  # a summary per data file, the index segment, the written file
 
 
-@pytest.mark.parametrize("granularity", ["file", "partition"])
-def test_executors_group_delete_files_as_the_table_says(spark, warehouse, granularity) -> None:
+@pytest.mark.parametrize(("granularity", "files"), [("file", 6), ("partition", 2), ("auto-2", 2), ("auto-3", 6)])
+def test_executors_group_delete_files_as_the_table_says(spark, warehouse, granularity, files) -> None:
+    # auto-<n>: granularity unset, a partition in which the commit deletes from more than n data files gets one delete file
+    props = ({"lineage.write.delete.file-scoped-limit": granularity[5:]} if granularity.startswith("auto")
+             else {"write.delete.granularity": granularity})
     tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=warehouse,
-                                   properties={"write.delete.granularity": granularity}) for n in ("embedded", "spark")]
+                                   properties=props) for n in ("embedded", "spark")]
     for t in tables:
         for start in range(0, 60, 20):
             t.append(_batch(start, 20))  # three appends: three data files per bucket
     embedded, on_spark = tables
     a = embedded.delete("id % 3 = 0")
     b = on_spark.delete("id % 3 = 0", engine="spark", spark=spark)
-    assert (a.deleted, a.delete_files_added) == (b.deleted, b.delete_files_added) == (20, 6 if granularity == "file" else 2)
+    assert (a.deleted, a.delete_files_added) == (b.deleted, b.delete_files_added) == (20, files)
     _same(embedded, on_spark)
     assert _rows(cdf.deleted_rows(on_spark)) == _rows(cdf.deleted_rows(embedded))
