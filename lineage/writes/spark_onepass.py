@@ -10,20 +10,21 @@ same Python task that found them, which writes, for its data files:
   :func:`lineage.properties.delete_granularity`);
 * the index segment row of each file (:func:`lineage.writes.spark_removed.index_blob`);
 * with the key index on, the removed images' keys (a scratch file);
-* for an update, the new images as data files (sorted by row id, so their
-  lineage compresses into runs).
+* for an update, the new images, to a scratch file.
 
 Nothing is shuffled and nothing the size of the matched rows reaches the
 driver. Each task writes its files' index rows (and the positions of a
 delete file whose scope depends on what every task matched) to a scratch
-file beside the index segment; a second job of one task reads them back,
-writes those partition-scoped delete files and the commit's single index
-segment, and deletes the scratch files. The driver runs two Spark jobs and
-collects one record per data file touched, one per data file written, one
-per partition-scoped delete file and one for the segment; its own work is
-planning and the commit. Both jobs run on ``mapInArrow``, whose Python
-workers the session's other DataFrame work keeps warm (an RDD job would
-start a second pool of them, each worker importing this library afresh).
+file beside the index segment; a second job of one task reads the scratch
+files back, writes those partition-scoped delete files, the commit's single
+index segment and the new images as data files (sorted by row id, so their
+lineage compresses into runs; as many files as the embedded engine writes),
+and deletes the scratch files. The driver runs two Spark jobs and collects
+one record per data file touched, one per partition-scoped delete file, one
+per data file written and one for the segment; its own work is planning and
+the commit. Both jobs run on ``mapInArrow``, whose Python workers the
+session's other DataFrame work keeps warm (an RDD job would start a second
+pool of them, each worker importing this library afresh).
 """
 
 from __future__ import annotations
@@ -89,16 +90,15 @@ def remove_in_one_pass(spark: Any, table: TableContext, state: TableState, files
     job = OnePass(removal, spec, tasks, _deferred(files, removal, table.iceberg.metadata.default_spec_id), images, key,
                   removal.index_path.removesuffix("-deleted-rows.parquet"))
     ids = session.range(0, len(tasks), 1, numPartitions=len(tasks))
-    records = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched or written
-    rows = [r for r in records if r["__path"] is not None]
+    rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
     if not rows:
         return RemovedOnSpark(), []
-    last = _Finish(removal, sorted({r["__scratch"] for r in rows}))
+    last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key)
     finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
     later = {r["__path"]: r["__deletes"] for r in finished if r["__path"] is not None}  # one per deferred group
     rows = [{**r.asDict(), "__deletes": later.get(r["__path"], r["__deletes"])} for r in rows]
-    segment = [(r["__size"], r["__images"]) for r in finished if r["__path"] is None][0]
-    written = [pickle.loads(r["__data"]) for r in records if r["__data"] is not None]
+    segment = [(r["__size"], r["__images"]) for r in finished if r["__size"] is not None][0]
+    written = [pickle.loads(r["__data"]) for r in finished if r["__data"] is not None]
     return assemble(removal, table.iceberg.io, key, rows, *segment), written
 
 
@@ -108,6 +108,8 @@ class _Finish:
 
     removal: RemovalContext
     scratch: list[str]
+    images: list[str]  # the new images' scratch files (an update)
+    key: list[str]
 
 
 def _deferred(files: Sequence[LiveFile], removal: RemovalContext, default_spec: int) -> dict[str, int]:
@@ -137,16 +139,17 @@ def _match_and_write(job: OnePass) -> Callable[[Iterator[pa.RecordBatch]], Itera
 
 
 def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
-    matched: list[tuple[str, pa.Table]] = []
-    for piece in job.tasks[number]:
-        got = pa.Table.from_batches(list(spark_match.evaluate_slice(piece, job.spec)), schema=job.spec.out)
-        if got.num_rows:
-            matched.append((local_path(piece.file.path), got.sort_by("__pos")))
-    if not matched:
+    found = pa.Table.from_batches(list(spark_match.evaluate_files([p.file for p in job.tasks[number]], job.spec)), schema=job.spec.out)
+    if not found.num_rows:
         return
+    found = found.sort_by([("__path", "ascending"), ("__pos", "ascending")])
+    paths = found.column("__path").combine_chunks().dictionary_encode()
+    ids = paths.indices.to_numpy()
+    bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), len(ids)]
+    matched = [(paths.dictionary[int(ids[s])].as_py(), found.slice(s, e - s)) for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
     ctx = job.removal
     target = ctx.target()
-    rows = pa.concat_tables([m for _, m in matched])
+    rows = found
     keys = write_keys(ctx, target, rows, number)
     direct = [(path, m.column("__pos").to_numpy()) for path, m in matched if path not in job.deferred]
     deletes = pickle.dumps(write_deletes(ctx, target, direct, "file")) if direct else None
@@ -155,19 +158,29 @@ def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
                         "__group": pa.array([job.deferred.get(path) for path, _ in matched], pa.int32()),
                         "__positions": [m.column("__pos").to_numpy().astype(np.int64).tobytes() if d else None
                                         for (_, m), d in zip(matched, later, strict=True)]}, schema=_SCRATCH)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, _SCRATCH) as w:
-        w.write_table(scratch)
     scratch_path = f"{job.scratch}-{uuid.uuid4()}-rows.arrow"  # named per attempt: a task run again writes anew
-    write_bytes(target.io, scratch_path, sink.getvalue().to_pybytes())
+    _write_arrow(target.io, scratch_path, scratch)
+    images_path = None
+    if job.images is not None:  # the new images: the last task writes them all, as many files as the embedded engine would
+        images_path = f"{job.scratch}-{uuid.uuid4()}-images.arrow"
+        _write_arrow(target.io, images_path, rows.select(job.images))
     for (path, m), d in zip(matched, later, strict=True):
-        yield {"__path": path, "__images": m.num_rows, "__deletes": None if d else deletes, "__keys": keys, "__scratch": scratch_path}
+        yield {"__path": path, "__images": m.num_rows, "__deletes": None if d else deletes, "__keys": keys, "__scratch": scratch_path,
+               "__new": images_path}
         if not d:
             deletes = None  # the task's delete files travel once
-    if job.images is not None:
-        new = rows.select(job.images).sort_by(HIDDEN_ROW_ID)
-        for w in spark_io.written_files(target, new, target.metadata, job.key):
-            yield {"__data": pickle.dumps(w)}
+
+
+def _write_arrow(io: Any, path: str, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(table)
+    write_bytes(io, path, sink.getvalue().to_pybytes())
+
+
+def _read_arrow(io: Any, path: str) -> pa.Table:
+    with io.new_input(path).open() as f:
+        return pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
 
 
 def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -178,11 +191,7 @@ def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.R
             pass
         ctx = last.removal
         target = ctx.target()
-        parts = []
-        for path in last.scratch:
-            with target.io.new_input(path).open() as f:
-                parts.append(pa.ipc.open_file(pa.BufferReader(f.read())).read_all())
-        files = pa.concat_tables(parts).to_pylist()
+        files = pa.concat_tables([_read_arrow(target.io, p) for p in last.scratch]).to_pylist()
         groups: dict[int, list[dict[str, Any]]] = {}
         for f in files:
             if f["__group"] is not None:
@@ -192,20 +201,25 @@ def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.R
             written = write_deletes(ctx, target, [(m["__path"], np.frombuffer(m["__positions"], np.int64)) for m in members], ctx.granularity)
             out.append({"__path": members[0]["__path"], "__deletes": pickle.dumps(written)})
         size, images = write_segment(ctx, target.io, [f["__index"] for f in files])
-        store.delete_many(last.scratch)
         out.append({"__size": size, "__images": images})
+        if last.images:
+            new = pa.concat_tables([_read_arrow(target.io, p) for p in last.images]).sort_by(HIDDEN_ROW_ID)
+            out.extend({"__data": pickle.dumps(w)} for w in spark_io.written_files(target, new, target.metadata, last.key))
+        store.delete_many(last.scratch + last.images)
         yield pa.RecordBatch.from_pylist(out, schema=_FINISHED_ARROW)
 
     return run
 
 
-# a task's record: a data file it touched (__path ...) or a data file it wrote (__data: a pickled WrittenFile)
+# a task's record: a data file it touched, and the task's scratch files (index rows; new images)
 _RECORD_ARROW = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__keys", pa.string()),
-                           ("__scratch", pa.string()), ("__data", pa.binary())])
-_RECORD = "__path string, __images long, __deletes binary, __keys string, __scratch string, __data binary"
+                           ("__scratch", pa.string()), ("__new", pa.string())])
+_RECORD = "__path string, __images long, __deletes binary, __keys string, __scratch string, __new string"
 # a task's scratch file: per data file touched, its index segment row and, when its delete file's scope is the last task's to decide,
 # its group and positions
 _SCRATCH = pa.schema([("__path", pa.string()), ("__index", pa.binary()), ("__group", pa.int32()), ("__positions", pa.binary())])
-# the last task's record: a deferred group's delete files (on its first file's __path) or the index segment (__size, __images)
-_FINISHED_ARROW = pa.schema([("__path", pa.string()), ("__deletes", pa.binary()), ("__size", pa.int64()), ("__images", pa.int64())])
-_FINISHED = "__path string, __deletes binary, __size long, __images long"
+# the last task's record: a deferred group's delete files (on its first file's __path), the index segment (__size, __images)
+# or a data file of new images (__data: a pickled WrittenFile)
+_FINISHED_ARROW = pa.schema([("__path", pa.string()), ("__deletes", pa.binary()), ("__size", pa.int64()), ("__images", pa.int64()),
+                             ("__data", pa.binary())])
+_FINISHED = "__path string, __deletes binary, __size long, __images long, __data binary"

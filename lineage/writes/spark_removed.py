@@ -212,8 +212,7 @@ def write_keys(ctx: RemovalContext, target: Any, data: pa.Table, task: int) -> s
     """With the key index on, the removed images' keys (``__old_key_<i>`` of ``data``) written to a scratch file of task ``task``; its path."""
     if ctx.scratch is None:
         return None
-    # named by the task's partition: a task Spark runs again rewrites the same file
-    path = f"{ctx.scratch}-{task}-removed-keys.parquet"
+    path = f"{ctx.scratch}-{task}-{uuid.uuid4()}-removed-keys.parquet"  # named per attempt: a task Spark runs again writes anew
     sink = _io.BytesIO()
     pq.write_table(data.select([f"{KEY_PREFIX}{i}" for i in range(ctx.keys)]), sink)
     write_bytes(target.io, path, sink.getvalue())
