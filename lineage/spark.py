@@ -311,6 +311,12 @@ def _executor_writer(metadata_json: str, io_properties: dict[str, str], location
 
 def _write_payloads(target: WriteTarget, data: pa.Table, metadata: Any, key: list[str]) -> Iterator[pa.RecordBatch]:
     """Write ``data`` (table columns, optionally hidden lineage columns) as data files; one pickled WrittenFile per batch."""
+    for w in written_files(target, data, metadata, key):
+        yield pa.RecordBatch.from_pydict({"payload": [pickle.dumps(w)]}, schema=pa.schema([("payload", pa.binary())]))
+
+
+def written_files(target: WriteTarget, data: pa.Table, metadata: Any, key: list[str]) -> Iterator[WrittenFile]:
+    """Write ``data`` (table columns, optionally hidden lineage columns) as data files; their descriptors, lineage as runs."""
     hidden = [c for c in (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED) if c in data.column_names]
     body = conform(data.drop_columns(hidden), metadata.schema(), key)
     for h in hidden:
@@ -319,8 +325,7 @@ def _write_payloads(target: WriteTarget, data: pa.Table, metadata: Any, key: lis
         row_ids = encode_sequence(w.row_ids) if w.row_ids is not None else None
         created = encode_values(w.created) if w.created is not None else None
         updated = encode_values(w.updated) if w.updated is not None else None
-        payload = pickle.dumps(WrittenFile(w.data_file, row_ids, created, updated))
-        yield pa.RecordBatch.from_pydict({"payload": [payload]}, schema=pa.schema([("payload", pa.binary())]))
+        yield WrittenFile(w.data_file, row_ids, created, updated)
 
 
 def write_with_executors(table: TableContext, df: Any, group: str | None = None) -> list[WrittenFile]:

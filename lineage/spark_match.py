@@ -125,15 +125,38 @@ def _task(blob: bytes, spec: MatchPass) -> Callable[[Iterator[pa.RecordBatch]], 
 
 def open_slice(task: FileSlice, spec: MatchPass) -> Any:
     """A sealed DuckDB connection whose view ``live`` holds the live rows of ``task``'s file, and the SQL of the pass over the slice."""
+    return open_files([task.file], spec)
+
+
+def open_files(files: Sequence[LiveFile], spec: MatchPass) -> Any:
+    """A sealed DuckDB connection whose view ``__live`` holds the live rows of ``files`` (``__file_id``: the index in ``files``)."""
     con = duck.connect(isolated=True)
     try:
         con.execute("SET threads = 1")  # one core per Spark task: the task slots are the parallelism
-        paths = register_live_view(con, "__live", [task.file], spec.schema, spec.field_ids)
-        duck.seal(con, paths, exact_floats=spec.exact_floats)  # the file and its delete files, nothing else
+        paths = register_live_view(con, "__live", files, spec.schema, spec.field_ids)
+        duck.seal(con, paths, exact_floats=spec.exact_floats)  # the files and their delete files, nothing else
     except BaseException:
         con.close()
         raise
     return con
+
+
+def evaluate_files(files: Sequence[LiveFile], spec: MatchPass) -> Iterator[pa.RecordBatch]:
+    """The rows of ``files`` (whole) that ``spec.where`` matches, as ``spec.select`` makes them: one query on one connection.
+
+    A task that evaluates several files pays for one DuckDB database, not one per file.
+    """
+    if not files:
+        return
+    con = open_files(files, spec)
+    try:
+        names = " ".join(f"WHEN {i} THEN '" + local_path(f.path).replace("'", "''") + "'" for i, f in enumerate(files))
+        sql = f"SELECT {spec.select} FROM (SELECT *, CASE __file_id {names} END AS {PATH} FROM __live) live WHERE ({spec.where})"
+        for batch in con.execute(sql).fetch_record_batch(BATCH_ROWS):
+            if batch.num_rows:
+                yield from pa.Table.from_batches([batch]).cast(spec.out).to_batches()
+    finally:
+        con.close()
 
 
 def slice_sql(task: FileSlice, spec: MatchPass) -> str:

@@ -1,6 +1,6 @@
 """Removed images written by Spark executors: position delete files and the deleted-rows index segment.
 
-A Spark delete, update or upsert finds the live images it removes on
+A Spark upsert finds the live images it removes on
 executors (a DataFrame of pointers: ``__path``, ``__pos``, the lineage
 columns, and optionally key values and old values). :func:`write_removed`
 keeps them there. The pointers are repartitioned by delete-file group (a
@@ -22,6 +22,11 @@ the number of images removed, the pickled descriptors of the delete files)
 and the segment's path, never a row per removed image. The key index is the
 exception: its delta segment is built on the driver, which reads the removed
 keys back from the scratch files (key columns only).
+
+A delete or update by predicate writes the same files with the pieces
+below (:func:`removed_of`, :func:`index_blob`, :func:`write_deletes`,
+:func:`write_keys`, :func:`write_segment`) in the tasks that match the rows
+(:mod:`lineage.writes.spark_onepass`).
 """
 
 from __future__ import annotations
@@ -91,40 +96,48 @@ def write_removed(table: TableContext, state: TableState, files: list[LiveFile],
     if not files:
         return RemovedOnSpark()
     session = pointers.sparkSession
-    ice = table.iceberg
-    schema = table.arrow_schema
-    version = ice.metadata.next_sequence_number()
-    granularity, limit = delete_granularity(ice.metadata.properties)
-    groups = _delete_groups(files, granularity, ice.metadata.default_spec_id)
+    context = removal_context(table, state, files, key, capture)
+    groups = _delete_groups(files, context.granularity, table.iceberg.metadata.default_spec_id)
     group_df = session.createDataFrame(pa.table({"__gpath": [store.local_path(f.path) for f in files], "__group": groups}))
-    cols = POINTER_COLUMNS + [f"{KEY_PREFIX}{i}" for i in range(len(key))] + ([f"{OLD_PREFIX}{i}" for i in range(len(schema))] if capture else [])
+    cols = POINTER_COLUMNS + [f"{KEY_PREFIX}{i}" for i in range(len(key))] + ([f"{OLD_PREFIX}{i}" for i in range(len(context.schema))] if capture else [])
     keyed = pointers.select(*[spark_io.column(c) for c in cols]).join(F.broadcast(group_df), F.col("__path") == F.col("__gpath")).drop("__gpath")
     tasks = max(1, min(len(set(groups)), session.sparkContext.defaultParallelism))
     ordered = keyed.repartition(tasks, "__group").sortWithinPartitions("__group", "__path", "__pos")
-    field_ids = {f.name: f.field_id for f in ice.schema().fields}
-    scratch = f"{index_dir(ice.metadata.location)}/{version:09d}-{uuid.uuid4()}"
-    context = _TaskContext(
-        v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, version, granularity, limit,
-        {store.local_path(f.path): f.data_file for f in files}, schema, field_ids, len(key), capture, scratch if key else None,
-        {store.local_path(f.path): tuple(f.deletes) for f in files} if ice.metadata.format_version >= 3 else None,
-    )
     summaries = ordered.mapInArrow(_file_writer(context), _SUMMARY).persist()
     try:
         rows = summaries.select("__path", "__images", "__deletes", "__keys").collect()  # one row per data file touched
         if not rows:
             return RemovedOnSpark()
-        index_path = f"{scratch}-deleted-rows.parquet"
-        written = summaries.select("__index").coalesce(1).mapInArrow(_segment_writer(context, index_path), "size long, images long").collect()
+        written = summaries.select("__index").coalesce(1).mapInArrow(_segment_writer(context), "size long, images long").collect()
     finally:
         summaries.unpersist()
+    return assemble(context, table.iceberg.io, key, rows, written[0]["size"], written[0]["images"])
+
+
+def removal_context(table: TableContext, state: TableState, files: list[LiveFile], key: list[str], capture: bool) -> RemovalContext:
+    """What the executor tasks removing images from ``files`` need, for a commit on ``state``."""
+    ice = table.iceberg
+    version = ice.metadata.next_sequence_number()
+    granularity, limit = delete_granularity(ice.metadata.properties)
+    field_ids = {f.name: f.field_id for f in ice.schema().fields}
+    scratch = f"{index_dir(ice.metadata.location)}/{version:09d}-{uuid.uuid4()}"
+    return RemovalContext(
+        v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, version, granularity, limit,
+        {store.local_path(f.path): f.data_file for f in files}, table.arrow_schema, field_ids, len(key), capture, scratch if key else None,
+        {store.local_path(f.path): tuple(f.deletes) for f in files} if ice.metadata.format_version >= 3 else None, f"{scratch}-deleted-rows.parquet",
+    )
+
+
+def assemble(ctx: RemovalContext, io: Any, key: list[str], rows: list[Any], index_size: int, index_images: int) -> RemovedOnSpark:
+    """The driver's view of what executors wrote: ``rows`` (``__path``, ``__images``, ``__deletes``, ``__keys``; one per data file touched) and the index segment."""
     images = sum(r["__images"] for r in rows)
-    if written[0]["images"] != images:
-        raise RuntimeError(f"internal: the index segment holds {written[0]['images']} images, the delete files {images}")
+    if index_images != images:
+        raise RuntimeError(f"internal: the index segment holds {index_images} images, the delete files {images}")
     written_deletes = [pickle.loads(r["__deletes"]) for r in rows if r["__deletes"] is not None]
     deletes = [d for new, _ in written_deletes for d in new]
     replaced = [d for _, old in written_deletes for d in old]
-    keys = _read_keys(ice.io, sorted({r["__keys"] for r in rows if r["__keys"]}), key, schema) if key else None
-    return RemovedOnSpark(images, deletes, WrittenIndex(index_path, written[0]["size"], images, version), keys, len(rows), replaced)
+    keys = _read_keys(io, sorted({r["__keys"] for r in rows if r["__keys"]}), key, ctx.schema) if key else None
+    return RemovedOnSpark(images, deletes, WrittenIndex(ctx.index_path, index_size, images, ctx.version), keys, len(rows), replaced)
 
 
 def _delete_groups(files: list[LiveFile], granularity: str, default_spec: int) -> list[int]:
@@ -136,7 +149,7 @@ def _delete_groups(files: list[LiveFile], granularity: str, default_spec: int) -
 
 
 @dataclass(frozen=True)
-class _TaskContext:
+class RemovalContext:
     """What an executor task needs (pickled with the task): table metadata, a FileIO's settings, the commit's facts."""
 
     metadata_json: str
@@ -152,6 +165,7 @@ class _TaskContext:
     capture: bool
     scratch: str | None  # prefix of the removed-keys files (key index on)
     vectors_over: dict[str, tuple[DataFile, ...]] | None = None  # Iceberg v3: each data file's current deletes, by local path
+    index_path: str = ""  # where the commit's index segment goes
 
     def target(self) -> Any:
         from pyiceberg.table.metadata import TableMetadataUtil
@@ -159,7 +173,7 @@ class _TaskContext:
         return spark_io.WriteTarget(TableMetadataUtil.parse_raw(self.metadata_json), spark_io.executor_io(self.io_properties, self.location))
 
 
-def _file_writer(ctx: _TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _file_writer(ctx: RemovalContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function: a task's pointers (sorted by group, file, position) to delete files and index rows."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -176,57 +190,80 @@ def _file_writer(ctx: _TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iter
         starts = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1))
         bounds = [*starts.tolist(), len(ids)]
         group_of = data.column("__group").to_numpy()
-        ints = {c: data.column(c).to_numpy().astype(np.int64) for c in POINTER_COLUMNS[1:]}
-        keys_path = None
-        if ctx.scratch is not None:
-            # named by the task's partition: a task Spark runs again rewrites the same file
-            keys_path = f"{ctx.scratch}-{TaskContext.get().partitionId()}-removed-keys.parquet"
-            sink = _io.BytesIO()
-            pq.write_table(data.select([f"{KEY_PREFIX}{i}" for i in range(ctx.keys)]), sink)
-            write_bytes(target.io, keys_path, sink.getvalue())
+        positions = data.column("__pos").to_numpy().astype(np.int64)
+        keys_path = write_keys(ctx, target, data, TaskContext.get().partitionId())
         by_group: dict[int, list[tuple[int, int]]] = {}
         for s, e in zip(bounds[:-1], bounds[1:], strict=True):
             by_group.setdefault(int(group_of[s]), []).append((s, e))
         out_schema = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__index", pa.binary()), ("__keys", pa.string())])
         for spans in by_group.values():
-            targets = [(ctx.data_files[paths[ids[s]]], ints["__pos"][s:e]) for s, e in spans]
-            if ctx.vectors_over is not None:  # Iceberg v3: one vector per data file, holding its earlier deletes too
-                written = write_vectors(target, [VectorTarget(df, pos, ctx.vectors_over[paths[ids[s]]])
-                                                 for (df, pos), (s, _) in zip(targets, spans, strict=True)])
-            else:
-                written = (write_position_deletes(target, targets, ctx.granularity, file_scoped_limit=ctx.file_scoped_limit), [])
+            written = write_deletes(ctx, target, [(paths[ids[s]], positions[s:e]) for s, e in spans], ctx.granularity)
             for n, (s, e) in enumerate(spans):
-                removed = RemovedImages(ctx.data_files[paths[ids[s]]].file_path, ints["__pos"][s:e], ints["_row_id"][s:e],
-                                        ints["_row_created_at_version"][s:e], ints["_row_last_updated_at_version"][s:e], ctx.version,
-                                        _values(data.slice(s, e - s), ctx) if ctx.capture else None)
-                sink = _io.BytesIO()
-                with pa.ipc.new_stream(sink, (rows := index_rows([removed])).schema) as w:
-                    w.write_table(rows)
                 yield pa.RecordBatch.from_pydict(
                     {"__path": [paths[ids[s]]], "__images": [e - s], "__deletes": [pickle.dumps(written) if n == 0 else None],
-                     "__index": [sink.getvalue()], "__keys": [keys_path]},
+                     "__index": [index_blob(removed_of(ctx, paths[ids[s]], data.slice(s, e - s)))], "__keys": [keys_path]},
                     schema=out_schema,
                 )
 
     return run
 
 
-def _values(rows: pa.Table, ctx: _TaskContext) -> pa.Table:
+def write_keys(ctx: RemovalContext, target: Any, data: pa.Table, task: int) -> str | None:
+    """With the key index on, the removed images' keys (``__old_key_<i>`` of ``data``) written to a scratch file of task ``task``; its path."""
+    if ctx.scratch is None:
+        return None
+    path = f"{ctx.scratch}-{task}-{uuid.uuid4()}-removed-keys.parquet"  # named per attempt: a task Spark runs again writes anew
+    sink = _io.BytesIO()
+    pq.write_table(data.select([f"{KEY_PREFIX}{i}" for i in range(ctx.keys)]), sink)
+    write_bytes(target.io, path, sink.getvalue())
+    return path
+
+
+def write_deletes(ctx: RemovalContext, target: Any, members: list[tuple[str, np.ndarray]], granularity: str) -> tuple[list[DataFile], list[DataFile]]:
+    """The delete files of ``members`` (local path of a data file, positions), grouped by ``granularity``; and, on Iceberg v3, the deletes they replace."""
+    if ctx.vectors_over is not None:  # Iceberg v3: one vector per data file, holding its earlier deletes too
+        return write_vectors(target, [VectorTarget(ctx.data_files[p], pos, ctx.vectors_over[p]) for p, pos in members])
+    targets = [(ctx.data_files[p], pos) for p, pos in members]
+    return write_position_deletes(target, targets, granularity, file_scoped_limit=ctx.file_scoped_limit), []
+
+
+def removed_of(ctx: RemovalContext, path: str, rows: pa.Table) -> RemovedImages:
+    """The images ``rows`` (:data:`POINTER_COLUMNS` of one data file, by local ``path``, sorted by position) removed by the commit."""
+    ints = {c: rows.column(c).to_numpy().astype(np.int64) for c in POINTER_COLUMNS[1:]}
+    return RemovedImages(ctx.data_files[path].file_path, ints["__pos"], ints["_row_id"], ints["_row_created_at_version"],
+                         ints["_row_last_updated_at_version"], ctx.version, _values(rows, ctx) if ctx.capture else None)
+
+
+def index_blob(removed: RemovedImages) -> bytes:
+    """The index segment row of ``removed`` as Arrow IPC bytes (what travels to the task writing the segment)."""
+    sink = _io.BytesIO()
+    with pa.ipc.new_stream(sink, (rows := index_rows([removed])).schema) as w:
+        w.write_table(rows)
+    return sink.getvalue()
+
+
+def write_segment(ctx: RemovalContext, io: Any, blobs: list[bytes]) -> tuple[int, int]:
+    """The index rows ``blobs`` (:func:`index_blob`) written as the commit's index segment (``ctx.index_path``); its size and image count."""
+    parts = [pa.ipc.open_stream(blob).read_all() for blob in blobs]
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    size = write_index_table(io, ctx.index_path, rows)
+    return size, sum(len(p.column("row_ids")[0]) for p in parts)
+
+
+def _values(rows: pa.Table, ctx: RemovalContext) -> pa.Table:
     """The removed images' old values (``__old_<i>``), in the table's types, columns named by field id."""
     values = pa.Table.from_arrays([rows.column(f"{OLD_PREFIX}{i}").cast(f.type) for i, f in enumerate(ctx.schema)], names=ctx.schema.names)
     return captured_values(values, ctx.field_ids)
 
 
-def _segment_writer(ctx: _TaskContext, path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _segment_writer(ctx: RemovalContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function (one task): the index rows of every data file written as one index segment."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        parts = [pa.ipc.open_stream(blob).read_all() for b in batches for blob in b.column("__index").to_pylist()]
-        if not parts:
+        blobs = [blob for b in batches for blob in b.column("__index").to_pylist()]
+        if not blobs:
             return
-        rows = pa.concat_tables(parts, promote_options="permissive")
-        size = write_index_table(ctx.target().io, path, rows)
-        images = sum(len(p.column("row_ids")[0]) for p in parts)
+        size, images = write_segment(ctx, ctx.target().io, blobs)
         yield pa.RecordBatch.from_pydict({"size": [size], "images": [images]}, schema=pa.schema([("size", pa.int64()), ("images", pa.int64())]))
 
     return run

@@ -7,13 +7,13 @@ embedded path does (:func:`lineage.sql.predicate.parse_predicate`,
 file's predicate columns themselves (:mod:`lineage.spark_match`). Each task
 evaluates the same checked DuckDB SQL in a sealed DuckDB database of its own,
 then reads the other columns of the matched rows only, so a predicate means
-on Spark exactly what it means embedded (NULLs, NaN, casts, LIKE escapes); no SQL is translated to another dialect. For an
-update, executors also write the new images as data files. Executors write
-the position delete files and the index segment of the removed images too
-(:mod:`lineage.writes.spark_removed`): what reaches the driver is one summary
-per data file touched and the written files' descriptors (row ids and
-versions as runs), never a row per matched image. The write loop commits, as
-for every other write.
+on Spark exactly what it means embedded (NULLs, NaN, casts, LIKE escapes); no SQL is translated to another dialect. The
+task that matched a file's rows also writes the file's position delete file,
+its row of the index segment and, for an update, the new images as data
+files, all in one Spark job (:mod:`lineage.writes.spark_onepass`): what
+reaches the driver is one summary per data file touched and the written
+files' descriptors (row ids and versions as runs), never a row per matched
+image. The write loop commits, as for every other write.
 
 Both are merge-on-read only (copy-on-write would rewrite the kept rows in
 the driver), and an update may not set a key column of a table whose key is
@@ -32,6 +32,8 @@ from pyiceberg.expressions import BooleanExpression
 
 from index.key_index import KeyIndexChange, index_enabled
 import lineage.spark as spark_io
+import lineage.spark_match as spark_match
+from lineage.iceberg.schema import projection_field_ids
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, LINEAGE_SCHEMA
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError
@@ -41,7 +43,8 @@ from lineage.state import TableState
 from lineage.writes.capture import old_values
 from lineage.writes.loop import run_write
 from lineage.writes.plan import CommitInfo, Plan
-from lineage.writes.spark_removed import KEY_PREFIX, RemovedOnSpark, write_removed
+from lineage.writes.spark_onepass import remove_in_one_pass
+from lineage.writes.spark_removed import KEY_PREFIX, RemovedOnSpark
 from lineage.writes.update import checked_set
 
 # What identifies a removed image in a Spark row of live_rows: its file's local path, position and lineage.
@@ -60,7 +63,7 @@ def delete(table: TableContext, where: str | BooleanExpression, mode: str, spark
         capture = capture_preimages(state.iceberg.metadata.properties)
         select = f"{_POINTER}{_old_keys(key)}{old_values(schema) if capture else ''}"
         out = pa.schema(_pointer_fields() + _old_key_fields(schema, key) + _old_fields(schema, capture))
-        removed = write_removed(table, state, files, spark_io.evaluate(spark, state, files, pred, select, out), key, capture)
+        removed, _ = remove_in_one_pass(spark, table, state, files, _match_pass(state, pred, select, out), key, capture)
         return _plan("delete", removed, key, deleted=removed.images)
 
     return run_write(table, plan, mode=MERGE_ON_READ)
@@ -89,18 +92,16 @@ def update(table: TableContext, where: str | BooleanExpression | None, set_: Map
             + _old_key_fields(schema, key)
             + _old_fields(schema, capture)
         )
-        matched = spark_io.evaluate(spark, state, files, pred, images_sql, out_schema).persist()
-        try:
-            removed = write_removed(table, state, files, matched, key, capture)
-            images = matched.select(*[spark_io.column(c) for c in [*schema.names, HIDDEN_ROW_ID, HIDDEN_CREATED]])
-            # about 2M rows per written file; images sorted by row id so their lineage compresses into runs
-            written = (spark_io.write_with_executors(table, images.coalesce(max(1, removed.images // 2_000_000)).sortWithinPartitions(HIDDEN_ROW_ID))
-                       if removed.images else [])
-        finally:
-            matched.unpersist()
+        removed, written = remove_in_one_pass(spark, table, state, files, _match_pass(state, pred, images_sql, out_schema), key, capture,
+                                              images=[*schema.names, HIDDEN_ROW_ID, HIDDEN_CREATED])
         return _plan("update", removed, key, prewritten=written, updated=removed.images)
 
     return run_write(table, plan, mode=MERGE_ON_READ)
+
+
+def _match_pass(state: TableState, pred: Any, select: str, out: pa.Schema) -> spark_match.MatchPass:
+    """The predicate pass of ``pred`` selecting ``select`` (a schema of ``out``) over the table at ``state``."""
+    return spark_match.match_pass(spark_io.arrow_schema_of(state), projection_field_ids(state.iceberg.metadata), pred, select, out)
 
 
 def _plan(operation: str, removed: RemovedOnSpark, key: list[str], **counts: Any) -> Plan:
