@@ -159,7 +159,9 @@ DELETE_MERGE = _define(
     "On Iceberg v2, a merge-on-read write that deletes from a data file which already has a file-scoped position "
     "delete file written by this library writes one file with the union and removes the old one in the same snapshot "
     "(as a deletion vector is replaced on v3), so a stream of small commits keeps one delete file per data file; "
-    "false: one more delete file per commit and data file (readers then open them all).", _WRITES)
+    "false: one more delete file per commit and data file (readers then open them all), e.g. when files gather "
+    "millions of deleted rows that each commit would rewrite, or another engine rewrites delete files concurrently.",
+    _WRITES)
 FOLD_MAX_ROWS = _define(
     "lineage.write.fold.max-rows", "int", 50_000,
     "A merge-on-read write that deletes from more than `lineage.write.fold.min-files` data files rewrites the kept "

@@ -118,6 +118,19 @@ def test_small_commits_keep_few_files_and_the_same_feed(warehouse: str, format_v
     assert_interop(t)
 
 
+def test_a_write_with_a_users_expression_folds_the_small_files_it_does_not_touch(warehouse: str) -> None:
+    """An update's DuckDB database is sealed to the files it plans on; the fold reads the others all the same."""
+    t = lineage.create_table("db.t", SCHEMA, key=["id"], warehouse=warehouse, properties={"lineage.write.fold.min-files": "2"})
+    t.append(_base())
+    for start in (5000, 6000):
+        t.append(pa.table({"id": list(range(start, start + 10)), "name": ["n"] * 10, "amount": [1.0] * 10}, schema=SCHEMA))
+    before = {r["id"]: r["_row_id"] for r in t.scan(columns=["id", "_row_id"]).to_pylist()}
+    info = t.update("id < 10", {"amount": "amount + 1"})
+    assert info.data_files_removed == 2 and _files(t)[0] == 3  # the base, the update's new images, the small files folded
+    assert sorted(r["id"] for r in cdf.changes(t, info.version - 1, info.version).to_pylist()) == sorted(list(range(10)) * 2)
+    assert {r["id"]: r["_row_id"] for r in t.scan(columns=["id", "_row_id"]).to_pylist()} == before
+
+
 def _delete_paths(t: lineage.Table) -> list[str]:
     t.refresh()
     return [p for p, c in zip(*t.iceberg.inspect.files().select(["file_path", "content"]).to_pydict().values(), strict=True) if c == 1]

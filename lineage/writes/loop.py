@@ -201,7 +201,7 @@ def _materialize_and_commit(
     # 3. the small files it does not touch, once enough of them gather (lineage.writes.small_files); not beside deletes
     # an engine wrote (their files are not in ``groups``)
     if not plan.prewritten_deletes:
-        kept, leaving = fold_untouched(table, state, plan.files, groups, rewrite, _written_rows(plan), con, created)
+        kept, leaving = fold_untouched(table, state, plan.files, groups, rewrite, _written_rows(plan), created)
         written.extend(kept)
         removed_files.extend(leaving)
 

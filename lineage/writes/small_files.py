@@ -121,7 +121,6 @@ def fold_untouched(
     groups: Mapping[int, dict[str, np.ndarray]],
     rewrite: Sequence[int],
     written_rows: int,
-    con: duckdb.DuckDBPyConnection,
     created: list[str],
 ) -> tuple[list[WrittenFile], list[DataFile]]:
     """Fold the small live files of ``state`` a write neither deletes from nor folds already (see
@@ -142,7 +141,11 @@ def fold_untouched(
     if not fids:
         return [], []
     nothing = np.zeros(0, np.int64)
-    return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, con, created)
+    own = duck.connect()  # not the plan's connection: one sealed for a user's expression reads the plan's files only
+    try:
+        return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, own, created)
+    finally:
+        own.close()
 
 
 def rewrite_kept(
