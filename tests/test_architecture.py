@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("state", (
         "lineage.state", "lineage.context", "lineage.retention", "lineage.outcome", "lineage.spark", "lineage.spark_match",
         "lineage.commits.*",
-        "lineage.read.*", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
+        "lineage.read.*", "lineage.read.arrow_scan", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",

@@ -124,6 +124,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self._removed_vector_files: list[DataFile] = []  # their entries as found: the summary counts them
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
         self._written_entries: dict[str, list[ManifestEntry]] = {}  # v3: manifest path -> its entries as written
+        self._pending_deletes: tuple[int, list[DataFile]] | None = None  # v2: (spec id, new delete files) not written yet
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
 
     def _added_manifest(self, writer: Any, files: list[DataFile], sequence_number: Callable[[DataFile], int | None]) -> ManifestFile:
@@ -141,9 +142,12 @@ class LineageSnapshotProducer(_OverwriteFiles):
         manifests: list[ManifestFile] = []
         if data:
             manifests.append(self._added_manifest(self.new_manifest_writer(spec), data, lambda f: self._data_sequence_number))
-        if deletes:
-            manifests.append(self._added_manifest(self._delete_writer(spec), deletes, lambda f: self.delete_sequence_numbers.get(f.file_path)))
+        # v2: new delete files ride in the delete manifest the commit rewrites anyway (one that loses the delete file they
+        # replace, lineage.storage.merged_deletes), if any: one object fewer per small commit
+        self._pending_deletes = (spec.spec_id, deletes) if deletes and not self._v3 else None
         carried = self._carried_manifests()
+        if deletes and self._pending_deletes is not None:
+            manifests.append(self._added_manifest(self._delete_writer(spec), deletes, lambda f: self.delete_sequence_numbers.get(f.file_path)))
         out: list[ManifestFile] = []
         for content in (ManifestContent.DATA, ManifestContent.DELETES):
             # Newest first, as Iceberg orders them: this commit's manifest, then the parent's.
@@ -297,7 +301,13 @@ class LineageSnapshotProducer(_OverwriteFiles):
         first = members[0].manifest
         spec = self.spec(first.partition_spec_id)
         writer = self._delete_writer(spec) if first.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
+        pending = self._pending_deletes
         with writer:
+            if first.content == ManifestContent.DELETES and pending is not None and pending[0] == first.partition_spec_id:
+                self._pending_deletes = None  # this commit's new delete files, ADDED here (see _manifests)
+                for f in pending[1]:
+                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                                                       sequence_number=self.delete_sequence_numbers.get(f.file_path), data_file=f))
             for r in members:
                 for e, leaving in zip(r.entries, r.hit, strict=True):
                     if leaving:
