@@ -146,7 +146,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
         # replace, lineage.storage.merged_deletes), if any: one object fewer per small commit
         self._pending_deletes = (spec.spec_id, deletes) if deletes and not self._v3 else None
         carried = self._carried_manifests()
-        if deletes and self._pending_deletes is not None:
+        if deletes and (self._v3 or self._pending_deletes is not None):  # not written into a rewritten manifest
             manifests.append(self._added_manifest(self._delete_writer(spec), deletes, lambda f: self.delete_sequence_numbers.get(f.file_path)))
         out: list[ManifestFile] = []
         for content in (ManifestContent.DATA, ManifestContent.DELETES):

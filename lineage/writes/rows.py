@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import duckdb
 import numpy as np
@@ -31,9 +31,11 @@ def kept_rows(
     groups: dict[int, dict[str, np.ndarray]],
     schema: pa.Schema,
     field_ids: dict[str, int],
+    copies: Mapping[str, str] | None = None,
 ) -> pa.Table:
-    """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order."""
-    register_live_view(con, "affected", files, schema, field_ids)
+    """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order (``copies``: local copies of
+    remote files, read instead; see :func:`lineage.storage.prefetch.local_copies`)."""
+    register_live_view(con, "affected", files, schema, field_ids, copies=copies)
     removed = pa.table(
         {
             "__file_id": np.concatenate([np.full(len(g["__pos"]), i, np.int32) for i, g in enumerate(groups.values())]),

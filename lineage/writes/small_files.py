@@ -30,6 +30,7 @@ from pyiceberg.manifest import DataFile
 
 import lineage.duck as duck
 import lineage.properties as props
+import lineage.storage.prefetch as prefetch
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 from lineage.commits.merge_rule import pack_from_end
 from lineage.context import TableContext
@@ -141,11 +142,7 @@ def fold_untouched(
     if not fids:
         return [], []
     nothing = np.zeros(0, np.int64)
-    own = duck.connect()  # not the plan's connection: one sealed for a user's expression reads the plan's files only
-    try:
-        return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, own, created)
-    finally:
-        own.close()
+    return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, created)
 
 
 def rewrite_kept(
@@ -153,7 +150,6 @@ def rewrite_kept(
     files: Sequence[LiveFile],
     groups: Mapping[int, dict[str, np.ndarray]],
     fids: list[int],
-    con: duckdb.DuckDBPyConnection,
     created: list[str],
 ) -> tuple[list[WrittenFile], list[DataFile]]:
     """Rewrite the kept rows of ``files[fid]`` for ``fid`` in ``fids`` (``groups``: positions removed); return the new
@@ -162,20 +158,35 @@ def rewrite_kept(
     The kept rows are read and rewritten a group of files at a time, so memory follows the group, not the number of
     files the write touches. A group holds at most one target file of Parquet and at most a sixteenth of DuckDB's
     memory limit (decoded rows take several times their Parquet bytes). Paths written are appended to ``created``.
+    The rows are read in a DuckDB connection of their own, not the write's: one sealed for a user's expression reads
+    the plan's files only, not their local copies or the files folded without being touched.
     """
+    written: list[WrittenFile] = []
+    con = duck.connect()
+    try:
+        _rewrite_chunks(table, files, groups, fids, con, created, written)
+    finally:
+        con.close()
+    removed = [files[fid].data_file for fid in fids]
+    # their deletion vectors (v3) and file-scoped position delete files (v2) leave with them
+    removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
+    return written, removed
+
+
+def _rewrite_chunks(table: TableContext, files: Sequence[LiveFile], groups: Mapping[int, dict[str, np.ndarray]], fids: list[int],
+                    con: duckdb.DuckDBPyConnection, created: list[str], written: list[WrittenFile]) -> None:
     ice = table.iceberg
     field_ids = projection_field_ids(ice.metadata)
     target = with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))
     file_size = int(props.read(ice.metadata.properties, TARGET_FILE_SIZE))
     budget = min(file_size, duck.memory_limit_bytes() // 16)
-    written: list[WrittenFile] = []
     for chunk in pack_from_end(fids, lambda fid: int(files[fid].data_file.file_size_in_bytes), budget):
-        kept = kept_rows(con, [files[fid] for fid in chunk], {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids)
+        group = [files[fid] for fid in chunk]
+        # small remote files (often this writer's own, still in memory) fetched at once, not a few requests each in turn
+        with prefetch.local_copies([(f.path, f.data_file.file_size_in_bytes) for f in group]
+                                   + [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]) as copies:
+            kept = kept_rows(con, group, {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids, copies)
         rewritten = write_data_files(ice, kept.cast(target))
         del kept
         created.extend(w.data_file.file_path for w in rewritten)
         written.extend(rewritten)
-    removed = [files[fid].data_file for fid in fids]
-    # their deletion vectors (v3) and file-scoped position delete files (v2) leave with them
-    removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
-    return written, removed
