@@ -174,7 +174,7 @@ def _materialize_and_commit(
             created.extend(f.file_path for f in delete_files)
             removed_files.extend(replaced)
         if rewrite:
-            kept, leaving = rewrite_kept(table, plan.files, groups, rewrite, created)
+            kept, leaving = rewrite_kept(table, plan.files, groups, rewrite, created, folded=mode == MERGE_ON_READ)
             written.extend(kept)
             removed_files.extend(leaving)
 

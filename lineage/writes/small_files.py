@@ -151,9 +151,11 @@ def rewrite_kept(
     groups: Mapping[int, dict[str, np.ndarray]],
     fids: list[int],
     created: list[str],
+    folded: bool = True,
 ) -> tuple[list[WrittenFile], list[DataFile]]:
     """Rewrite the kept rows of ``files[fid]`` for ``fid`` in ``fids`` (``groups``: positions removed); return the new
-    data files and the files leaving (the data files, and on v3 their deletion vectors).
+    data files and the files leaving (the data files, and their deletion vectors on v3; on v2 their file-scoped
+    position delete files when ``folded``, a copy-on-write leaving those to ``rewrite_deletes`` as it always did).
 
     The kept rows are read and rewritten a group of files at a time, so memory follows the group, not the number of
     files the write touches. A group holds at most one target file of Parquet and at most a sixteenth of DuckDB's
@@ -168,8 +170,8 @@ def rewrite_kept(
     finally:
         con.close()
     removed = [files[fid].data_file for fid in fids]
-    # their deletion vectors (v3) and file-scoped position delete files (v2) leave with them
-    removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
+    if folded or table.iceberg.metadata.format_version >= 3:  # their vectors (v3), file-scoped position deletes (v2)
+        removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
     return written, removed
 
 
