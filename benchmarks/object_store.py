@@ -87,9 +87,11 @@ class Lineage:
         return cdf.changes(self.t, self.t.version - last)
 
     def scan(self) -> int:
+        import lineage.storage.deletes as deletes
         import lineage.storage.puts as puts
 
         puts.forget()
+        deletes.forget()  # and the delete files it parsed (the writer keeps those it wrote)
         return self.t.scan(with_lineage=False).num_rows
 
 

@@ -154,15 +154,26 @@ FILE_SCOPED_LIMIT = _define(
     "lineage.write.delete.file-scoped-limit", "int", 16,
     "With `write.delete.granularity` unset: a partition in which a commit deletes from more data files than this gets "
     "one partition-scoped delete file.", _WRITES, minimum=1)
+DELETE_MERGE = _define(
+    "lineage.write.delete.merge", "bool", True,
+    "On Iceberg v2, a merge-on-read write that deletes from a data file which already has a file-scoped position "
+    "delete file written by this library writes one file with the union and removes the old one in the same snapshot "
+    "(as a deletion vector is replaced on v3), so a stream of small commits keeps one delete file per data file; "
+    "false: one more delete file per commit and data file (readers then open them all), e.g. when files gather "
+    "millions of deleted rows that each commit would rewrite, or another engine rewrites delete files concurrently.",
+    _WRITES)
 FOLD_MAX_ROWS = _define(
     "lineage.write.fold.max-rows", "int", 50_000,
     "A merge-on-read write that deletes from more than `lineage.write.fold.min-files` data files rewrites the kept "
     "rows of the smallest of them (up to this many rows in all, each file no larger than what the commit writes so "
-    "far) instead of writing their deletes, so a stream of small commits keeps few data files; 0 turns it off.",
+    "far) instead of writing their deletes, and a write that adds at most this many rows folds the small files it "
+    "does not touch by the same rule once at least `lineage.write.fold.min-files` of them qualify, so a stream of "
+    "small commits keeps few data files; 0 turns it off.",
     _WRITES, minimum=0)
 FOLD_MIN_FILES = _define(
     "lineage.write.fold.min-files", "int", 8,
-    "Data files a merge-on-read write must delete from before it folds small ones (see `lineage.write.fold.max-rows`).",
+    "Data files a merge-on-read write must delete from, or small untouched files that qualify, before a write folds "
+    "small ones (see `lineage.write.fold.max-rows`).",
     _WRITES, minimum=0)
 CHANGELOG_STRATEGY = _define(
     "write.changelog.strategy", "choice", "position",

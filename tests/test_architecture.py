@@ -38,14 +38,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "lineage.writes.changelog_sql", "cdf.dialect",
     )),
     ("format", (
-        "lineage.storage.*", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
+        "lineage.storage.*", "lineage.storage.merged_deletes", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
         "index", "index.deleted_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
         "index.key_store", "index.key_legacy", "index.key_packed", "index.key_build", "index.key_merge",
     )),
     ("state", (
         "lineage.state", "lineage.context", "lineage.retention", "lineage.outcome", "lineage.spark", "lineage.spark_match",
         "lineage.commits.*",
-        "lineage.read.*", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
+        "lineage.read.*", "lineage.read.arrow_scan", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",

@@ -402,7 +402,7 @@ def test_compaction_keeps_lineage_and_feed(warehouse, partition_by) -> None:
 
 @pytest.mark.parametrize("partition_by", [None, BUCKETED], ids=["unpartitioned", "bucketed"])
 def test_rewrite_deletes_merges_delete_files_and_drops_dangling_ones(warehouse, partition_by) -> None:
-    t = _create(warehouse, partition_by)
+    t = _create(warehouse, partition_by, **{"lineage.write.delete.merge": "false"})  # each delete its own file
     t.append(_rows(1, 10))
     t.append(_rows(11, 10))
     for where in ("id = 1", "id = 2", "id IN (3, 11)", "id = 12", "id = 4"):  # several delete files per data file

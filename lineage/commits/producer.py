@@ -127,6 +127,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
         self._absorb: list[DataFile] = []  # v3: new vectors to write into a rewritten delete manifest
         self._absorbed = False
+        self._absorb_spec: int | None = None  # the spec the new delete files are written under
 
     def _added_manifest(self, writer: Any, files: list[DataFile], sequence_number: Callable[[DataFile], int | None]) -> ManifestFile:
         """One manifest of ``files`` as ADDED entries of this snapshot (None: the entry inherits the snapshot's number)."""
@@ -143,9 +144,11 @@ class LineageSnapshotProducer(_OverwriteFiles):
         manifests: list[ManifestFile] = []
         if data:
             manifests.append(self._added_manifest(self.new_manifest_writer(spec), data, lambda f: self._data_sequence_number))
-        # v3: a commit's new vectors go into the delete manifest it rewrites anyway (the one holding the vectors they
-        # replace), one manifest fewer per commit; written apart when no delete manifest of their spec is rewritten.
-        self._absorb = deletes if self._v3 and deletes and not self.rewrite_all and self.first_row_ids is None else []
+        # A commit's new delete files (v3: vectors; v2: position delete files, lineage.storage.merged_deletes) go into
+        # the delete manifest it rewrites anyway (the one losing the files they replace), one object fewer per small
+        # commit; written apart when no delete manifest of their spec is rewritten.
+        self._absorb = deletes if deletes and not self.rewrite_all and self.first_row_ids is None else []
+        self._absorb_spec = spec.spec_id
         carried = self._carried_manifests()
         if deletes and not self._absorbed:
             manifests.append(self._added_manifest(self._delete_writer(spec), deletes, self._delete_sequence_number))
@@ -161,11 +164,11 @@ class LineageSnapshotProducer(_OverwriteFiles):
         return self.delete_sequence_numbers.get(f.file_path)
 
     def _take_absorbed(self, group: list[_Rewrite]) -> list[DataFile]:
-        """The new vectors to write into the rewritten delete manifest ``group`` (all of them, once, if their spec is its)."""
+        """The new delete files to write into the rewritten delete manifest ``group`` (all of them, once, if their spec is its)."""
         first = group[0].manifest
         if not self._absorb or self._absorbed or first.content != ManifestContent.DELETES:
             return []
-        if any(getattr(f, "_spec_id", None) != first.partition_spec_id for f in self._absorb):
+        if self._absorb_spec != first.partition_spec_id:
             return []
         self._absorbed = True
         return self._absorb

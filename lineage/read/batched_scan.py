@@ -27,6 +27,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 import lineage.duck as duck
+import lineage.read.arrow_scan as arrow_scan
 import lineage.storage.prefetch as prefetch
 from lineage.columns import LINEAGE_COLUMNS, LINEAGE_SCHEMA
 from lineage.commits.merge_rule import pack_from_end
@@ -159,6 +160,9 @@ def read_all(plan: BatchedScan) -> pa.Table:
     as they and their delete files have arrived, while the small files are
     still being fetched, then the small ones (see :data:`PIPELINE_FILE_BYTES`).
     """
+    plain = arrow_scan.read_plain(plan.files, plan.columns, plan.target, plan.field_ids, plan.where_sql)  # no where: pyarrow
+    if plain is not None:
+        return plain
     select = ", ".join(quote_ident(c) for c in plan.columns)
     large = [f for f in plan.files if f.data_file.file_size_in_bytes >= PIPELINE_FILE_BYTES]
     small = [f for f in plan.files if f.data_file.file_size_in_bytes < PIPELINE_FILE_BYTES]

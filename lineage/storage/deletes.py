@@ -32,9 +32,15 @@ _CACHE: ImmutableFileCache[dict[str, np.ndarray]] = ImmutableFileCache(
 )
 
 
-def read_position_deletes(path: str) -> dict[str, np.ndarray]:
-    """Data file path -> sorted unique positions removed by the position delete file at ``path``."""
-    return _CACHE.get(path, lambda: _read(path))
+def read_position_deletes(path: str, local: str | None = None) -> dict[str, np.ndarray]:
+    """Data file path -> sorted unique positions removed by the position delete file at ``path`` (read from ``local``,
+    a copy fetched beforehand, when given and not cached)."""
+    return _CACHE.get(path, lambda: _read(local or path))
+
+
+def forget() -> None:
+    """Drop the parsed delete files (a benchmark measuring a reader in another process calls it)."""
+    _CACHE.clear()
 
 
 def _read(path: str) -> dict[str, np.ndarray]:

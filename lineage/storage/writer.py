@@ -31,7 +31,7 @@ from pyiceberg.types import LongType, StringType
 from lineage.columns import HIDDEN_COLUMNS
 from lineage.errors import UnsupportedFormatError
 import lineage.storage.lineage_columns as lineage_columns
-from lineage.storage.deletes import PATH_FIELD_ID
+from lineage.storage.deletes import PATH_FIELD_ID, remember_vectors
 from lineage.storage.fileio import write_bytes
 from lineage.properties import TARGET_FILE_SIZE, read
 from lineage.storage.rle import Runs
@@ -267,6 +267,8 @@ def write_position_deletes(
         pq.write_table(table, sink, compression="zstd")
         location = provider.new_data_location(f"{uuid.uuid4()}-deletes.parquet")
         size = write_bytes(iceberg.io, location, sink.getvalue())
+        # kept as read back, so the next commit that merges this file's positions (lineage.storage.merged_deletes) reads nothing
+        remember_vectors(location, {name: np.unique(p) for name, (_, p) in zip(names, members, strict=True)})
         first = members[0][0]
         out.append(
             DataFile.from_args(

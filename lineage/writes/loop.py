@@ -39,12 +39,13 @@ from lineage.state import TableState
 from lineage.read.values import read_at
 from lineage.columns import HIDDEN_ROW_ID
 from lineage.storage.deletion_vectors import VectorTarget, write_vectors
-from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files, write_position_deletes
+from lineage.storage.merged_deletes import write_merged_deletes
+from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files
 import lineage.storage.puts as puts
-from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages, delete_granularity
+from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed
-from lineage.writes.small_files import FoldPolicy, files_to_fold, rewrite_kept
+from lineage.writes.small_files import FoldPolicy, files_to_fold, fold_untouched, rewrite_kept
 
 
 # The name the write loop always logged under (operators and tests filter on it).
@@ -147,6 +148,8 @@ def _materialize_and_commit(
     removed_files: list[DataFile] = []
     removed_images: list[RemovedImages] = []
 
+    groups: dict[int, dict[str, np.ndarray]] = {}
+    rewrite: list[int] = []
     # 1. removed images: position deletes, or rewritten files
     if plan.removed is not None and plan.removed.num_rows:
         groups = group_removed(plan.removed)
@@ -165,13 +168,13 @@ def _materialize_and_commit(
             delete_files, removed_files = write_vectors(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
                                                               for fid, cols in deleted.items()])
             created.extend(f.file_path for f in delete_files)
-        elif deleted:
-            granularity, limit = delete_granularity(ice.metadata.properties)
-            targets = [(plan.files[fid].data_file, cols["__pos"]) for fid, cols in deleted.items()]
-            delete_files = write_position_deletes(ice, targets, granularity, file_scoped_limit=limit)
+        elif deleted:  # Iceberg v2: a file's earlier delete file of ours is merged in and replaced (lineage.storage.merged_deletes)
+            delete_files, replaced = write_merged_deletes(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
+                                                                for fid, cols in deleted.items()])
             created.extend(f.file_path for f in delete_files)
+            removed_files.extend(replaced)
         if rewrite:
-            kept, leaving = rewrite_kept(table, plan.files, groups, rewrite, con, created)
+            kept, leaving = rewrite_kept(table, plan.files, groups, rewrite, created, folded=mode == MERGE_ON_READ)
             written.extend(kept)
             removed_files.extend(leaving)
 
@@ -194,6 +197,13 @@ def _materialize_and_commit(
             else:
                 created.extend(w.data_file.file_path for w in new)
             written.extend(new)
+
+    # 3. the small files it does not touch, once enough of them gather (lineage.writes.small_files); not beside deletes
+    # an engine wrote (their files are not in ``groups``)
+    if not plan.prewritten_deletes:
+        kept, leaving = fold_untouched(table, state, plan.files, groups, rewrite, _written_rows(plan), created)
+        written.extend(kept)
+        removed_files.extend(leaving)
 
     if plan.prewritten_deletes:  # written by executors with the index segment of their images
         created.extend(f.file_path for f in plan.prewritten_deletes)
@@ -246,8 +256,8 @@ def _materialize_and_commit(
 
 
 def _written_rows(plan: Plan) -> int:
-    """Rows of new images and inserts the plan writes."""
-    return sum(t.num_rows for t in (plan.new_images, plan.inserts) if t is not None)
+    """Rows of new images and inserts the plan writes (or an engine wrote for it)."""
+    return sum(t.num_rows for t in (plan.new_images, plan.inserts) if t is not None) + sum(int(w.data_file.record_count) for w in plan.prewritten)
 
 
 def _captured(table: TableContext, plan: Plan, groups: dict[int, dict]) -> pa.Table:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import duckdb
 import numpy as np
@@ -34,12 +34,14 @@ def kept_rows(
     groups: dict[int, dict[str, np.ndarray]],
     schema: pa.Schema,
     field_ids: dict[str, int],
+    copies: Mapping[str, str] | None = None,
 ) -> pa.Table:
-    """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order."""
-    by_position = _kept_by_position(files, groups, schema, field_ids)
+    """Rows of ``files`` that stay live (copy-on-write), with their lineage, in file order (``copies``: local copies of
+    remote files, read instead; see :func:`lineage.storage.prefetch.local_copies`)."""
+    by_position = _kept_by_position(files, groups, schema, field_ids, copies or {})
     if by_position is not None:
         return by_position
-    register_live_view(con, "affected", files, schema, field_ids)
+    register_live_view(con, "affected", files, schema, field_ids, copies=copies)
     removed = pa.table(
         {
             "__file_id": np.concatenate([np.full(len(g["__pos"]), i, np.int32) for i, g in enumerate(groups.values())]),
@@ -62,7 +64,8 @@ BY_POSITION_MAX_ROWS = 200_000
 
 
 def _kept_by_position(
-    files: list[LiveFile], groups: dict[int, dict[str, np.ndarray]], schema: pa.Schema, field_ids: dict[str, int]
+    files: list[LiveFile], groups: dict[int, dict[str, np.ndarray]], schema: pa.Schema, field_ids: dict[str, int],
+    copies: Mapping[str, str],
 ) -> pa.Table | None:
     """:func:`kept_rows` read at the kept positions of each file (no query to plan), with the lineage the files carry;
     None when the files are too large, have equality or resolved deletes, or cannot be read by position."""
@@ -78,7 +81,7 @@ def _kept_by_position(
         positions.append(pos)
         lin = f.lineage
         lineage.append((decode_sequence(lin.row_ids)[pos], decode_values(lin.created)[pos], decode_values(lin.updated)[pos]))
-    values = values_at([f.path for f in files], np.concatenate(ids), np.concatenate(positions), schema, field_ids)
+    values = values_at([copies.get(f.path, f.path) for f in files], np.concatenate(ids), np.concatenate(positions), schema, field_ids)
     if values is None:
         return None
     for i, name in enumerate((HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED)):

@@ -30,13 +30,14 @@ from pyiceberg.manifest import DataFile
 
 import lineage.duck as duck
 import lineage.properties as props
-import lineage.storage.manifests_v3 as v3
+import lineage.storage.prefetch as prefetch
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 from lineage.commits.merge_rule import pack_from_end
 from lineage.context import TableContext
 from lineage.iceberg.schema import projection_field_ids
 from lineage.properties import FOLD_MAX_ROWS, FOLD_MIN_FILES, TARGET_FILE_SIZE
-from lineage.state import LiveFile
+from lineage.state import LiveFile, TableState
+from lineage.storage.deletes import referenced_data_path
 from lineage.storage.deletion_vectors import replaced_by_vector
 from lineage.storage.writer import WrittenFile, write_data_files
 from lineage.writes.rows import kept_rows, with_hidden
@@ -56,9 +57,10 @@ class FoldPolicy:
 
 
 def live_row_count(file: LiveFile) -> int:
-    """Rows of ``file`` live before the write: its record count less its deletion vectors' (other deletes not counted)."""
-    deleted = sum(int(d.record_count) for d in file.deletes if v3.referenced_data_file(d) == file.path)
-    return int(file.data_file.record_count) - deleted
+    """Rows of ``file`` live before the write: its record count less the positions of its deletion vectors and
+    file-scoped position delete files (partition-scoped ones not counted)."""
+    deleted = sum(int(d.record_count) for d in file.deletes if referenced_data_path(d) == file.path)
+    return max(int(file.data_file.record_count) - deleted, 0)
 
 
 def files_to_fold(files: Sequence[LiveFile], removed: Mapping[int, np.ndarray], written_rows: int, policy: FoldPolicy) -> list[int]:
@@ -72,16 +74,20 @@ def files_to_fold(files: Sequence[LiveFile], removed: Mapping[int, np.ndarray], 
     """
     if policy.max_rows <= 0 or len(removed) <= policy.min_files:
         return []
+    return _tiered([(fid, len(positions)) for fid, positions in removed.items()], files, written_rows, 0, policy)
+
+
+def _tiered(touched: Sequence[tuple[int, int]], files: Sequence[LiveFile], written_rows: int, total: int, policy: FoldPolicy) -> list[int]:
+    """The ids of ``touched`` (file id, rows the write removes from it) folded by the tiered rule, ``total`` rows folded before."""
     candidates = []
-    for fid, positions in removed.items():
+    for fid, removing in touched:
         f = files[fid]
         if f.equality_deletes or f.resolved:
             continue
-        kept = live_row_count(f) - len(positions)
+        kept = live_row_count(f) - removing
         if 0 < kept <= policy.max_rows:
             candidates.append((kept, fid))
     folded: list[int] = []
-    total = 0
     for kept, fid in sorted(candidates):
         if kept > written_rows + total or total + kept > policy.max_rows:
             break  # sorted by size: every later file is larger still
@@ -90,34 +96,99 @@ def files_to_fold(files: Sequence[LiveFile], removed: Mapping[int, np.ndarray], 
     return folded
 
 
+def untouched_to_fold(files: Sequence[LiveFile], written_rows: int, folded_rows: int, folded: int, policy: FoldPolicy) -> list[int]:
+    """The ids (indexes in ``files``) of the small files a write that adds ``written_rows`` rows folds without deleting
+    from them; ``files`` are the live files the write neither deletes from nor folds already (``folded`` files of
+    ``folded_rows`` kept rows).
+
+    Only a write that adds a small file (at most ``max-rows`` rows) folds this
+    way: files are taken by the tiered rule of :func:`files_to_fold` (smallest
+    first, each no larger than the rows written and folded so far), and only
+    when that gathers at least ``min-files`` files with those folded already,
+    so a stream of small commits rewrites a file every few commits, and the
+    small files stay few (a logarithmic number of tiers of at most
+    ``min-files`` each).
+    """
+    if policy.max_rows <= 0 or not 0 < written_rows <= policy.max_rows:
+        return []
+    out = _tiered([(fid, 0) for fid in range(len(files))], files, written_rows, folded_rows, policy)
+    return out if len(out) + folded >= max(policy.min_files, 1) else []
+
+
+def fold_untouched(
+    table: TableContext,
+    state: TableState,
+    files: Sequence[LiveFile],
+    groups: Mapping[int, dict[str, np.ndarray]],
+    rewrite: Sequence[int],
+    written_rows: int,
+    created: list[str],
+) -> tuple[list[WrittenFile], list[DataFile]]:
+    """Fold the small live files of ``state`` a write neither deletes from nor folds already (see
+    :func:`untouched_to_fold`); return the new data files and the files leaving, as :func:`rewrite_kept` does.
+
+    ``files``, ``groups`` and ``rewrite`` are the write's plan files, the
+    positions it removes by file id and the file ids it folds; ``written_rows``
+    the rows it adds. Their rows move: row ids, created and updated versions
+    are kept, so the change feed shows nothing for them.
+    """
+    policy = FoldPolicy.of(table.iceberg.metadata.properties)
+    if state.snapshot is None or policy.max_rows <= 0 or not 0 < written_rows <= policy.max_rows:
+        return [], []
+    touched = {files[fid].path for fid in groups}
+    others = [f for f in state.files().files.values() if f.path not in touched]
+    folded_rows = sum(live_row_count(files[fid]) - len(groups[fid]["__pos"]) for fid in rewrite)
+    fids = untouched_to_fold(others, written_rows, folded_rows, len(rewrite), policy)
+    if not fids:
+        return [], []
+    nothing = np.zeros(0, np.int64)
+    return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, created)
+
+
 def rewrite_kept(
     table: TableContext,
     files: Sequence[LiveFile],
     groups: Mapping[int, dict[str, np.ndarray]],
     fids: list[int],
-    con: duckdb.DuckDBPyConnection,
     created: list[str],
+    folded: bool = True,
 ) -> tuple[list[WrittenFile], list[DataFile]]:
     """Rewrite the kept rows of ``files[fid]`` for ``fid`` in ``fids`` (``groups``: positions removed); return the new
-    data files and the files leaving (the data files, and on v3 their deletion vectors).
+    data files and the files leaving (the data files, and their deletion vectors on v3; on v2 their file-scoped
+    position delete files when ``folded``, a copy-on-write leaving those to ``rewrite_deletes`` as it always did).
 
     The kept rows are read and rewritten a group of files at a time, so memory follows the group, not the number of
     files the write touches. A group holds at most one target file of Parquet and at most a sixteenth of DuckDB's
     memory limit (decoded rows take several times their Parquet bytes). Paths written are appended to ``created``.
+    The rows are read in a DuckDB connection of their own, not the write's: one sealed for a user's expression reads
+    the plan's files only, not their local copies or the files folded without being touched.
     """
+    written: list[WrittenFile] = []
+    con = duck.connect()
+    try:
+        _rewrite_chunks(table, files, groups, fids, con, created, written)
+    finally:
+        con.close()
+    removed = [files[fid].data_file for fid in fids]
+    if folded or table.iceberg.metadata.format_version >= 3:  # their vectors (v3), file-scoped position deletes (v2)
+        removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
+    return written, removed
+
+
+def _rewrite_chunks(table: TableContext, files: Sequence[LiveFile], groups: Mapping[int, dict[str, np.ndarray]], fids: list[int],
+                    con: duckdb.DuckDBPyConnection, created: list[str], written: list[WrittenFile]) -> None:
     ice = table.iceberg
     field_ids = projection_field_ids(ice.metadata)
     target = with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))
     file_size = int(props.read(ice.metadata.properties, TARGET_FILE_SIZE))
     budget = min(file_size, duck.memory_limit_bytes() // 16)
-    written: list[WrittenFile] = []
     for chunk in pack_from_end(fids, lambda fid: int(files[fid].data_file.file_size_in_bytes), budget):
-        kept = kept_rows(con, [files[fid] for fid in chunk], {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids)
+        group = [files[fid] for fid in chunk]
+        # small remote files (often this writer's own, still in memory) fetched at once, not a few requests each in turn
+        with prefetch.local_copies([(f.path, f.data_file.file_size_in_bytes) for f in group]
+                                   + [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]) as copies:
+            kept = kept_rows(con, group, {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids, copies)
         rewritten = write_data_files(ice, kept.cast(target))
         del kept
         created.extend(w.data_file.file_path for w in rewritten)
         written.extend(rewritten)
-    removed = [files[fid].data_file for fid in fids]
-    if ice.metadata.format_version >= 3:  # their deletion vectors leave with them
-        removed += [d for fid in fids for d in replaced_by_vector(files[fid].path, files[fid].deletes)]
-    return written, removed
