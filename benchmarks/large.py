@@ -270,13 +270,19 @@ def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory
         return {"rows_changed": info_.updated + info_.inserted, "updated": info_.updated, "inserted": info_.inserted}
 
     steps.run("spark", "upsert", upsert, root=root, tree=me)
-    feed = cdf.changes(t, base, engine="spark", spark=spark)
-    steps.run("spark", "feed", lambda: noop(feed), root=root, tree=me)
+    feed: list[Any] = []
+
+    def read_feed() -> None:  # planned inside the step: the plan's time and the driver's memory count
+        feed.append(cdf.changes(t, base, engine="spark", spark=spark))
+        noop(feed[0])
+
+    steps.run("spark", "feed", read_feed, root=root, tree=me)
+    feed_rows = feed.pop().count()
     steps.run("spark", "scan", lambda: noop(t.to_spark(spark)), root=root, tree=me)
     from pyspark.sql import functions as F
 
     amount = t.to_spark(spark).agg(F.sum("amount")).collect()[0][0]
-    out = {"live_rows": t.count(), "feed_rows": feed.count(), "version": t.version, "amount_sum": round(amount, 2)}
+    out = {"live_rows": t.count(), "feed_rows": feed_rows, "version": t.version, "amount_sum": round(amount, 2)}
     spark.stop()
     return out
 

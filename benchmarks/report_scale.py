@@ -112,11 +112,17 @@ def growth(doc: dict[str, Any]) -> dict[str, float]:
         out["key index rebuild (reindex) seconds"] = float(rebuild["seconds"])
     base = _baseline(doc)
     for system in ("embedded", "spark"):
+        held = None  # what the process held after the previous step
         for step in STEPS:
             x = by.get((system, step))
             if x is not None and x.get("python_before_mb") is not None:
-                grew = max(0.0, x["python_peak_mb"] - x["python_before_mb"])
+                # from the previous step's end: records made before large.py planned the Spark feed inside its step
+                # have that plan in the feed step's start
+                start = x["python_before_mb"] if held is None else min(x["python_before_mb"], held)
+                grew = max(0.0, x["python_peak_mb"] - start)
                 out[f"Python, {SYSTEM_NAMES[system]}, {step}: start + growth in the step MB"] = base + grew
+                if x.get("python_after_anon_mb") is not None:
+                    held = x["python_after_anon_mb"] + x.get("python_after_file_mb", 0.0)
     return out
 
 
@@ -132,10 +138,16 @@ def _baseline(doc: dict[str, Any]) -> float:
 BOUNDED = ("ours embedded, scan:", "ours embedded, scan-16m:", "key index rebuild (reindex), peak RSS")
 
 
-def extrapolate(points: list[tuple[int, float]], rows: int) -> float:
-    """The value at ``rows`` on the line through the two largest measured points (at least two)."""
+def extrapolate(points: list[tuple[int, float]], rows: int, memory: bool = False) -> float:
+    """The value at ``rows`` on the line through the two largest measured points (at least two). When the value fell
+    between them: memory (``memory``) stays where it is; sizes of files go through the origin and the largest point
+    (manifests or segments merged in between: a line through both would go negative, one through the origin grows
+    as the count of files does)."""
     (n1, v1), (n2, v2) = points[-2], points[-1]
-    slope = (v2 - v1) / (n2 - n1)
+    if v2 >= v1:
+        slope = (v2 - v1) / (n2 - n1)
+    else:
+        slope = 0.0 if memory else v2 / n2
     return v2 + slope * (rows - n2)
 
 
@@ -164,7 +176,7 @@ def _large_growth(records: Records) -> str:
         if bounded:
             ahead = ["bounded †"] * len(TARGETS)
         else:
-            ahead = [_fmt(name, extrapolate(points, t)) + " *" if len(points) >= 2 else "—" for t in TARGETS]
+            ahead = [_fmt(name, extrapolate(points, t, name.endswith("MB"))) + " *" if len(points) >= 2 else "—" for t in TARGETS]
         rows.append([name + (" †" if bounded else ""), *(_fmt(name, v) for _, v in points), *ahead])
         if not name.endswith("MB"):
             continue
@@ -178,7 +190,9 @@ def _large_growth(records: Records) -> str:
     headers = ["grows with the table", *(f"{rows_label(n)} rows" for n, _ in measured), *(f"{t // 1_000_000_000}B rows *" for t in TARGETS)]
     out = [f"Measured at {', '.join(rows_label(n) for n, _ in measured)} rows (records: "
            + ", ".join(f"`benchmarks/results/{d['_file']}`, {load_words(d).split(':')[0]}" for d in docs)
-           + "); columns marked * are extrapolated along the line through the two largest measured sizes. "
+           + "); columns marked * are extrapolated along the line through the two largest measured sizes (through the origin "
+           "and the largest size where a size of files fell between them, as manifests and lineage segments do when merged; "
+           "flat where memory fell). "
            "The Python rows are the driving process's memory before its first step plus what the step added; "
            "rows marked † hold one group of files at a time (the key-index rebuild also its memory budget), so they "
            "stop growing once a group is full.", "",

@@ -399,7 +399,9 @@ def test_changes_and_deleted_rows(wh):
 
 def test_writes_maintenance_and_verify(tmp_path):
     wh = str(tmp_path / "wh")
-    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=wh)
+    # each delete keeps its own delete file (not merged into the data file's previous one): rewrite-deletes has work
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=["bucket(2, id)"], warehouse=wh,
+                             properties={"lineage.write.delete.merge": "false"})
     (tmp_path / "a.csv").write_text("id,name,amount\n1,ann,10\n2,bob,20\n3,cy,30\n4,dee,40\n")
     (tmp_path / "b.jsonl").write_text('{"id": 5, "name": "eve", "amount": 50}\n{"id": 1, "name": "ann", "amount": 11}\n')
     w = ("--warehouse", wh)

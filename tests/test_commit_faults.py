@@ -61,12 +61,15 @@ def _batch(ids: range, name: str = "a", amount: float = 1.0) -> pa.Table:
 
 
 def _base(wh: str) -> lineage.Table:
-    """30 rows in one file, 12 of them deleted by two merge-on-read deletes (two delete files)."""
-    t = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=wh, properties=PROPS)
+    """30 rows in one file, 12 of them deleted by two merge-on-read deletes (two delete files: merging them is turned
+    off for these two commits only, so the paths under test merge deletes, and rewrite_deletes has two to merge)."""
+    t = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=wh, properties={**PROPS, "lineage.write.delete.merge": "false"})
     t.append(_batch(range(30)))
     t.delete("id % 3 = 0")
     t.delete("id % 5 = 0")
-    return t
+    with t.iceberg.transaction() as tx:
+        tx.remove_properties("lineage.write.delete.merge")
+    return t.refresh()
 
 
 def _with_view(query: str, prime: Callable[[lineage.Table], Any]) -> Callable[[str], None]:

@@ -59,6 +59,12 @@ def test_extrapolation_follows_the_line_through_the_two_largest_sizes() -> None:
     assert report_scale.extrapolate([(1, 5.0), *points], 1_000_000_000) == pytest.approx(190.0 + 10.0 * 990)
 
 
+def test_a_value_that_fell_is_not_extrapolated_below_zero() -> None:
+    merged = [(10_000_000, 10.0), (100_000_000, 1.0)]  # ten manifests merged into one
+    assert report_scale.extrapolate(merged, 1_000_000_000) == pytest.approx(10.0)  # through the origin
+    assert report_scale.extrapolate(merged, 1_000_000_000, memory=True) == pytest.approx(1.0)  # memory stays flat
+
+
 def test_the_embedded_run_end_to_end(tmp_path) -> None:
     import json
 

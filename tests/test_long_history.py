@@ -107,8 +107,10 @@ def test_manifests_segments_and_lists_stay_bounded_over_300_commits(merging):
     assert_interop(t)
 
 
-def test_merged_manifests_keep_snapshot_ids_and_sequence_numbers(merging):
-    t = merging
+def test_merged_manifests_keep_snapshot_ids_and_sequence_numbers(warehouse):
+    # small files not folded: every appended file stays, with the snapshot that added it
+    props = {"commit.manifest.min-count-to-merge": str(MIN_COUNT), "lineage.write.fold.max-rows": "0"}
+    t = lineage.create_table("shop.stream", SCHEMA, warehouse=warehouse, properties=props)
     added_at: dict[str, tuple[int, int]] = {}  # data file -> (snapshot id, version) that added it
     for i in range(3 * MIN_COUNT):
         info = t.append(_batch([i]))
@@ -222,7 +224,10 @@ def test_expired_log_follows_retention_and_keeps_checkpoints(warehouse):
 
 
 def test_maintain_dry_run_changes_nothing_and_maintain_keeps_answers(warehouse):
-    props = {"commit.manifest-merge.enabled": "false", "lineage.maintain.rewrite-data-files.min-input-files": "3",
+    # merge disabled, and each commit's delete file kept apart (not merged into the data file's previous one), so
+    # that manifests accumulate for maintain to merge
+    props = {"commit.manifest-merge.enabled": "false", "lineage.write.delete.merge": "false",
+             "lineage.maintain.rewrite-data-files.min-input-files": "3",
              "history.expire.max-snapshot-age-ms": "1", "history.expire.min-snapshots-to-keep": "2"}
     t = lineage.create_table("shop.up", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
     t.append(_batch(range(50)))
@@ -270,6 +275,7 @@ def test_a_long_lived_table_plans_from_memory_and_notices_other_writers(merging)
         _small_commits(t, 6, start=6)
         assert plans == [], "a table's own commits carry its live files: no manifest planning"
         other.append(_batch([1000, 1001]))
+        plans.clear()  # the other writer planned its own (fresh) state: a small append looks for small files to fold
         t.delete("id = 1000")
         assert len(plans) == 1, "another writer's commit makes the carried files stale"
         t.delete("id = 0")

@@ -200,8 +200,11 @@ OPERATIONS = {
 
 def test_a_connection_killed_at_the_commit_point_and_a_restarted_server(pg_lake, postgres, tmp_path) -> None:
     catalog = pg_lake.catalog()
-    twin = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=str(tmp_path / "twin"))  # the same steps, no faults
-    table = lineage.create_table(NAME, SCHEMA, key=["id"], catalog=catalog)
+    # each delete keeps its own delete file, so rewrite-deletes has two to merge (merged deletes under faults:
+    # tests/test_commit_faults.py)
+    apart = {"lineage.write.delete.merge": "false"}
+    twin = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=str(tmp_path / "twin"), properties=apart)  # no faults
+    table = lineage.create_table(NAME, SCHEMA, key=["id"], catalog=catalog, properties=apart)
     for t in (twin, table):
         t.append(_batch(list(range(10)), "seed"))
         t.delete("id = 9")
