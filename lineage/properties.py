@@ -162,6 +162,13 @@ DELETE_MERGE = _define(
     "false: one more delete file per commit and data file (readers then open them all), e.g. when files gather "
     "millions of deleted rows that each commit would rewrite, or another engine rewrites delete files concurrently.",
     _WRITES)
+DELETE_MERGE_MAX_ROWS = _define(
+    "lineage.write.delete.merge.max-rows", "int", 10_000,
+    "With `lineage.write.delete.merge` on: a delete file of ours holding more deleted positions than this is left as "
+    "it is (the new positions go to a file of their own, which later commits merge into), so a data file that keeps "
+    "losing rows does not have all its deleted positions rewritten by every commit; `rewrite_deletes()` or "
+    "`maintain()` merges the rest.",
+    _WRITES, minimum=0)
 FOLD_MAX_ROWS = _define(
     "lineage.write.fold.max-rows", "int", 50_000,
     "A merge-on-read write that deletes from more than `lineage.write.fold.min-files` data files rewrites the kept "

@@ -213,3 +213,18 @@ def is_own_file_scoped_path(t: lineage.Table, path: str) -> bool:
             if d.file_path == path:
                 return is_own_file_scoped(d, f.path)
     return False
+
+
+def test_a_delete_file_past_the_merge_limit_is_kept_and_new_positions_go_apart(warehouse) -> None:
+    props = {"lineage.write.delete.merge.max-rows": "5", "lineage.write.fold.max-rows": "0"}
+    t = lineage.create_table("db.t", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+    t.append(_base())
+    sizes = []
+    for c in range(6):  # 3 positions per commit, all in the one data file
+        t.delete(f"id IN ({3 * c}, {3 * c + 1}, {3 * c + 2})")
+        live = next(iter(t.refresh().state().files().files.values()))
+        sizes.append(sorted(d.record_count for d in live.deletes))
+    # 3, then 3+3 merged (6 > 5: kept from then on), then new files of their own that merge until past the limit
+    assert sizes == [[3], [6], [3, 6], [6, 6], [3, 6, 6], [6, 6, 6]]
+    assert sorted(t.scan(columns=["id"]).column("id").to_pylist()) == list(range(18, BASE))
+    assert_interop(t)

@@ -64,19 +64,22 @@ def write_merged_deletes(iceberg: IcebergTable, targets: Sequence[VectorTarget])
     Each target's ``current`` are the delete files that apply to its data file
     now. With ``lineage.write.delete.merge`` on (the default), the positions of
     the file-scoped delete files of ours among them join the new positions and
-    those files are returned for the commit to remove. The files are grouped
+    those files are returned for the commit to remove, except files holding more
+    than ``lineage.write.delete.merge.max-rows`` positions (kept: a file that keeps
+    losing rows is not rewritten whole by every commit). The files are grouped
     by ``write.delete.granularity`` as before (a partition-scoped file may then
     hold a replaced file's positions: still the same rows deleted).
     """
     properties = iceberg.metadata.properties
     granularity, limit = props.delete_granularity(properties)
     merge = bool(props.read(properties, props.DELETE_MERGE))
+    most = int(props.read(properties, props.DELETE_MERGE_MAX_ROWS))
     pairs: list[tuple[DataFile, np.ndarray]] = []
     replaced: list[DataFile] = []
     for t in targets:
         path = t.data_file.file_path
         new = np.asarray(t.positions, np.int64)
-        old = replaceable(path, t.current) if merge and len(new) else []
+        old = [d for d in replaceable(path, t.current) if d.record_count <= most] if merge and len(new) else []
         if old:
             new = merge_positions(positions_for(path, [d.file_path for d in old]), new)
             replaced.extend(old)
