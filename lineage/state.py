@@ -13,7 +13,7 @@ makes the table's cache stale and it is rebuilt from the manifests.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +52,13 @@ class LiveFile:
     def delete_paths(self) -> list[str]:
         """Every file of (file_path, pos) rows removing positions of this file: position deletes and resolved deletes."""
         return [d.file_path for d in self.deletes] + list(self.resolved)
+
+
+def sized(files: Sequence[LiveFile]) -> list[tuple[str, int]]:
+    """``(location, size)`` of the data files of ``files`` and of their position delete files: what a reader of them
+    fetches at once on an object store (:func:`lineage.storage.prefetch.local_copies`)."""
+    out = [(f.path, f.data_file.file_size_in_bytes) for f in files]
+    return out + [(d.file_path, d.file_size_in_bytes) for f in files for d in f.deletes]
 
 
 @dataclass

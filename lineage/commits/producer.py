@@ -125,7 +125,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self._unassigned: dict[str, int] = {}  # v3: manifest path -> rows that inherit a first_row_id from it
         self._written_entries: dict[str, list[ManifestEntry]] = {}  # v3: manifest path -> its entries as written
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
-        self._absorb: list[DataFile] = []  # v3: new vectors to write into a rewritten delete manifest
+        self._absorb: list[DataFile] = []  # new delete files (v3: vectors) to write into a rewritten delete manifest
         self._absorbed = False
         self._absorb_spec: int | None = None  # the spec the new delete files are written under
 
@@ -166,9 +166,8 @@ class LineageSnapshotProducer(_OverwriteFiles):
     def _take_absorbed(self, group: list[_Rewrite]) -> list[DataFile]:
         """The new delete files to write into the rewritten delete manifest ``group`` (all of them, once, if their spec is its)."""
         first = group[0].manifest
-        if not self._absorb or self._absorbed or first.content != ManifestContent.DELETES:
-            return []
-        if self._absorb_spec != first.partition_spec_id:
+        if (not self._absorb or self._absorbed or first.content != ManifestContent.DELETES
+                or self._absorb_spec != first.partition_spec_id):
             return []
         self._absorbed = True
         return self._absorb

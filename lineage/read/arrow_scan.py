@@ -35,7 +35,7 @@ import lineage.storage.files as store
 import lineage.storage.prefetch as prefetch
 import lineage.storage.s3_get as s3_get
 from lineage.columns import CREATED_AT, LINEAGE_COLUMNS, ROW_ID, UPDATED_AT
-from lineage.state import LiveFile
+from lineage.state import LiveFile, sized
 from lineage.storage.deletes import live_positions, positions_for, read_position_deletes
 from lineage.storage.rle import decode_sequence, decode_values
 
@@ -56,10 +56,8 @@ def read_plain(
         return None
     if any(f.equality_deletes for f in files):
         return None
-    sized = [(f.path, f.data_file.file_size_in_bytes) for f in files]
-    sized += [(d.file_path, d.file_size_in_bytes) for f in files for d in f.deletes]
     try:
-        with prefetch.local_copies(sized) as copies:  # small files: one GET each, all at once
+        with prefetch.local_copies(sized(files)) as copies:  # small files: one GET each, all at once
             for f in files:
                 for d in f.deletes:
                     if d.file_path in copies:

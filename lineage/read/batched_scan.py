@@ -35,7 +35,7 @@ from lineage.errors import BadPredicateError, InvalidArgumentError, LineageMetad
 from lineage.read.scan import register_live_view
 from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.storage.files import is_remote
-from lineage.state import LiveFile, TableState
+from lineage.state import LiveFile, TableState, sized
 
 DEFAULT_GROUP_BYTES = 128 << 20
 DEFAULT_BATCH_ROWS = 65_536
@@ -170,7 +170,7 @@ def read_all(plan: BatchedScan) -> pa.Table:
         parts = [_read_group(plan, plan.files, select)]
     else:
         ahead = [f.path for f in large] + [d.file_path for f in large for d in f.deletes]
-        with prefetch.fetching(_sized(plan.files), first=ahead) as fetch:
+        with prefetch.fetching(sized(plan.files), first=ahead) as fetch:
             parts = [_query_group(plan, group, select, fetch.copies(_sized_paths(group))) for group in (large, small)]
     parts = [t.cast(plan.target) if t.schema != plan.target else t for t in parts]
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -194,23 +194,17 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
 def _materialise(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.DuckDBPyConnection) -> str:
     """The rows ``plan`` selects from ``group`` as a temporary table of ``con``; its name."""
     name = "__group"
-    with prefetch.local_copies(_sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
+    with prefetch.local_copies(sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
         _run(plan, group, select, con, copies, lambda query: con.execute(f"CREATE TEMP TABLE {name} AS {query}"))
     return name
 
 
-def _sized(group: Sequence[LiveFile]) -> list[tuple[str, int]]:
-    """``(location, size)`` of the data and position delete files of ``group``."""
-    sized = [(f.path, f.data_file.file_size_in_bytes) for f in group]
-    return sized + [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]
-
-
 def _sized_paths(group: Sequence[LiveFile]) -> list[str]:
-    return [location for location, _ in _sized(group)]
+    return [location for location, _ in sized(group)]
 
 
 def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Table:
-    with prefetch.local_copies(_sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
+    with prefetch.local_copies(sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
         return _query_group(plan, group, select, copies)
 
 

@@ -9,7 +9,7 @@ reads the same way: referenced data file -> positions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -108,9 +108,11 @@ def is_puffin(path: str) -> bool:
     return path.endswith(".puffin")
 
 
-def positions_for(data_path: str, delete_paths: list[str]) -> np.ndarray:
-    """Sorted unique positions of ``data_path`` removed by any of ``delete_paths``."""
-    parts = [read_position_deletes(p).get(data_path, _EMPTY) for p in delete_paths]
+def positions_for(data_path: str, delete_paths: list[str], copies: Mapping[str, str] | None = None) -> np.ndarray:
+    """Sorted unique positions of ``data_path`` removed by any of ``delete_paths`` (``copies``: local copies of remote
+    delete files, read instead when a file is not parsed yet)."""
+    copies = copies or {}
+    parts = [read_position_deletes(p, copies.get(p)).get(data_path, _EMPTY) for p in delete_paths]
     parts = [p for p in parts if len(p)]
     if not parts:
         return _EMPTY

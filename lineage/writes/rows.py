@@ -74,7 +74,7 @@ def _kept_by_position(
     ids, positions, lineage = [], [], []
     for i, (f, g) in enumerate(zip(files, groups.values(), strict=True)):
         keep = np.ones(int(f.data_file.record_count), bool)
-        keep[positions_for(f.path, [d.file_path for d in f.deletes])] = False
+        keep[positions_for(f.path, [d.file_path for d in f.deletes], copies)] = False
         keep[g["__pos"]] = False
         pos = np.flatnonzero(keep)
         ids.append(np.full(len(pos), i, np.int64))

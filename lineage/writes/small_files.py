@@ -36,7 +36,7 @@ from lineage.commits.merge_rule import pack_from_end
 from lineage.context import TableContext
 from lineage.iceberg.schema import projection_field_ids
 from lineage.properties import FOLD_MAX_ROWS, FOLD_MIN_FILES, TARGET_FILE_SIZE
-from lineage.state import LiveFile, TableState
+from lineage.state import LiveFile, TableState, sized
 from lineage.storage.deletes import referenced_data_path
 from lineage.storage.deletion_vectors import replaced_by_vector
 from lineage.storage.writer import WrittenFile, write_data_files
@@ -185,8 +185,7 @@ def _rewrite_chunks(table: TableContext, files: Sequence[LiveFile], groups: Mapp
     for chunk in pack_from_end(fids, lambda fid: int(files[fid].data_file.file_size_in_bytes), budget):
         group = [files[fid] for fid in chunk]
         # small remote files (often this writer's own, still in memory) fetched at once, not a few requests each in turn
-        with prefetch.local_copies([(f.path, f.data_file.file_size_in_bytes) for f in group]
-                                   + [(d.file_path, d.file_size_in_bytes) for f in group for d in f.deletes]) as copies:
+        with prefetch.local_copies(sized(group)) as copies:
             kept = kept_rows(con, group, {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids, copies)
         rewritten = write_data_files(ice, kept.cast(target))
         del kept
