@@ -164,13 +164,12 @@ def _materialize_and_commit(
             plan.files, {fid: cols["__pos"] for fid, cols in groups.items()}, _written_rows(plan),
             FoldPolicy.of(ice.metadata.properties))
         deleted = {fid: cols for fid, cols in groups.items() if fid not in rewrite}
-        if deleted and ice.metadata.format_version >= 3:  # Iceberg v3: one deletion vector per data file
-            delete_files, removed_files = write_vectors(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
-                                                              for fid, cols in deleted.items()])
-            created.extend(f.file_path for f in delete_files)
-        elif deleted:  # Iceberg v2: a file's earlier delete file of ours is merged in and replaced (lineage.storage.merged_deletes)
-            delete_files, replaced = write_merged_deletes(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
-                                                                for fid, cols in deleted.items()])
+        if deleted:
+            # v3: one deletion vector per data file; v2: a file's earlier delete file of ours is merged in and replaced
+            # (lineage.storage.merged_deletes). Either way the files they replace leave in the same commit.
+            write = write_vectors if ice.metadata.format_version >= 3 else write_merged_deletes
+            delete_files, replaced = write(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
+                                                 for fid, cols in deleted.items()])
             created.extend(f.file_path for f in delete_files)
             removed_files.extend(replaced)
         if rewrite:
