@@ -346,8 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--spark-memory", default="4g", help="spark.driver.memory of our session and of the reference engine")
     parser.add_argument("--rebuild", action="store_true", help="build the table again even if --data-dir has it")
+    parser.add_argument("--buckets", type=int, default=1, choices=range(1, 51), metavar="1-50",
+                        help="buckets (1%% of the rows each) the delete and the update match: 1 by default; more to see "
+                             "how memory grows with the matched rows on a smaller table")
     record.add_arguments(parser)
     args = parser.parse_args(argv)
+    global DELETE_WHERE, UPDATE_WHERE
+    if args.buckets > 1:
+        DELETE_WHERE, UPDATE_WHERE = f"bucket < {args.buckets}", f"bucket >= {args.buckets} AND bucket < {2 * args.buckets}"
     systems = [s for s in args.systems.split(",") if s]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or args.rows < 1000:
