@@ -27,7 +27,7 @@ from pyiceberg.io import FileIO
 
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
-from lineage.arrays import member, unique
+from lineage.arrays import unique
 from lineage.errors import LineageMetadataError, LostFileError
 from lineage.storage.files import local_path
 from lineage.storage.metadata import FileLineage
@@ -153,41 +153,52 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
 
     An image that started after ``a`` and was removed since was removed after
     ``a``, so the index segments after ``a`` name it: they give the removed
-    positions without reading the position delete files.
+    positions without reading the position delete files. Positions are
+    numbered across the files read (a file's first follows the previous
+    file's last), so that the removed ones are one mask over them.
     """
-    runs: list[list[np.ndarray | None]] = []  # per file: file id, pos start, length, row id start, created, updated
+    runs: list[list[np.ndarray | None]] = []  # per file: file id, first flat position, length, row id start, created, updated
+    bases: dict[str, int] = {}  # a file's first flat position, by path
+    flat_base: list[int] = []  # the same by file id of the builder (0: not read here)
+    total = 0
     for fl in files:
         if fl.max_updated <= a or fl.min_updated > b:
             continue
         pos_start, rid_start, created, updated = fl.breakpoints
         keep = (updated > a) & (updated <= b)
-        if not keep.any():
+        count = int(np.count_nonzero(keep))
+        if not count:
             continue
-        ends = np.append(pos_start[1:], fl.record_count)
+        # a file written in the range keeps every run: its arrays are taken as they are (copied once, below)
+        pick = (lambda x: x) if count == len(keep) else (lambda x: x[keep])  # noqa: B023
         fid = builder.file_id(fl.file_path)
-        runs.append([np.full(int(keep.sum()), fid, np.int32), pos_start[keep], (ends - pos_start)[keep], rid_start[keep], created[keep], updated[keep]])
+        flat_base.extend([0] * (fid + 1 - len(flat_base)))
+        flat_base[fid] = bases[fl.file_path] = total
+        runs.append([np.full(count, fid, np.int32), pick(pos_start) + total, pick(np.diff(pos_start, append=fl.record_count)),
+                     pick(rid_start), pick(created), pick(updated)])
+        total += fl.record_count
     if not runs:
         return
-    # Files rewritten row by row (updates keep each row's own created version) have runs of one row, so the
-    # runs are as many as the images: every array below is freed as soon as it is used.
-    fid, start, length, rid, cre, upd = _columns(runs)
-    offsets = np.arange(int(length.sum()), dtype=np.int64)
-    offsets -= np.repeat(np.cumsum(length) - length, length)
-    pos = np.repeat(start, length)
-    pos += offsets
-    del start
-    src = np.repeat(fid, length)
-    removed = _removed_keys(segments, builder, set(unique(fid).tolist()))
-    del fid
+    src, flat, length, rid, cre, upd = _columns(runs)
+    n = int(length.sum())
+    # Files rewritten row by row (updates keep each row's own created version) have runs of one row: nothing
+    # to expand then. Else the runs are expanded, every array freed once used (runs may be as many as images).
+    offsets = None
+    if n != len(length):
+        offsets = np.arange(n, dtype=np.int64)
+        offsets -= np.repeat(np.cumsum(length) - length, length)
+        src, flat = np.repeat(src, length), np.repeat(flat, length)
+        flat += offsets
+    removed = _removed_flat(segments, bases)
     alive = None
     if len(removed):
-        key = src.astype(np.int64)
-        key <<= 40
-        key |= pos
-        alive = ~member(key, removed)
-        del key
+        mask = np.ones(total, bool)
+        mask[removed] = False
+        alive = mask[flat]
+        del mask
+        if alive.all():
+            alive = None
     del removed
-
     row_id = _expand(rid, length, alive, offsets)
     del offsets, rid
     created_at = _expand(cre, length, alive)
@@ -195,13 +206,20 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     valid_from = _expand(upd, length, alive)
     del upd, length
     if alive is not None:
-        src, pos = src[alive], pos[alive]
-    builder.add(src, pos, row_id, created_at, valid_from, np.full(len(pos), LIVE, np.int64))
+        src, flat = src[alive], flat[alive]
+    flat -= np.array(flat_base, np.int64)[src]  # back to positions within each file
+    builder.add(src, flat, row_id, created_at, valid_from, np.full(len(flat), LIVE, np.int64))
 
 
 def _expand(run_values: np.ndarray, length: np.ndarray, alive: np.ndarray | None, plus: np.ndarray | None = None) -> np.ndarray:
-    """Each run's value repeated over its length (plus ``plus``), at the ``alive`` images."""
-    out = np.repeat(run_values, length)
+    """Each run's value repeated over its length (plus ``plus``), at the ``alive`` images.
+
+    Runs of one row each are their images already: ``run_values`` (a copy the caller owns) is used as it is.
+    """
+    if len(run_values) == len(length) and len(length) == int(length.sum()):
+        out = run_values
+    else:
+        out = np.repeat(run_values, length)
     if plus is not None:
         out += plus
     return out if alive is None else out[alive]
@@ -218,17 +236,18 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
     return out
 
 
-def _removed_keys(segments: list[IndexSegment], builder: _Builder, file_ids: set[int]) -> np.ndarray:
-    """``file id << 40 | position`` of every index entry pointing into one of ``file_ids``."""
-    paths = {p: i for p, i in builder.file_ids.items() if i in file_ids}
-    keys = []
+def _removed_flat(segments: list[IndexSegment], bases: dict[str, int]) -> np.ndarray:
+    """The flat positions (``bases[file]`` + position) of every index entry pointing into one of the files of ``bases``."""
+    out = []
     for seg in segments:
-        ids = np.array([paths.get(f, -1) for f in seg.files], np.int64)
-        fid = ids[seg.file_index]
-        hit = fid >= 0
-        if hit.any():
-            keys.append((fid[hit] << 40) | seg.positions[hit])
-    return np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        ids = np.array([bases.get(f, -1) for f in seg.files], np.int64)
+        if not len(ids) or int(ids.max()) < 0:
+            continue
+        base = ids[seg.file_index]
+        hit = base >= 0
+        base += seg.positions
+        out.append(base[hit])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def change_pointers(state: TableState, a: int, b: int) -> Pointers:
