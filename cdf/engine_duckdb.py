@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,7 +38,6 @@ from lineage.read.values import Gathered, decoded, gather, take_rows
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 _ENTRY_BITS = 40  # an entry of an index segment fits in 40 bits (a key packs the segment above it)
 PARALLEL_ROWS = 50_000  # feeds (and parts) from this many rows read their values in a second thread while the change columns are built
-SPLIT_ROWS = 50_000  # per-version feeds from about this many rows over several versions are computed in two halves at once
 
 
 def field_ids(state: TableState) -> dict[str, int]:
@@ -291,67 +289,25 @@ def _change_names(change: np.ndarray) -> pa.Array:
 
 
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
-    """The change feed over ``(a, b]`` as an Arrow table.
-
-    A per-version feed of about :data:`SPLIT_ROWS` rows or more over several versions is two feeds, over the
-    versions up to a middle one and over those after it (the rows of a version never depend on another's),
-    computed at once in two threads and concatenated: its columns then have two chunks.
-    """
-    if not net:
-        middle = plan.middle_version(state.lineage.log.since(a), a, b, SPLIT_ROWS)
-        if middle is not None:
-            halves = _in_halves(state, a, middle, b, data)
-            if halves is not None:
-                return halves
-        return _per_version(state, a, b, data)
+    """The change feed over ``(a, b]`` as an Arrow table."""
     p = change_pointers(state, a, b)
-    sk = plan.net(p, a, b)
-    p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
-    return read_part(PartPlan(a, b, p, sk.change, sk.version, data, net, field_ids(state)))
-
-
-def _in_halves(state: TableState, a: int, middle: int, b: int, data: pa.Schema) -> pa.Table | None:
-    """The per-version feed over ``(a, b]`` as the feeds over ``(a, middle]`` and ``(middle, b]``, one per thread.
-
-    None when either raised: the caller computes the whole range, so that an error (a lost file) is
-    reported for the range asked.
-    """
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        later = pool.submit(_per_version, state, middle, b, data, False)
-        try:
-            first: pa.Table | None = _per_version(state, a, middle, data, False)
-        except Exception:  # noqa: BLE001 - raised again by the whole range
-            first = None
-        try:
-            second: pa.Table | None = later.result()
-        except Exception:  # noqa: BLE001
-            second = None
-    if first is None or second is None:
-        return None
-    return pa.concat_tables([first, second])
-
-
-def _per_version(state: TableState, a: int, b: int, data: pa.Schema, threads: bool = True) -> pa.Table:
-    """The per-version feed over ``(a, b]``; ``threads``: values are read by a second thread while it is planned."""
-    p = change_pointers(state, a, b)
+    if net:
+        sk = plan.net(p, a, b)
+        p = p.select(sk.pointer)  # row i of the feed shows image i; the other images' pointers are freed before values are read
+        return read_part(PartPlan(a, b, p, sk.change, sk.version, data, net, field_ids(state)))
     # The per-version feed shows every image of p (one that starts and ends in the range twice),
     # so their values are read while the feed is planned and its change columns are built.
     commit_ms = p.commit_ms
-    with ThreadPoolExecutor(max_workers=1) if threads else nullcontext() as pool:
-        args = (field_ids(state), p.files, p.captured, p.source, p.loc, data)
-        reading = pool.submit(_read_images, *args) if pool is not None else None
-        got = _read_images(*args) if reading is None else None
-        del args
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reading = pool.submit(_read_images, field_ids(state), p.files, p.captured, p.source, p.loc, data)
         sk = plan.per_version(p, a, b)
         shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
         del p  # frees the pointers' other columns while the values are read
-        parallel = pool is not None and len(sk) >= PARALLEL_ROWS and shown.purged is None and len(data) > 1
+        parallel = len(sk) >= PARALLEL_ROWS and shown.purged is None and len(data) > 1
         # built now, while the values are read; a large feed builds them with its decoding instead, while this
         # thread builds _changed_columns (planning alone takes longer than reading captured values)
         meta = None if parallel else _meta(sk, shown, commit_ms)
-        if reading is not None:
-            got = reading.result()
-        assert got is not None
+        got = reading.result()
         # string columns stay dictionary-encoded until the pairs are compared (by index)
         rows = got.rows[sk.pointer]
         if not parallel:
@@ -359,10 +315,10 @@ def _per_version(state: TableState, a: int, b: int, data: pa.Schema, threads: bo
             del got, rows
             if shown.purged is not None:
                 values = _erase(values, shown.purged, data)
-            return _assemble(values, sk, shown, commit_ms, data, False, meta, pool if len(sk) >= PARALLEL_ROWS else None)
+            return _assemble(values, sk, shown, commit_ms, data, net, meta, pool if len(sk) >= PARALLEL_ROWS else None)
         values, changed = _ordered_halves(got, rows, sk.preimages, data, pool)
         del got, rows
-        return _assemble(values, sk, shown, commit_ms, data, False, meta, pool, changed)
+        return _assemble(values, sk, shown, commit_ms, data, net, meta, pool, changed)
 
 
 def _ordered_halves(got: Gathered, rows: np.ndarray, pre: np.ndarray, data: pa.Schema,

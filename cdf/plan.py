@@ -35,7 +35,6 @@ engine renders it as SQL (:func:`changed_sql`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +42,6 @@ import numpy as np
 from cdf.dialect import Dialect
 from cdf.pointers import LIVE, Pointers
 from lineage.arrays import sort_in_place, stable_argsort
-from lineage.storage.commit_log import CommitEntry
 
 INSERT, PREIMAGE, POSTIMAGE, DELETE = 0, 1, 2, 3
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
@@ -241,27 +239,6 @@ def net(p: Pointers, a: int, b: int) -> Skeleton:
     post = np.concatenate(([False], pair))
     change = np.where(at_b == 1, np.where(post, np.int8(POSTIMAGE), np.int8(INSERT)), np.where(pre, np.int8(PREIMAGE), np.int8(DELETE)))
     return Skeleton(pointer, change, version)
-
-
-def middle_version(commits: Iterable[CommitEntry], a: int, b: int, rows: int) -> int | None:
-    """A version ``m`` with ``a < m < b`` that halves the per-version feed over ``(a, b]`` by its rows, roughly.
-
-    The rows of a version are estimated from its commit's counts (an insert or a delete is one row, an
-    update two). None when the estimate is under ``rows`` or one version holds nearly all of it (splitting
-    would not halve the work).
-    """
-    sizes = [(c.version, c.inserted + 2 * c.updated + c.deleted) for c in commits if a < c.version <= b]
-    total = sum(n for _, n in sizes)
-    if len(sizes) < 2 or total < rows:
-        return None
-    done = 0
-    for version, n in sizes[:-1]:
-        done += n
-        if 2 * done >= total:
-            break
-    if not total // 8 <= done <= total - total // 8:
-        return None
-    return version
 
 
 def deleted(p: Pointers, since: int, until: int) -> Skeleton:
