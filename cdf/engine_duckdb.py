@@ -196,34 +196,8 @@ def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
     return out
 
 
-_PATTERN_COLUMNS = 16  # up to this many columns, a pair's changed columns are one of at most 2**16 patterns
-
-
 def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str]) -> pa.Array:
-    """``_changed_columns``: the pair's list on both rows of each update pair, null elsewhere.
-
-    Pairs change few distinct sets of columns: each set's list is built once, and the rows take theirs
-    (one take of a list array by a code per row, no per-pair matrix of names).
-    """
-    ncols = len(names)
-    if ncols > _PATTERN_COLUMNS:
-        return _changed_lists_wide(n, pre, changed, names)
-    packed = np.packbits(changed, axis=1, bitorder="little")  # a pair's set of changed columns, as bits
-    bits = packed[:, 0] if ncols <= 8 else packed.view("<u2")[:, 0]
-    seen = np.zeros(1 << ncols, bool)
-    seen[bits] = True
-    sets = np.flatnonzero(seen)
-    number = np.zeros(1 << ncols, np.int32)
-    number[sets] = np.arange(len(sets), dtype=np.int32)
-    code = np.full(n, len(sets), np.int32)  # rows that are no update take the last list, a null
-    code[pre] = number[bits]
-    code[pre + 1] = code[pre]
-    lists = pa.array([[names[j] for j in range(ncols) if s >> j & 1] for s in sets.tolist()] + [None], pa.list_(pa.string()))
-    return lists.take(pa.array(code))
-
-
-def _changed_lists_wide(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str]) -> pa.Array:
-    """:func:`_changed_lists` of a feed of more columns than :data:`_PATTERN_COLUMNS`: the names of each pair's columns."""
+    """``_changed_columns``: the pair's list on both rows of each update pair, null elsewhere."""
     ncols = len(names)
     # per pair, the number of changed columns (a uint8 matrix product is 5x faster than a sum over bools)
     counts = changed.view(np.uint8) @ np.ones(ncols, np.uint8) if ncols < 256 else changed.sum(axis=1)
