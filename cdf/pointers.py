@@ -27,13 +27,14 @@ from pyiceberg.io import FileIO
 
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
-from lineage.arrays import unique
+from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
 from lineage.storage.files import local_path
 from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
 
 LIVE = -1  # valid_to of an image that is still live
+MASK_SLACK = 1 << 20  # live images are checked against the removed ones by a mask over their files' rows up to 4 per image plus this
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     file's last), so that the removed ones are one mask over them.
     """
     runs: list[list[np.ndarray | None]] = []  # per file: file id, first flat position, length, row id start, created, updated
-    bases: dict[str, int] = {}  # a file's first flat position, by path
+    bases: dict[str, tuple[int, int]] = {}  # a file's first flat position and row count, by path
     flat_base: list[int] = []  # the same by file id of the builder (0: not read here)
     total = 0
     for fl in files:
@@ -173,7 +174,8 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
         pick = (lambda x: x) if count == len(keep) else (lambda x: x[keep])  # noqa: B023
         fid = builder.file_id(fl.file_path)
         flat_base.extend([0] * (fid + 1 - len(flat_base)))
-        flat_base[fid] = bases[fl.file_path] = total
+        flat_base[fid] = total
+        bases[fl.file_path] = (total, fl.record_count)
         runs.append([np.full(count, fid, np.int32), pick(pos_start) + total, pick(np.diff(pos_start, append=fl.record_count)),
                      pick(rid_start), pick(created), pick(updated)])
         total += fl.record_count
@@ -192,10 +194,13 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     removed = _removed_flat(segments, bases)
     alive = None
     if len(removed):
-        mask = np.ones(total, bool)
-        mask[removed] = False
-        alive = mask[flat]
-        del mask
+        if total <= 4 * len(flat) + MASK_SLACK:  # a mask over the files' rows costs less than a sort
+            mask = np.ones(total, bool)
+            mask[removed] = False
+            alive = mask[flat]
+            del mask
+        else:  # a few images of large files: no mask over all their rows
+            alive = ~member(flat, removed)
         if alive.all():
             alive = None
     del removed
@@ -236,17 +241,21 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
     return out
 
 
-def _removed_flat(segments: list[IndexSegment], bases: dict[str, int]) -> np.ndarray:
-    """The flat positions (``bases[file]`` + position) of every index entry pointing into one of the files of ``bases``."""
+def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]]) -> np.ndarray:
+    """The flat positions (first flat position of the file + position) of every index entry pointing into one of
+    the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image."""
     out = []
     for seg in segments:
-        ids = np.array([bases.get(f, -1) for f in seg.files], np.int64)
-        if not len(ids) or int(ids.max()) < 0:
+        known = [bases.get(f, (-1, 0)) for f in seg.files]
+        first = np.array([k[0] for k in known], np.int64)
+        if not len(first) or int(first.max()) < 0:
             continue
-        base = ids[seg.file_index]
-        hit = base >= 0
-        base += seg.positions
-        out.append(base[hit])
+        rows = np.array([k[1] for k in known], np.int64)
+        pos = seg.positions
+        hit = first[seg.file_index]
+        keep = (hit >= 0) & (pos < rows[seg.file_index])
+        hit += pos
+        out.append(hit[keep])
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
