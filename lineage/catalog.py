@@ -192,33 +192,42 @@ def write_metadata(iceberg: IcebergTable, prepared: PreparedMetadata) -> None:
 
 def swap_metadata(iceberg: IcebergTable, prepared: PreparedMetadata) -> None:
     """Point the catalog at the prepared metadata file if it still points at its base; ``CommitFailedException`` if not."""
-    from pyiceberg.catalog.sql import IcebergTables
     from pyiceberg.exceptions import CommitFailedException
-    from sqlalchemy import update as sql_update
-    from sqlalchemy.orm import Session
 
     catalog = iceberg.catalog
     base = iceberg.metadata
     table_identifier = iceberg.name()
     namespace = Catalog.namespace_to_string(Catalog.namespace_from(table_identifier))
     name = Catalog.table_name_from(table_identifier)
-    with Session(catalog.engine) as session:
-        result = session.execute(
-            sql_update(IcebergTables)
-            .where(
-                IcebergTables.catalog_name == catalog.name,
-                IcebergTables.table_namespace == namespace,
-                IcebergTables.table_name == name,
-                IcebergTables.metadata_location == prepared.base_location,
-            )
-            .values(metadata_location=prepared.location, previous_metadata_location=prepared.base_location)
-        )
+    with catalog.engine.begin() as connection:  # a Core statement built once: no ORM session, compiled once per dialect
+        result = connection.execute(_swap_statement(), {
+            "w_catalog": catalog.name, "w_namespace": namespace, "w_name": name, "w_base": prepared.base_location,
+            "v_location": prepared.location, "v_previous": prepared.base_location,
+        })
         if result.rowcount < 1:
             raise CommitFailedException(f"Table has been updated by another process: {namespace}.{name}")
-        session.commit()
     _delete_old_metadata(iceberg, base, prepared.metadata)
     iceberg.metadata = prepared.metadata
     iceberg.metadata_location = prepared.location
+
+
+@functools.lru_cache(maxsize=1)
+def _swap_statement() -> Any:
+    """The catalog row's compare-and-swap: ``UPDATE iceberg_tables SET metadata_location ... WHERE ... = base``."""
+    from pyiceberg.catalog.sql import IcebergTables
+    from sqlalchemy import bindparam
+    from sqlalchemy import update as sql_update
+
+    return (
+        sql_update(IcebergTables)
+        .where(
+            IcebergTables.catalog_name == bindparam("w_catalog"),
+            IcebergTables.table_namespace == bindparam("w_namespace"),
+            IcebergTables.table_name == bindparam("w_name"),
+            IcebergTables.metadata_location == bindparam("w_base"),
+        )
+        .values(metadata_location=bindparam("v_location"), previous_metadata_location=bindparam("v_previous"))
+    )
 
 
 def _delete_old_metadata(iceberg: IcebergTable, base: TableMetadata, metadata: TableMetadata) -> None:
