@@ -386,3 +386,25 @@ def test_a_put_to_an_unreachable_store_is_an_os_error_and_names_no_secret() -> N
     with pytest.raises(OSError, match="writing s3://b/k failed") as info:
         s3_get.put("s3://b/k", b"x", settings)
     assert "very-secret" not in str(info.value)
+
+
+def test_a_small_write_opens_duckdb_early_so_the_first_fold_does_not_wait(counted, monkeypatch) -> None:
+    import threading
+
+    import lineage.duck as duck
+    import lineage.writes.small_files as small_files
+
+    lake, _ = counted
+    opened = []
+    real = duck.connect
+    monkeypatch.setattr(duck, "connect", lambda *a, **k: (opened.append(threading.current_thread().name), real(*a, **k))[1])
+    monkeypatch.setattr(small_files, "_early", [])  # as in a fresh process
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], **lake.where(), properties={"lineage.write.fold.min-files": "3"})
+    t.append(_rows(np.arange(1000), "a"))
+    t.upsert(_rows(np.array([1, 2000]), "u"))
+    small_files._early[0].join(60)
+    assert opened[:1] == ["lineage-duckdb-open"]  # before any fold, off the writer's thread
+    folded = [t.upsert(_rows(np.arange(start, start + 10), "i")).data_files_removed for start in range(3000, 3040, 10)]
+    assert max(folded) >= 3, folded  # small files, then a fold of them
+    assert len(small_files._early) == 1 and t.count() == 1041
+    assert sorted(t.scan(columns=["id"])["id"].to_pylist()) == sorted([*range(1000), 2000, *range(3000, 3040)])
