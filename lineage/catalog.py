@@ -75,12 +75,32 @@ def _write_ahead_log(catalog: SqlCatalog) -> None:
     each other. The log is checkpointed often and kept under 512 KiB. A database that cannot switch (e.g. on a read-only folder)
     stays as it is.
     """
+    write_ahead_log(catalog, durable=False)
+
+
+def write_ahead_log(catalog: Catalog, *, durable: bool = True) -> None:
+    """Make a pyiceberg ``SqlCatalog`` on a SQLite file commit through SQLite's write-ahead log (WAL mode).
+
+    A commit then appends to the log instead of syncing a rollback journal
+    and the database file (two syncs or more, tens of milliseconds on a busy
+    disk), and readers no longer block the writer. ``durable`` (the
+    default) keeps ``synchronous=FULL``: a commit is on disk when it
+    returns, as before, at the cost of one sync of the log; ``False`` syncs
+    only at checkpoints (a power loss may forget the last commits; the
+    embedded catalog of a local warehouse runs so). WAL mode is a property
+    of the database file, and needs every process using it on one host (not
+    a network file system). ``InvalidArgumentError`` for another catalog.
+    """
     from sqlalchemy import event
+
+    if not is_sql_catalog(catalog) or catalog.engine.dialect.name != "sqlite":  # type: ignore[attr-defined]
+        raise InvalidArgumentError(f"write_ahead_log takes a SqlCatalog on SQLite, got {type(catalog).__name__}")
+    synchronous = "FULL" if durable else "NORMAL"
 
     def on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
         try:
             dbapi_connection.execute("PRAGMA journal_mode=WAL")
-            dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+            dbapi_connection.execute(f"PRAGMA synchronous={synchronous}")
             # Checkpoint every 100 pages (a few dozen commits; SQLite's default is 1000) and cut the log back to
             # 512 KiB after one: the log stays small beside the tables' files.
             dbapi_connection.execute("PRAGMA wal_autocheckpoint=100")
@@ -88,8 +108,8 @@ def _write_ahead_log(catalog: SqlCatalog) -> None:
         except sqlite3.Error:
             pass
 
-    event.listen(catalog.engine, "connect", on_connect)
-    catalog.engine.dispose()  # connections opened while the catalog created its tables get the settings too
+    event.listen(catalog.engine, "connect", on_connect)  # type: ignore[attr-defined]
+    catalog.engine.dispose()  # type: ignore[attr-defined]  # connections opened while the catalog created its tables get the settings too
 
 
 def current_metadata_location(catalog: Catalog, table_identifier: tuple[str, ...]) -> str | None:
