@@ -30,6 +30,7 @@ import io as _io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +43,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent
 
 import lineage
 from lineage.storage.deletes import read_position_deletes, referenced_data_path
+from lineage.writes.grouped import ENV_GROUP_ROWS
 
 # ---------------------------------------------------------------- the model
 
@@ -376,7 +378,11 @@ CONFIGS: dict[str, tuple[list[str] | None, list[str | None]]] = {
     # Iceberg format version 3: deletes are deletion vectors, and assert_interop checks the native row lineage too
     "v3-unpartitioned": (None, [None]),
     "v3-identity": (["name"], [None]),
+    # Deletes and updates a group of data files at a time (lineage.writes.grouped): groups of at most two rows
+    "grouped-bucket": (["bucket(4, id)"], [None, "file", "partition"]),
+    "grouped-v3-unpartitioned": (None, [None]),
 }
+GROUPED = "grouped-"
 # A tiny target file size makes every write split its rows over several data files.
 TARGET_FILE_SIZES = [None, "64"]
 
@@ -468,9 +474,10 @@ def _writes_match_model(config: str, data: st.DataObject, server) -> None:  # no
     if target is not None:
         properties["write.target-file-size-bytes"] = target
     note(f"table: partition_by={partition_by} properties={properties}")
-    with temp_lake(server, "lineage-prop-") as lake:
+    group_rows = {ENV_GROUP_ROWS: "2"} if config.startswith(GROUPED) else {}
+    with temp_lake(server, "lineage-prop-") as lake, mock.patch.dict(os.environ, group_rows):
         table = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=partition_by, properties=properties,
-                                     format_version=3 if config.startswith("v3") else None, **lake.where())
+                                     format_version=3 if config.removeprefix(GROUPED).startswith("v3") else None, **lake.where())
         model = Model()
         for _ in range(data.draw(st.integers(3, 7), label="steps")):
             _step(data, table, model)
