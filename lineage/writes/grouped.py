@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
 
