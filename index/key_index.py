@@ -83,6 +83,7 @@ from index.key_segment import (
     write_key_segment,
 )
 import index.key_build as key_build
+import index.key_delta as key_delta
 from index.key_entries import file_entries, read_file_keys  # noqa: F401 (read_file_keys: re-exported, lineage.writes.spark)
 import index.key_merge as key_merge
 import lineage.duck as duck
@@ -395,12 +396,17 @@ class KeyIndexChange:
     the state has none). ``merge``: ``writer``, ``maintenance`` or ``full``
     (see :func:`next_merge`). ``written_keys``: optional key columns of new
     data files by path, when the planner has them (saves reading them back).
+    ``tombstones``: when the planner knows them, the removed keys that no
+    new row of the commit has (a delete's removed keys; none, an empty
+    table, for an update keeping every key): a large delta is then built in
+    bounded memory (:mod:`index.key_delta`).
     """
 
     removed_keys: pa.Table | None = None
     index: KeyIndex | None = None
     merge: str = WRITER
     written_keys: dict[str, pa.Table] = field(default_factory=dict)
+    tombstones: pa.Table | None = None
 
 
 def next_key_index(
@@ -440,7 +446,11 @@ def next_key_index(
             f"internal: the commit removes {removed_images} image(s) but names the keys of {0 if removed is None else removed.num_rows}"
         )
     segments = [s for s in index.segments if s.entries]  # an empty segment holds nothing to merge
-    if moves:
+    if moves and key_delta.spools(written, change.tombstones):  # many keys: built in bounded memory
+        delta = key_delta.spooled_delta(io, index, written, delete_files, change.written_keys, change.tombstones, base=not segments)
+        if delta is not None and delta.entries:
+            segments.append(delta)
+    elif moves:
         entries = file_entries(io, index, written, delete_files, change.written_keys)
         delta = delta_segment(index, entries, removed)
         if delta is not None and not segments:
