@@ -83,7 +83,9 @@ def merge_planner(
             removed = pa.concat_tables([removed, gone.cast(removed.schema)])
             if values is not None and gone_values is not None:
                 values = pa.concat_tables([values, gone_values])
-        change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
+        # the updated rows' keys are written again: only the deleted ones are tombstones (index.key_delta)
+        change = KeyIndexChange(removed_keys=removed.select(key), index=index, tombstones=removed.select(key).slice(removed.num_rows - deleted)) \
+            if index is not None else None
         return Plan(
             operation, files=files, removed=removed.select(REMOVED_COLS.split(", ")), removed_values=values, new_images=images, inserts=inserts,
             inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=properties, key_index=change,
@@ -112,7 +114,8 @@ def merge_planner(
         images = m.images.append_column(pa.field(HIDDEN_ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(HIDDEN_CREATED, pa.int64(), False), m.created)
         return Plan(
             operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
-            updated=m.updated, deleted=m.deleted, properties=properties, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),
+            updated=m.updated, deleted=m.deleted, properties=properties,
+            key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index, tombstones=m.removed_keys.slice(m.updated)),
         )
 
     return plan
