@@ -22,6 +22,7 @@ import pytest
 
 import cdf
 import lineage
+import lineage.writes.chunked_upsert as chunked_upsert
 import lineage.writes.grouped as grouped
 from conftest import SCHEMA
 from index import key_delta
@@ -82,6 +83,47 @@ def test_grouped_writes_equal_one_piece_writes(warehouse: str, monkeypatch: pyte
     ]
     assert not got[-1].committed
     assert _seen(parts, base) == _seen(whole, base)
+    assert verify(parts).ok, verify(parts).problems
+
+
+def _batch(ids: np.ndarray, tag: str) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": [f"{tag}{i % 3}" for i in ids], "amount": pa.array(ids * 0.25)})
+
+
+def _upserts(t: lineage.Table) -> list[lineage.CommitInfo]:
+    return [
+        t.upsert(_batch(np.concatenate([np.arange(0, 240, 7), np.arange(500, 530)]), "u")),  # updates and inserts, mixed in chunks
+        t.merge(_batch(np.arange(600, 640), "i"), _batch(np.arange(1, 240, 11), "x").select(["id"])),  # inserts only, and deletes
+        t.upsert(_batch(np.arange(3, 240, 5), "v"), mode="copy-on-write"),
+    ]
+
+
+@pytest.mark.parametrize("v3", [False, True], ids=["v2", "v3"])
+def test_chunked_upserts_equal_one_piece_upserts(warehouse: str, monkeypatch: pytest.MonkeyPatch, v3: bool) -> None:
+    whole = _table(warehouse, "shop.whole", v3=v3, capture=True)
+    parts = _table(warehouse, "shop.parts", v3=v3, capture=True)
+    base = whole.version
+    expected = _upserts(whole)
+    calls = []
+    match = chunked_upsert.key_checks.match_upserts
+    monkeypatch.setattr(chunked_upsert.key_checks, "match_upserts", lambda *a: calls.append(a[2].num_rows) or match(*a))
+    monkeypatch.setattr(chunked_upsert, "CHUNK_ROWS", 16)
+    monkeypatch.setattr(key_delta, "SPOOL_ROWS", 0)
+    got = _upserts(parts)
+    assert calls and max(calls) == 16
+    strip = ("snapshot_id", "timestamp", "bytes_written", "data_files_added", "delete_files_added", "data_files_removed")
+    assert [{k: v for k, v in vars(c).items() if k not in strip} for c in got] == [
+        {k: v for k, v in vars(c).items() if k not in strip} for c in expected
+    ]
+    scan, feed, entries = _seen(parts, base)
+    want_scan, want_feed, want_entries = _seen(whole, base)
+    if v3:  # fresh row ids follow the files' first row ids on v3: the chunks' files number the inserts apart
+        scan, want_scan, feed, want_feed = ([{k: v for k, v in r.items() if k != "_row_id"} for r in x] for x in (scan, want_scan, feed, want_feed))
+        feed.sort(key=repr), want_feed.sort(key=repr)
+        scan.sort(key=lambda r: r["id"]), want_scan.sort(key=lambda r: r["id"])
+        entries = [{k: v for k, v in r.items() if k != ROW_ID} for r in entries]
+        want_entries = [{k: v for k, v in r.items() if k != ROW_ID} for r in want_entries]
+    assert (scan, feed, entries) == (want_scan, want_feed, want_entries)
     assert verify(parts).ok, verify(parts).problems
 
 
