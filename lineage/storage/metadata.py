@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
+from lineage.arrays import list_array
 from lineage.storage.commit_log import CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.storage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
@@ -184,19 +185,11 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
         for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
             cols[f"{prefix}_{first}"].append(runs.values)
             cols[f"{prefix}_lengths"].append(runs.lengths)
-    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else _list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
+    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
     table = pa.Table.from_arrays(arrays, schema=_SEGMENT_SCHEMA)
     size = write_tagged_parquet(fileio, path, table, SEGMENT_FORMAT, use_dictionary=False)
     _SEGMENT_CACHE.get(path, lambda: tuple(files))
     return size
-
-
-def _list_array(parts: list[np.ndarray]) -> pa.ListArray:
-    """``parts`` (int64 arrays) as one list<int64> array, the values copied once."""
-    offsets = np.zeros(len(parts) + 1, np.int32)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
-    values = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
 def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
