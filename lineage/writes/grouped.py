@@ -16,10 +16,12 @@ group of its own), and for each group in turn:
    files once the buffer holds :data:`FLUSH_BYTES`, and at the end.
 
 Delete targets are buffered the same way (:data:`FLUSH_POSITIONS`), so a
-commit writes about as many delete files as the ungrouped path, not one per
-group. What stays for the whole commit is a few bytes per matched row: the
-removed images' key values (for the key index) and the new files' lineage
-arrays. The commit itself is the same single atomic commit, with the files
+commit writes a delete file per data file (v2, file-scoped) or one Puffin
+file per flush (v3), not one per group; new data files hold up to 16 MB of
+images each. What stays for the whole commit is a few bytes per matched
+row: the removed images' key values (for the key index; its delta segment
+is built in bounded memory, :mod:`index.key_delta`) and the new files' row
+ids. The commit itself is the same single atomic commit, with the files
 already written (the write loop's ``prewritten`` fields, as the Spark
 engine hands them over); a failure removes what the groups wrote.
 
@@ -34,8 +36,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
 
@@ -51,6 +54,7 @@ from lineage.state import LiveFile, TableState
 from lineage.storage.deletion_vectors import VectorTarget, write_vectors
 from lineage.storage.merged_deletes import write_merged_deletes
 from lineage.storage.metadata import index_dir
+from lineage.storage.rle import encode_values
 from lineage.storage.writer import WrittenFile, write_data_files
 from lineage.columns import HIDDEN_ROW_ID
 from lineage.writes.capture import split_old
@@ -59,8 +63,8 @@ from lineage.writes.rows import REMOVED_COLS, conform_images, group_removed
 
 ENV_GROUP_ROWS = "LINEAGE_WRITE_GROUP_ROWS"
 DEFAULT_GROUP_ROWS = 4_000_000
-FLUSH_BYTES = 32 << 20  # new images buffered before they are written as data files
-FLUSH_POSITIONS = 4_000_000  # removed positions buffered before they are written as delete files
+FLUSH_BYTES = 16 << 20  # new images buffered before they are written as data files
+FLUSH_POSITIONS = 131_072  # removed positions buffered before they are written as delete files
 
 
 def group_rows() -> int:
@@ -140,7 +144,9 @@ def grouped_plan(
         if out.images:
             images = pa.concat_tables(out.images).sort_by(HIDDEN_ROW_ID)
             out.images = []
-            out.written.extend(write_data_files(ice, images))
+            # the created versions of rows in row id order come in long runs: kept encoded until the commit
+            out.written.extend(replace(w, created=encode_values(w.created)) if isinstance(w.created, np.ndarray) else w
+                               for w in write_data_files(ice, images))
 
     try:
         for g in file_groups(files, group_rows()):
