@@ -80,7 +80,9 @@ def list_array(parts: list[np.ndarray]) -> pa.ListArray:
     30 bytes per value of temporaries (62 MB for the 2M values of the lineage
     of a million scattered rows).
     """
-    offsets = np.zeros(len(parts) + 1, np.int32)
+    offsets = np.zeros(len(parts) + 1, np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"a list column of {offsets[-1]} values does not fit 32-bit offsets")
     values = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
