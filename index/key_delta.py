@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 DELTA_BUDGET = 16 << 20  # record bytes a delta holds in memory before it spills
 CHUNK_ROWS = 262_144  # entries turned into records at a time
-SPOOL_ROWS = 65_536  # deltas of more entries and tombstones than this are built here, smaller ones in memory
+SPOOL_ROWS = 131_072  # deltas of more entries and tombstones than this are built here, smaller ones in memory
 
 
 def spools(written: Sequence[FileLineage], tombstones: pa.Table | None) -> bool:

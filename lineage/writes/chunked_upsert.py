@@ -30,7 +30,7 @@ from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_file
 from lineage.writes import grouped, key_checks
 from lineage.writes.plan import Plan
 
-CHUNK_ROWS = 65_536  # batch rows matched at a time
+CHUNK_ROWS = 131_072  # batch rows matched at a time
 
 
 def chunked_upsert(
