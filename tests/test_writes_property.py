@@ -20,7 +20,9 @@ The same property runs over an unpartitioned table, a ``bucket(4, id)`` one
 unset with a file-scoped limit of 1) and one
 identity-partitioned on ``name`` (so updates move rows between partitions)
 with ``write.delete.granularity=partition``; a tiny
-``write.target-file-size-bytes`` is drawn too, so writes span several files.
+``write.target-file-size-bytes`` is drawn too, so writes span several files. The ``grouped-*``
+configurations run deletes and updates a group of data files of at most two rows at a time
+(``LINEAGE_WRITE_GROUP_ROWS``, :mod:`lineage.writes.grouped`), locally and on S3.
 Set ``LINEAGE_PROPERTY_EXAMPLES`` to run more examples than the default 15.
 """
 
@@ -453,7 +455,7 @@ def test_writes_match_model(config: str, data: st.DataObject) -> None:
     _writes_match_model(config, data, None)
 
 
-@pytest.mark.parametrize("config", ["unpartitioned", "bucket", "v3-unpartitioned"])
+@pytest.mark.parametrize("config", ["unpartitioned", "bucket", "v3-unpartitioned", "grouped-bucket", "grouped-v3-unpartitioned"])
 @settings(PROPERTY_SETTINGS, max_examples=S3_PROPERTY_EXAMPLES, phases=S3_PHASES)
 @given(data=st.data())
 def test_writes_match_model_on_s3(moto_server, config: str, data: st.DataObject) -> None:  # noqa: ANN001
