@@ -127,6 +127,31 @@ def test_spark_rewrites_refuse_what_they_cannot_do(spark, warehouse) -> None:
     assert t.version == 1 and t.count() == 5  # nothing was committed
 
 
+def _delete_files(t: lineage.Table) -> list[list[int]]:
+    """Per live data file (by row count), the row counts of the delete files that apply to it."""
+    tasks = t.iceberg.refresh().scan().plan_files()
+    return sorted([task.file.record_count, *sorted(d.record_count for d in task.delete_files)] for task in tasks)
+
+
+@pytest.mark.parametrize("merge", ["true", "false"])
+def test_spark_deletes_merge_a_files_earlier_delete_file_as_embedded(spark, warehouse, merge) -> None:
+    # On v2 a data file keeps one delete file of ours: a later delete writes the union and replaces the earlier file, on
+    # Spark as embedded (a compaction then removes as many files on both, and readers open one delete file per data file).
+    props = {"lineage.write.delete.merge": merge}
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], warehouse=warehouse, properties=props) for n in ("e", "s")]
+    for t in tables:
+        t.append(_batch(0, 20))
+        t.append(_batch(20, 15))
+    embedded, on_spark = tables
+    for where in ("id % 3 = 0", "amount > 2.5"):
+        embedded.delete(where)
+        on_spark.delete(where, engine="spark", spark=spark)
+    layout = _delete_files(on_spark)
+    assert layout == _delete_files(embedded)
+    assert [len(f) for f in layout] == ([2, 2] if merge == "true" else [3, 3])
+    _same(embedded, on_spark)
+
+
 def test_a_spark_delete_matching_nothing_commits_nothing(spark, warehouse) -> None:
     t = lineage.create_table("s.t", SCHEMA, key=["id"], warehouse=warehouse)
     t.append(_batch(0, 5))

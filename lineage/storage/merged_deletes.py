@@ -58,7 +58,9 @@ def replaceable(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
     return [d for d in current if is_own_file_scoped(d, data_path)]
 
 
-def write_merged_deletes(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tuple[list[DataFile], list[DataFile]]:
+def write_merged_deletes(
+    iceberg: IcebergTable, targets: Sequence[VectorTarget], granularity: str | None = None
+) -> tuple[list[DataFile], list[DataFile]]:
     """Write the position deletes of ``targets`` on a v2 table; return the new delete files and the ones they replace.
 
     Each target's ``current`` are the delete files that apply to its data file
@@ -68,10 +70,13 @@ def write_merged_deletes(iceberg: IcebergTable, targets: Sequence[VectorTarget])
     than ``lineage.write.delete.merge.max-rows`` positions (kept: a file that keeps
     losing rows is not rewritten whole by every commit). The files are grouped
     by ``write.delete.granularity`` as before (a partition-scoped file may then
-    hold a replaced file's positions: still the same rows deleted).
+    hold a replaced file's positions: still the same rows deleted), or by
+    ``granularity`` when given (Spark tasks write the file-scoped ones of a
+    partition-scoped table themselves).
     """
     properties = iceberg.metadata.properties
-    granularity, limit = props.delete_granularity(properties)
+    configured, limit = props.delete_granularity(properties)
+    granularity = granularity or configured
     merge = bool(props.read(properties, props.DELETE_MERGE))
     most = int(props.read(properties, props.DELETE_MERGE_MAX_ROWS))
     pairs: list[tuple[DataFile, np.ndarray]] = []
