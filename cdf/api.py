@@ -124,18 +124,11 @@ def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, b
                 batch_bytes: int | None = DEFAULT_BATCH_BYTES) -> pa.RecordBatchReader:
     """:func:`change_batches` of a resolved range ``(a, b]`` of ``state``: planned now, values read part by part."""
     schema = change_schema(data, bool(state.lineage.purged))
-    try:
-        feed = stream.plan_feed(state, a, b, data, net)
-        width, measured = stream.row_bytes(state, data, len(feed))
-    finally:
-        release_if_grown()
-
-    planned = [feed]  # handed to the reader, so that the plan is freed when the last part is read, not with the reader
-    del feed
+    parts = stream.feed_parts(state, a, b, data, net, batch_rows, batch_bytes)  # the first group planned now
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            for part in stream.read_parts(planned.pop(), batch_rows, batch_bytes, width, measured):
+            for part in parts:
                 yield from part.to_batches()
                 del part  # not held while the next part is read
         finally:

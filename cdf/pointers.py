@@ -34,6 +34,7 @@ from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
 
 LIVE = -1  # valid_to of an image that is still live
+RowRange = tuple[int, int]  # row ids from the first (inclusive) to the second (exclusive)
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,14 @@ class _Builder:
         if len(loc):
             self.parts.append([source, loc, row_id, created, valid_from, valid_to])
 
-    def build(self, state: TableState, commit_ms: dict[int, int]) -> Pointers:
+    def build(self, io: FileIO, purged_path: str | None, commit_ms: dict[int, int]) -> Pointers:
         if self.parts:  # one column at a time, releasing the parts' column: the peak is the parts plus one column
             cols = _columns(self.parts)
         else:
             cols = [np.zeros(0, np.int32)] + [np.zeros(0, np.int64)] * 5
         purged = None
-        if state.lineage.purged:
-            purged = is_purged(read_purged(state.iceberg.io, state.lineage.purged), cols[2])
+        if purged_path:
+            purged = is_purged(read_purged(io, purged_path), cols[2])
         return Pointers(tuple(self.file_ids), tuple(self.captured), cols[0].astype(np.int32, copy=False), *cols[1:], purged=purged,
                         commit_ms=commit_ms)
 
@@ -108,15 +109,15 @@ def commit_timestamps(state: TableState, a: int, b: int) -> dict[int, int]:
     return {c.version: c.timestamp_ms for c in state.lineage.log.since(a) if c.version <= b}
 
 
-def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dict[str, set[int]]) -> None:
+def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dict[str, set[int]], rows: RowRange | None = None) -> None:
     keep = ((seg.valid_from > a) & (seg.valid_from <= b)) | ((seg.valid_to > a) & (seg.valid_to <= b))
+    if rows is not None:
+        keep &= in_rows(seg.row_ids, rows)
     rows = np.flatnonzero(keep)
     if not len(rows):
         return
     if seg.values is None:  # the files these images are read from, and the versions that removed them
-        pairs = unique(seg.file_index[rows].astype(np.int64) << 32 | seg.valid_to[rows])
-        for f, v in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
-            pinned.setdefault(seg.files[f], set()).add(v)
+        pin(seg, rows, pinned)
     # a segment whose every image is in range (a feed over the commits since its own) is added as it is:
     # the builder copies each column once, when it concatenates the parts
     pick = (lambda x: x) if len(rows) == len(seg) else (lambda x: x[rows])
@@ -129,6 +130,13 @@ def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dic
         source = ids[seg.file_index[rows]]
         loc = pick(seg.positions)
     builder.add(source, loc, pick(seg.row_ids), pick(seg.created), pick(seg.valid_from), pick(seg.valid_to))
+
+
+def pin(seg: IndexSegment, rows: np.ndarray, pinned: dict[str, set[int]]) -> None:
+    """Add to ``pinned`` the data files entries ``rows`` of ``seg`` point into, with the versions that removed them."""
+    pairs = unique(seg.file_index[rows].astype(np.int64) << 32 | seg.valid_to[rows])
+    for f, v in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
+        pinned.setdefault(seg.files[f], set()).add(v)
 
 
 def live_lineage(state: TableState) -> list[FileLineage]:
@@ -148,8 +156,9 @@ def live_lineage(state: TableState) -> list[FileLineage]:
     return [fl for path, (_, fl) in by_file.items() if path in live]
 
 
-def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segments: list[IndexSegment]) -> None:
-    """Images of live files that start in ``(a, b]``, expanded from their lineage runs, less those removed since.
+def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segments: list[IndexSegment],
+               rows: RowRange | None = None) -> None:
+    """Images of live files that start in ``(a, b]`` (row ids in ``rows``), expanded from their lineage runs, less those removed since.
 
     An image that started after ``a`` and was removed since was removed after
     ``a``, so the index segments after ``a`` name it: they give the removed
@@ -163,9 +172,15 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
         keep = (updated > a) & (updated <= b)
         if not keep.any():
             continue
-        ends = np.append(pos_start[1:], fl.record_count)
+        length = np.append(pos_start[1:], fl.record_count) - pos_start
+        if rows is not None:  # runs clipped to the row ids in range (a run's row ids are consecutive)
+            lo, hi = np.maximum(rid_start, rows[0]), np.minimum(rid_start + length, rows[1])
+            keep &= hi > lo
+            if not keep.any():
+                continue
+            pos_start, rid_start, length = pos_start + (lo - rid_start), lo, hi - lo
         fid = builder.file_id(fl.file_path)
-        runs.append([np.full(int(keep.sum()), fid, np.int32), pos_start[keep], (ends - pos_start)[keep], rid_start[keep], created[keep], updated[keep]])
+        runs.append([np.full(int(keep.sum()), fid, np.int32), pos_start[keep], length[keep], rid_start[keep], created[keep], updated[keep]])
     if not runs:
         return
     # Files rewritten row by row (updates keep each row's own created version) have runs of one row, so the
@@ -177,7 +192,7 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     pos += offsets
     del start
     src = np.repeat(fid, length)
-    removed = _removed_keys(segments, builder, set(unique(fid).tolist()))
+    removed = _removed_keys(segments, builder, set(unique(fid).tolist()), rows)
     del fid
     alive = None
     if len(removed):
@@ -218,33 +233,58 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
     return out
 
 
-def _removed_keys(segments: list[IndexSegment], builder: _Builder, file_ids: set[int]) -> np.ndarray:
-    """``file id << 40 | position`` of every index entry pointing into one of ``file_ids``."""
+def _removed_keys(segments: list[IndexSegment], builder: _Builder, file_ids: set[int], rows: RowRange | None = None) -> np.ndarray:
+    """``file id << 40 | position`` of every index entry (row ids in ``rows``) pointing into one of ``file_ids``."""
     paths = {p: i for p, i in builder.file_ids.items() if i in file_ids}
     keys = []
     for seg in segments:
         ids = np.array([paths.get(f, -1) for f in seg.files], np.int64)
         fid = ids[seg.file_index]
         hit = fid >= 0
+        if rows is not None:
+            hit &= in_rows(seg.row_ids, rows)
         if hit.any():
             keys.append((fid[hit] << 40) | seg.positions[hit])
     return np.concatenate(keys) if keys else np.zeros(0, np.int64)
 
 
-def change_pointers(state: TableState, a: int, b: int) -> Pointers:
-    """Pointers to every image that starts or ends in ``(a, b]`` (see the module docstring)."""
-    builder = _Builder()
-    if b > a:
-        segments = index_segments(state, a)
-        _live_runs(live_lineage(state), a, b, builder, segments)
+def change_pointers(state: TableState, a: int, b: int, rows: RowRange | None = None) -> Pointers:
+    """Pointers to every image that starts or ends in ``(a, b]`` (see the module docstring), of the row ids in ``rows`` if given."""
+    if b <= a:
+        return _Builder().build(state.iceberg.io, state.lineage.purged, commit_timestamps(state, a, b))
+    sources = PointerSources(state.iceberg.io, state.lineage.purged, commit_timestamps(state, a, b), state.version)
+    return sources.pointers(index_segments(state, a), live_lineage(state), a, b, rows)
+
+
+@dataclass(frozen=True)
+class PointerSources:
+    """What turns index segments and live files' lineage into :class:`Pointers`, without a table state (an executor has none)."""
+
+    io: FileIO
+    purged: str | None  # the purged-rows file, if the table was ever purged
+    commit_ms: dict[int, int]
+    version: int  # the table version the files are live at (for messages)
+
+    def pointers(self, segments: list[IndexSegment], files: list[FileLineage], a: int, b: int,
+                 rows: RowRange | None = None, check: bool = True) -> Pointers:
+        """Pointers to the images of ``(a, b]`` (row ids in ``rows``): ``segments`` are the index segments after ``a``,
+        ``files`` the lineage of the live files; ``check``: raise :class:`LostFileError` if a file they need is gone."""
+        builder = _Builder()
+        _live_runs(files, a, b, builder, segments, rows)
         pinned: dict[str, set[int]] = {}
         for seg in segments:
-            _add_index(builder, seg, a, b, pinned)
-        check_pinned(state, pinned, a, b)
-    return builder.build(state, commit_timestamps(state, a, b))
+            _add_index(builder, seg, a, b, pinned, rows)
+        if check:
+            check_pinned(self.io, pinned, a, b)
+        return builder.build(self.io, self.purged, self.commit_ms)
 
 
-def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int) -> None:
+def in_rows(row_ids: np.ndarray, rows: RowRange) -> np.ndarray:
+    """Which of ``row_ids`` are in ``rows``."""
+    return (row_ids >= rows[0]) & (row_ids < rows[1])
+
+
+def check_pinned(io: FileIO, pinned: dict[str, set[int]], a: int, b: int) -> None:
     """Raise :class:`LostFileError` if a data file holding removed images of ``(a, b]`` is gone.
 
     ``pinned`` maps each file to the versions whose removals point into it.
@@ -253,7 +293,6 @@ def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int)
     deleted-rows index still needs; the feed then refuses rather than answer
     without those images.
     """
-    io = state.iceberg.io
     lost = sorted(p for p in pinned if not _exists(io, p))
     if not lost:
         return

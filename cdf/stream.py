@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 import cdf.engine_duckdb as engine_duckdb
+import cdf.groups as groups
 import cdf.plan as plan
 from cdf.pointers import Pointers, change_pointers
 from lineage.memory import release_if_grown
@@ -72,15 +73,21 @@ def part_of(feed: engine_duckdb.PartPlan, start: int, end: int) -> engine_duckdb
     return replace(feed, shown=feed.shown.select(rows), change=feed.change[rows], version=feed.version[rows])
 
 
-def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> engine_duckdb.PartPlan:
+def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool, unit: groups.Unit | None = None) -> engine_duckdb.PartPlan:
     """The feed over ``(a, b]`` planned from metadata (errors such as a lost file are raised here), kept compact.
 
     Row k shows image k of the plan's pointers, update pairs adjacent
     (pre-image first): the whole feed as one part, from which
-    :func:`part_of` cuts parts without copying.
+    :func:`part_of` cuts parts without copying. ``unit``: only that group of
+    the feed (:mod:`cdf.groups`), a feed over ``(unit.lo, unit.hi]`` of its own.
     """
-    p = change_pointers(state, a, b)
+    if unit is not None:
+        a, b = unit.lo, unit.hi
+    p = change_pointers(state, a, b, None if unit is None or unit.rows == groups.ALL_ROWS else unit.rows)
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
+    if unit is not None and unit.version is not None:  # a net group read version by version
+        keep = sk.version == unit.version
+        sk = plan.Skeleton(sk.pointer[keep], sk.change[keep], sk.version[keep])
     pointer = sk.pointer
     # column by column: one column's copy is alive at a time besides the pointers
     cols = {name: _narrow(getattr(p, name)[pointer]) for name in ("source", "loc", "row_id", "created", "valid_from", "valid_to")}
@@ -173,3 +180,40 @@ def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int |
             yield table
         del table
         release_if_grown()
+
+
+def feed_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, batch_rows: int, batch_bytes: int | None,
+               group_rows: int | None = None) -> Iterator[pa.Table]:
+    """The feed over ``(a, b]`` as :func:`read_parts` reads it, one group of row ids (:mod:`cdf.groups`) at a time.
+
+    The first group is planned by this call (a bad range or a lost file
+    raises here, and every later group's files are checked now too); each
+    next one when the reader gets to it, after the previous one's plan and
+    parts were dropped. A feed of at most ``group_rows`` images (default
+    :data:`cdf.groups.GROUP_ROWS`) is one group.
+    """
+    todo = groups.units(state, a, b, net, groups.GROUP_ROWS if group_rows is None else group_rows)
+    first = next(todo)
+    try:
+        feed = plan_feed(state, a, b, data, net, first)
+        if first.rows != groups.ALL_ROWS:
+            groups.check_files(state, a, b)  # the later groups' files are there too
+        width, measured = row_bytes(state, data, len(feed))
+    finally:
+        release_if_grown()
+    planned = [feed]
+    del feed
+
+    def read() -> Iterator[pa.Table]:
+        nonlocal width, measured
+        while planned:
+            for part in read_parts(planned.pop(), batch_rows, batch_bytes, width, measured):
+                width, measured = max(width, math.ceil(part.get_total_buffer_size() / max(1, part.num_rows))), True
+                yield part
+                del part
+            unit = next(todo, None)
+            if unit is not None:
+                planned.append(plan_feed(state, a, b, data, net, unit))
+                release_if_grown()
+
+    return read()
