@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cdf.pointers import RowRange, check_pinned, index_segments, live_lineage, pin
+from cdf.pointers import RowRange, check_pinned, index_segments, live_lineage
+from index.deleted_rows import INDEX_FORMAT, INDEX_FORMAT_VERSION, VALUE_PREFIX
 from lineage.state import TableState
+from lineage.storage.metadata import open_tagged_parquet
 
 GROUP_ROWS = 1_000_000  # images planned at a time: about 75 MB of pointers and plan
 BINS = 65_536  # bins of row ids a histogram counts in
@@ -128,20 +130,27 @@ def units(state: TableState, a: int, b: int, net: bool, group_rows: int = GROUP_
             yield Unit(v - 1, v, rows)
 
 
-def even_ranges(state: TableState, a: int, b: int, group_rows: int = GROUP_ROWS) -> list[RowRange]:
-    """Equal row-id ranges, as many as the commit log's images of ``(a, b]`` need at ``group_rows`` each."""
-    n = max(1, math.ceil(logged_images(state, a, b) / group_rows))
+def even_ranges(state: TableState, a: int, b: int, group_rows: int = GROUP_ROWS, least: int = 1) -> list[RowRange]:
+    """Equal row-id ranges, as many as the commit log's images of ``(a, b]`` need at ``group_rows`` each (at least ``least``)."""
+    n = max(1, least, math.ceil(logged_images(state, a, b) / group_rows))
     top = max(1, state.lineage.next_row_id)
     bounds = [ALL_ROWS[0]] + [top * k // n for k in range(1, n)] + [ALL_ROWS[1]]
     return [(bounds[k], bounds[k + 1]) for k in range(n)]
 
 
 def check_files(state: TableState, a: int, b: int) -> None:
-    """Raise :class:`~lineage.errors.LostFileError` if a data file holding removed images of ``(a, b]`` is gone
-    (what planning the whole feed would raise), without building a pointer."""
+    """Raise :class:`~lineage.errors.LostFileError` if a data file holding removed images of ``(a, b]`` is gone (what
+    planning the whole feed would raise), reading only each index segment's file names and versions, no row id."""
     pinned: dict[str, set[int]] = {}
-    for seg in index_segments(state, a, with_values=False):
-        if not seg.captured:
-            keep = ((seg.valid_from > a) & (seg.valid_from <= b)) | ((seg.valid_to > a) & (seg.valid_to <= b))
-            pin(seg, np.flatnonzero(keep), pinned)
-    check_pinned(state.iceberg.io, pinned, a, b)
+    io = state.iceberg.io
+    for c in state.lineage.log.since(a):
+        if not c.index:
+            continue
+        pf = open_tagged_parquet(io, c.index, INDEX_FORMAT, "deleted-rows index segment", INDEX_FORMAT_VERSION)
+        if any(n.startswith(VALUE_PREFIX) for n in pf.schema_arrow.names):
+            continue  # captured values: the feed reads the removed images from the segment, not the data files
+        t = pf.read(columns=["file_path", "valid_to", "valid_from_values"], use_threads=False)
+        for path, to, starts in zip(*(t.column(n).to_pylist() for n in t.column_names), strict=True):
+            if a < to <= b or any(a < v <= b for v in starts):
+                pinned.setdefault(path, set()).add(to)
+    check_pinned(io, pinned, a, b)

@@ -117,7 +117,9 @@ def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dic
     if not len(rows):
         return
     if seg.values is None:  # the files these images are read from, and the versions that removed them
-        pin(seg, rows, pinned)
+        pairs = unique(seg.file_index[rows].astype(np.int64) << 32 | seg.valid_to[rows])
+        for f, v in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
+            pinned.setdefault(seg.files[f], set()).add(v)
     # a segment whose every image is in range (a feed over the commits since its own) is added as it is:
     # the builder copies each column once, when it concatenates the parts
     pick = (lambda x: x) if len(rows) == len(seg) else (lambda x: x[rows])
@@ -130,13 +132,6 @@ def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dic
         source = ids[seg.file_index[rows]]
         loc = pick(seg.positions)
     builder.add(source, loc, pick(seg.row_ids), pick(seg.created), pick(seg.valid_from), pick(seg.valid_to))
-
-
-def pin(seg: IndexSegment, rows: np.ndarray, pinned: dict[str, set[int]]) -> None:
-    """Add to ``pinned`` the data files entries ``rows`` of ``seg`` point into, with the versions that removed them."""
-    pairs = unique(seg.file_index[rows].astype(np.int64) << 32 | seg.valid_to[rows])
-    for f, v in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
-        pinned.setdefault(seg.files[f], set()).add(v)
 
 
 def live_lineage(state: TableState) -> list[FileLineage]:

@@ -84,9 +84,15 @@ def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool, uni
     if unit is not None:
         a, b = unit.lo, unit.hi
     p = change_pointers(state, a, b, None if unit is None or unit.rows == groups.ALL_ROWS else unit.rows)
+    return plan_pointers(p, a, b, data, net, engine_duckdb.field_ids(state), None if unit is None else unit.version)
+
+
+def plan_pointers(p: Pointers, a: int, b: int, data: pa.Schema, net: bool, field_ids: dict[str, int],
+                  version: int | None = None) -> engine_duckdb.PartPlan:
+    """:func:`plan_feed` of the pointers ``p`` of ``(a, b]`` (``version``: only that commit version's rows)."""
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    if unit is not None and unit.version is not None:  # a net group read version by version
-        keep = sk.version == unit.version
+    if version is not None:  # a net group read version by version
+        keep = sk.version == version
         sk = plan.Skeleton(sk.pointer[keep], sk.change[keep], sk.version[keep])
     pointer = sk.pointer
     # column by column: one column's copy is alive at a time besides the pointers
@@ -94,7 +100,7 @@ def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool, uni
     purged = None if p.purged is None else p.purged[pointer]
     shown = Pointers(p.files, p.captured, purged=purged, commit_ms=p.commit_ms, **cols)
     del p, pointer
-    return engine_duckdb.PartPlan(a, b, shown, sk.change, _narrow(sk.version), data, net, engine_duckdb.field_ids(state))
+    return engine_duckdb.PartPlan(a, b, shown, sk.change, _narrow(sk.version), data, net, field_ids)
 
 
 def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> list[engine_duckdb.PartPlan]:

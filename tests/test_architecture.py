@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",
-                    "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups")),
+                    "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups", "cdf.spark_groups")),
     ("facade", ("lineage", "lineage.table", "lineage.adoption", "lineage.streaming", "cdf", "cdf.api", "cdf.follow", "cdf.views",
                 "cdf.spark", "cdf.spark_source", "cdf.mv", "cdf.mv.api", "cdf.mv.engines", "cdf.mv.query", "cdf.mv.sql",
                 "cdf.mv.stored", "cdf.mv.view")),
@@ -61,7 +61,7 @@ OPERATION_GROUPS = {
     "writes": ("lineage.writes.*",),
     "maintenance": ("lineage.maintenance.*",),
     "feed": ("cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream",
-             "cdf.groups"),
+             "cdf.groups", "cdf.spark_groups"),
 }
 
 # Arrows allowed against the rules above, each with the reason. Keep this list short.
