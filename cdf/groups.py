@@ -29,12 +29,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cdf.pointers import RowRange, check_pinned, index_segments, live_lineage
+from cdf.pointers import RowRange, check_pinned, live_lineage
 from index.deleted_rows import INDEX_FORMAT, INDEX_FORMAT_VERSION, VALUE_PREFIX
+from index.segment_rows import pieces
 from lineage.state import TableState
 from lineage.storage.metadata import open_tagged_parquet
 
-GROUP_ROWS = 1_000_000  # images planned at a time: about 75 MB of pointers and plan
+GROUP_ROWS = 500_000  # images planned at a time (about 40 MB of pointers and plan)
 BINS = 65_536  # bins of row ids a histogram counts in
 ALL_ROWS: RowRange = (0, 1 << 62)
 
@@ -49,7 +50,7 @@ class Unit:
 
     lo: int
     hi: int
-    rows: RowRange
+    rows: RowRange | None  # None: the whole feed in one group
     version: int | None = None
 
 
@@ -63,10 +64,11 @@ def histogram(state: TableState, lo: int, hi: int, width: int) -> np.ndarray:
     since counts in its live file's lineage and in the index segment that removed it)."""
     nbins = max(1, math.ceil(state.lineage.next_row_id / width)) + 1
     counts = np.zeros(nbins, np.int64)
-    for seg in index_segments(state, lo, with_values=False):
-        keep = ((seg.valid_from > lo) & (seg.valid_from <= hi)) | ((seg.valid_to > lo) & (seg.valid_to <= hi))
-        if keep.any():
-            counts += np.bincount(np.minimum(seg.row_ids[keep] // width, nbins - 1), minlength=nbins)
+    for c in state.lineage.log.since(lo):
+        for seg in pieces(state.iceberg.io, c.index) if c.index else ():  # a few data files at a time
+            keep = ((seg.valid_from > lo) & (seg.valid_from <= hi)) | ((seg.valid_to > lo) & (seg.valid_to <= hi))
+            if keep.any():
+                counts += np.bincount(np.minimum(seg.row_ids[keep] // width, nbins - 1), minlength=nbins)
     starts, ends = [], []
     for fl in live_lineage(state):
         if fl.max_updated <= lo or fl.min_updated > hi:
@@ -116,7 +118,7 @@ def row_ranges(state: TableState, lo: int, hi: int, group_rows: int = GROUP_ROWS
 def units(state: TableState, a: int, b: int, net: bool, group_rows: int = GROUP_ROWS) -> Iterator[Unit]:
     """The groups of the feed over ``(a, b]`` in the feed's order (see the module docstring), planned as they are reached."""
     if logged_images(state, a, b) <= group_rows:
-        yield Unit(a, b, ALL_ROWS)
+        yield Unit(a, b, None)
         return
     if net:
         ranges = row_ranges(state, a, b, group_rows)

@@ -27,6 +27,7 @@ from pyiceberg.io import FileIO
 
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
+from index.segment_rows import read_rows
 from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
 from lineage.storage.files import local_path
@@ -248,7 +249,11 @@ def change_pointers(state: TableState, a: int, b: int, rows: RowRange | None = N
     if b <= a:
         return _Builder().build(state.iceberg.io, state.lineage.purged, commit_timestamps(state, a, b))
     sources = PointerSources(state.iceberg.io, state.lineage.purged, commit_timestamps(state, a, b), state.version)
-    return sources.pointers(index_segments(state, a), live_lineage(state), a, b, rows)
+    if rows is None:
+        segments = index_segments(state, a)
+    else:  # a group's entries only, a few data files at a time: not the segments whole
+        segments = [read_rows(state.iceberg.io, c.index, rows, with_values=True) for c in state.lineage.log.since(a) if c.index]
+    return sources.pointers(segments, live_lineage(state), a, b, rows)
 
 
 @dataclass(frozen=True)

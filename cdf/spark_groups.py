@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from cdf.pointers import Pointers, PointerSources, RowRange, commit_timestamps
 from cdf.stream import DEFAULT_BATCH_BYTES, plan_pointers, read_parts
-from index.deleted_rows import read_index
+from index.segment_rows import read_rows
 from lineage.errors import LineageMetadataError
 from lineage.spark import executor_io
 from lineage.state import TableState
@@ -70,7 +70,7 @@ class FeedSource:
                 "does not maintain row lineage; rewrite the table through this library"
             )
         files = [by_file[p] for p in self.live]
-        segments = [read_index(io, p, with_values=True) for p in self.index]
+        segments = [read_rows(io, p, rows, with_values=True) for p in self.index]  # this group's entries only
         return PointerSources(io, self.purged, self.commit_ms, self.version).pointers(segments, files, a, b, rows, check=False)
 
 
@@ -89,7 +89,7 @@ def group_reader(source: FeedSource, ranges: list[RowRange], a: int, b: int, dat
         for batch in batches:
             for k in batch.column(0).to_pylist():
                 feed = plan_pointers(source.pointers(a, b, ranges[int(k)]), a, b, data, net, source.field_ids)
-                for part in read_parts(feed, TASK_BATCH_ROWS, DEFAULT_BATCH_BYTES, width, False):
+                for part in read_parts(feed, TASK_BATCH_ROWS, DEFAULT_BATCH_BYTES, width, False, whole=False):
                     after = pc.is_in(part.column("_change_type"), pa.array(["insert", "update_postimage"])).cast(pa.int8())
                     part = part.append_column(AFTER, after)
                     yield from pa.Table.from_arrays([c.cast(f.type) for c, f in zip(part.columns, target, strict=True)],

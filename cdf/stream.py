@@ -83,7 +83,7 @@ def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool, uni
     """
     if unit is not None:
         a, b = unit.lo, unit.hi
-    p = change_pointers(state, a, b, None if unit is None or unit.rows == groups.ALL_ROWS else unit.rows)
+    p = change_pointers(state, a, b, None if unit is None else unit.rows)
     return plan_pointers(p, a, b, data, net, engine_duckdb.field_ids(state), None if unit is None else unit.version)
 
 
@@ -151,7 +151,8 @@ def row_bytes(state: TableState, data: pa.Schema, rows: int) -> tuple[int, bool]
     return fixed + math.ceil(sum(decoded_bytes(f, only, ids) for f in files) / total), True
 
 
-def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool) -> Iterator[pa.Table]:
+def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool,
+               whole: bool = True) -> Iterator[pa.Table]:
     """The rows of ``feed`` as consecutive tables of at most ``batch_rows`` rows and about ``batch_bytes`` bytes.
 
     ``first_row_bytes`` sizes the first part (at most :data:`GUESS_ROWS`
@@ -164,7 +165,8 @@ def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int |
     version's images go through the files anew), filling the cache to its
     budget with chunks a one-off stream reads at most a few times (at 30M
     rows the cache held its 256 MB after the feed and doubled the feed's
-    peak growth, for no gain in time).
+    peak growth, for no gain in time). ``whole=False``: ``feed`` is one group
+    of a larger feed, read without the cache even in one part.
     """
     start, n = 0, len(feed)
     width, seen = max(1, first_row_bytes), 0
@@ -177,7 +179,7 @@ def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int |
                 rows = min(rows, GUESS_ROWS)
         end = part_end(feed, start, rows)
         if cache is None:  # one part: the decoded row-group cache as for changes(); more: neither used nor filled
-            cache = end >= n
+            cache = whole and end >= n
         table = engine_duckdb.read_part(part_of(feed, start, end), cache)
         start = end
         if table.num_rows:
@@ -202,7 +204,7 @@ def feed_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, ba
     first = next(todo)
     try:
         feed = plan_feed(state, a, b, data, net, first)
-        if first.rows != groups.ALL_ROWS:
+        if first.rows is not None:
             groups.check_files(state, a, b)  # the later groups' files are there too
         width, measured = row_bytes(state, data, len(feed))
     finally:
@@ -213,7 +215,7 @@ def feed_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, ba
     def read() -> Iterator[pa.Table]:
         nonlocal width, measured
         while planned:
-            for part in read_parts(planned.pop(), batch_rows, batch_bytes, width, measured):
+            for part in read_parts(planned.pop(), batch_rows, batch_bytes, width, measured, first.rows is None):
                 width, measured = max(width, math.ceil(part.get_total_buffer_size() / max(1, part.num_rows))), True
                 yield part
                 del part

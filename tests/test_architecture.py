@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("format", (
         "lineage.storage.*", "lineage.storage.merged_deletes", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
-        "index", "index.deleted_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
+        "index", "index.deleted_rows", "index.segment_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
         "index.key_store", "index.key_legacy", "index.key_packed", "index.key_build", "index.key_merge",
     )),
     ("state", (
