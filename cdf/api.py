@@ -98,9 +98,10 @@ def change_batches(
 ) -> pa.RecordBatchReader:
     """The rows of :func:`changes` (embedded engine), in the same order, as a stream of record batches.
 
-    For feeds too large to hold at once: memory holds the feed's plan (33
-    bytes per row while versions, file positions and row ids fit in 32 bits,
-    up to 53 when they need 64) and one part of at most ``batch_rows`` rows and about
+    For feeds too large to hold at once: memory holds the plan of one group
+    of the feed (:mod:`cdf.groups`: at most 500,000 images, by row ids and
+    version; 33 bytes per row while versions, file positions and row ids fit
+    in 32 bits, up to 53 when they need 64) and one part of at most ``batch_rows`` rows and about
     ``batch_bytes`` bytes of output (64 MiB by default; None: rows only), one
     row more where that keeps an update pair together, instead of the whole
     result. A part is dropped, and freed memory returned to the system,

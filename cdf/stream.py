@@ -1,7 +1,8 @@
 """The streamed change feed: one compact plan, cut into parts by rows and bytes as they are read.
 
-:func:`cdf.change_batches` plans the whole feed from metadata first (so a bad
-range or a lost file raises at the call), keeping per row only what reading
+:func:`cdf.change_batches` plans the feed from metadata, one group of row ids
+at a time when it is large (:func:`feed_parts`, :mod:`cdf.groups`; the first
+group by the call, so a bad range or a lost file raises there), keeping per row only what reading
 it needs: where the image's values are, its lineage, its change code and
 commit version (:func:`plan_feed`, 33 bytes a row while versions, positions
 and row ids fit in 32 bits, up to 53 when they need 64; 53 always before). The parts are cut from that plan
