@@ -54,6 +54,7 @@ the generator (rows, sum of id, sum of rev).
     .venv/bin/python benchmarks/cdc.py --scale 100000 --commits 50       # quick
     make bench-cdc                                                        # full scale, every system
     .venv/bin/python benchmarks/cdc.py --systems lineage --profile 20    # where our commit time goes
+    .venv/bin/python benchmarks/cdc.py --systems lineage,lineage-v3 --commits 150 --phases  # time per phase of a commit
 
 Writes a record (``benchmarks/record.py``; ``--publish`` puts it in ``benchmarks/results/``) and prints the tables.
 """
@@ -84,7 +85,7 @@ TARGET_P50_MS = 150
 # ---------------------------------------------------------------- one system (child process)
 
 
-def run_child(system: str, data: str, root: str, commits: int, cap: float, profile: int) -> dict[str, Any]:
+def run_child(system: str, data: str, root: str, commits: int, cap: float, profile: int, phases: bool = False) -> dict[str, Any]:
     sysobj = CLASSES[system](root)
     out: dict[str, Any] = {"system": system, "notes": sysobj.notes, "load_start": os.getloadavg()[0]}
     t0 = time.perf_counter()
@@ -99,6 +100,11 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
         import cProfile
 
         profiler = cProfile.Profile()
+    timer = None
+    if phases:
+        from cdc_phases import PhaseTimer
+
+        timer = PhaseTimer().install()
     started = time.perf_counter()
     for b in range(commits):
         if time.perf_counter() - started > cap:
@@ -106,6 +112,8 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
         batch = pq.read_table(os.path.join(data, f"batch-{b:05d}.parquet"))
         if profiler is not None and b >= commits - profile:  # the last commits: where a long stream spends its time
             profiler.enable()
+        if timer is not None:
+            timer.next_commit()
         t, c = time.perf_counter(), time.process_time()
         n = sysobj.apply(batch)
         latencies.append(time.perf_counter() - t)
@@ -126,6 +134,8 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
                    bytes_per_commit=(folder_bytes(root) - size0) / done)
         if reported:
             out["reported_bytes_per_commit"] = float(np.mean(reported))
+    if timer is not None:
+        out["phases"] = timer.summary(list(lat))
     if profiler is not None:
         import io
         import pstats
@@ -244,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="where data and tables go (default: a temporary folder, removed at the end)")
     p.add_argument("--paimon-python", help="interpreter with pypaimon installed (default: .venv-paimon/bin/python)")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the last N of our commits (lineage) and print the top")
+    p.add_argument("--phases", action="store_true", help="time each phase of our commits (lineage, lineage-v3) and print where it goes")
     p.add_argument("--child", help=argparse.SUPPRESS)
     if "--child" not in (argv if argv is not None else sys.argv[1:]):
         import record  # the driver only: Paimon's child runs in an environment without this project
@@ -253,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.child:
-        res = run_child(args.child, args.data, args.workdir, args.commits, args.time_cap, args.profile)
+        res = run_child(args.child, args.data, args.workdir, args.commits, args.time_cap, args.profile, args.phases)
         with open(os.path.join(args.workdir, "result.json"), "w") as f:
             json.dump(res, f)
         return 0
@@ -284,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(root)
             cmd = [python, os.path.abspath(__file__), "--child", s, "--data", data, "--workdir", root, "--commits", str(args.commits),
                    "--time-cap", str(args.time_cap), "--profile", str(args.profile if s in ("lineage", "lineage-v3") else 0)]
+            if args.phases and s in ("lineage", "lineage-v3"):
+                cmd.append("--phases")
             print(f"running {s} ...", flush=True)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             result_path = os.path.join(root, "result.json")
@@ -300,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     text = report(results, args)
+    if args.phases:
+        from cdc_phases import report as phase_report
+
+        text += "\n".join(line for r in results if "phases" in r for line in phase_report(r["system"], r["phases"]))
     print(text)
     path = rec.finish({"commits": args.commits, "events": args.events, "time_cap_s": args.time_cap, "systems": results},
                       publish=args.publish, out=args.out)

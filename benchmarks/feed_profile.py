@@ -9,6 +9,12 @@ table of the same rows (delta-rs ``load_cdf(...).read_all()``, as run.py).
 
     .venv/bin/python benchmarks/feed_profile.py --scale 1000000 --workdir /some/dir
     .venv/bin/python benchmarks/feed_profile.py --scale 1000000 --workdir /some/dir --systems lineage --profile
+    .venv/bin/python benchmarks/feed_profile.py --scale 1000000 --workdir /some/dir --systems lineage-capture --trace
+
+``--trace`` prints, for the last call of each feed, when each phase of the
+embedded engine ran, in which thread, and its wall and CPU time: gaps and
+phases whose wall time exceeds their CPU time show a thread waiting (for
+the GIL, for the other thread, or for a core on a busy machine).
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import cProfile
 import json
 import os
 import pstats
+import functools
 import statistics
 import sys
+import threading
 import time
 
 import pyarrow.parquet as pq
@@ -67,6 +75,39 @@ def reopen(system: str, root: str) -> object:
     return impl
 
 
+PHASES = ("cdf.engine_duckdb:change_pointers", "cdf.engine_duckdb:_read_images", "cdf.plan:per_version", "cdf.engine_duckdb:_meta",
+          "cdf.engine_duckdb:take_rows", "cdf.engine_duckdb:changed_matrix", "cdf.engine_duckdb:_changed_lists",
+          "cdf.engine_duckdb:decoded", "cdf.engine_duckdb:_ordered_halves")
+
+
+def traced(events: list[tuple[str, int, float, float, float]]) -> None:
+    """Wrap the feed's phases (:data:`PHASES`, ``module:function``) so that each call appends
+    ``(name, thread id, start, end, thread CPU seconds)`` to ``events``."""
+    import importlib
+
+    for spec in PHASES:
+        module_name, name = spec.split(":")
+        module = importlib.import_module(module_name)
+        f = getattr(module, name)
+
+        def wrapper(*args: object, _f=f, _name=name, **kwargs: object) -> object:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                events.append((_name, threading.get_ident(), t0, time.perf_counter(), time.thread_time() - c0))
+
+        setattr(module, name, functools.wraps(f)(wrapper))
+
+
+def print_trace(events: list[tuple[str, int, float, float, float]], t0: float) -> None:
+    """The phases of one call, in start order: thread, start and end (ms from the call's start), wall and CPU."""
+    main_thread = threading.get_ident()
+    for name, tid, start, end, cpu in sorted(events, key=lambda e: e[2]):
+        who = "main" if tid == main_thread else "work"
+        print(f"    {who} {name:16s} {(start - t0) * 1e3:7.2f} -> {(end - t0) * 1e3:7.2f} ms  wall {(end - start) * 1e3:6.2f}  cpu {cpu * 1e3:6.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=1_000_000)
@@ -76,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=7)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the calls")
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--trace", action="store_true", help="print when each phase of the last call ran, in which thread")
     args = parser.parse_args(argv)
+    events: list[tuple[str, int, float, float, float]] = []
+    if args.trace:
+        traced(events)
     work = os.path.join(args.workdir, f"scale-{args.scale}")
     plan_dir = os.path.join(work, "plan")
     if not os.path.exists(os.path.join(plan_dir, "expected.json")):
@@ -100,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             out = None
             for _ in range(args.calls):
                 del out
+                events.clear()
                 if prof:
                     prof.enable()
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -110,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                     prof.disable()
             print(f"{system:16s} {feed:6s} median {statistics.median(times):.4f}s  min {min(times):.4f}s  first {times[0]:.4f}s  "
                   f"cpu median {statistics.median(cpu):.4f}s  rows {out.num_rows:,} cols {out.num_columns} bytes {out.nbytes:,}", flush=True)
+            if args.trace and system.startswith("lineage"):
+                print_trace(events, t0)
             if prof:
                 pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
             del out

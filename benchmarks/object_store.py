@@ -4,7 +4,8 @@ A moto S3 server on 127.0.0.1 sits behind benchmarks/s3_proxy.py, which counts r
 LIST, HEAD, DELETE, POST) and adds a fixed latency to each (default 20 ms, like a same-region store). Every
 system runs on the same proxy, each in a bucket of its own, in this process one after the other:
 
-- ``lineage`` and ``lineage-capture`` (pre-image capture): this project, SQLite catalog, data on the store;
+- ``lineage`` and ``lineage-capture`` (pre-image capture): this project, a SQLite catalog (write-ahead log, synced at
+  every commit), data on the store;
   ``lineage-v3`` (not run by default): the same on an Iceberg v3 table (deletion vectors);
 - ``delta``: delta-rs with the change data feed on;
 - ``ducklake``: DuckLake (catalog in a local DuckDB file, data on the store through httpfs);
@@ -16,7 +17,9 @@ last 25 of those commits (time, bytes read, rows returned, and the bytes of the 
 The reads are measured as a reader in another process would make them: ours drops the objects and footers the
 writer holds in memory, DuckLake's connection turns DuckDB's external file cache off.
 
-    python benchmarks/object_store.py [--rows 1000000] [--commits 200] [--latency-ms 20] [--systems ...] [--publish]
+    python benchmarks/object_store.py [--rows 1000000] [--commits 200] [--latency-ms 20] [--systems ...] [--steps ...] [--publish]
+
+``--steps upsert`` measures the small upserts only (no feeds, no scan), to iterate on the commit path.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("custom
                     pa.field("status", pa.string()), pa.field("amount", pa.float64())])
 SYSTEMS = ("lineage", "lineage-capture", "delta", "ducklake", "pyiceberg")
 FEEDS = (5, 25)
+STEPS = ("upsert", "feed", "scan")
 # pyiceberg's upsert reads the whole table (13-16 s per 10-row upsert at 100k rows): it makes this many, not --commits.
 SLOW_PEER_COMMITS = {"pyiceberg": 3}
 
@@ -62,6 +66,14 @@ def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 # --------------------------------------------------------------------------- systems
+def write_ahead_log(catalog: Any) -> None:
+    """The SQLite catalog commits through its write-ahead log, each commit synced (durable when it returns), as
+    DuckDB's catalog file of DuckLake commits: one sync per commit, not the rollback journal's two or more."""
+    import lineage.catalog
+
+    lineage.catalog.write_ahead_log(catalog, durable=True)
+
+
 class Lineage:
     def __init__(self, endpoint: str, bucket: str, work: str, capture: bool, format_version: int = 2) -> None:
         from pyiceberg.catalog.sql import SqlCatalog
@@ -70,6 +82,7 @@ class Lineage:
 
         props = {"s3.endpoint": endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
         cat = SqlCatalog("lineage", uri=f"sqlite:///{work}/catalog.db", warehouse=f"s3://{bucket}/wh", **props)
+        write_ahead_log(cat)
         self.t = lineage.create_table("shop.orders", SCHEMA, key=["id"], catalog=cat, format_version=format_version,
                                       properties={"lineage.cdf.capture-preimages": str(capture).lower()})
 
@@ -170,6 +183,7 @@ class PyIceberg:
 
         props = {"s3.endpoint": endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
         cat = SqlCatalog("pyiceberg", uri=f"sqlite:///{work}/catalog.db", warehouse=f"s3://{bucket}/wh", **props)
+        write_ahead_log(cat)
         cat.create_namespace("shop")
         self.t = cat.create_table("shop.orders", schema=SCHEMA, properties={"format-version": "2"})
 
@@ -222,7 +236,7 @@ def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Nam
             "requests_per_commit_max": max(r["total"] for r in requests),
             "requests_by_kind_last": requests[-1]["requests"],
         }
-        for last in FEEDS:
+        for last in FEEDS if "feed" in args.steps else ():
             proxy.reset()
             t0 = time.perf_counter()
             try:
@@ -235,10 +249,11 @@ def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Nam
             out[f"feed_last_{last}"] = {"seconds": round(seconds, 3), "rows": got.num_rows, "result_bytes": got.nbytes,
                                         "get_bytes": counts["get_bytes"], "requests": counts["requests"],
                                         "bytes_read_per_result_byte": round(counts["get_bytes"] / max(got.nbytes, 1), 2)}
-        proxy.reset()
-        t0 = time.perf_counter()
-        n = t.scan()
-        out["full_scan"] = {"seconds": round(time.perf_counter() - t0, 3), "rows": n, **proxy.counts()}
+        if "scan" in args.steps:
+            proxy.reset()
+            t0 = time.perf_counter()
+            n = t.scan()
+            out["full_scan"] = {"seconds": round(time.perf_counter() - t0, 3), "rows": n, **proxy.counts()}
         return out
     except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the others still run
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -252,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commits", type=int, default=200)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--steps", default=",".join(STEPS), help="what to measure after the upserts: feed, scan (comma-separated)")
     record.add_arguments(parser)
     args = parser.parse_args(argv)
+    args.steps = [s for s in args.steps.split(",") if s]
+    if unknown := set(args.steps) - set(STEPS):
+        parser.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(STEPS)}")
     systems = [s for s in args.systems.split(",") if s]
     rec = record.Recorder("object_store", scale=args.rows, argv=argv, settings=vars(args),
                           peers=["deltalake", "duckdb-extension-ducklake", "pyiceberg", "moto"])

@@ -2,6 +2,8 @@
 
 * ``cdc-strategies``: the position and the equality change-stream strategies side by side, and CONVERT, from
   the newest ``cdc.py`` record that ran both;
+* ``cdc-v3``: the change stream on Iceberg v2 and v3 side by side (and the time per phase of a commit, when the
+  record has it), from the newest ``cdc.py`` record that ran both;
 * ``append-overhead`` (table) and ``append-overhead-summary`` (one paragraph): ``append_overhead.py``;
 * ``stream-upkeep``: ``stream_upkeep.py``, a change stream with and without ``maintain()``;
 * ``reconcile``: ``reconcile.py``, reconciling one foreign Spark UPDATE against our own upsert of it.
@@ -53,6 +55,56 @@ def _cdc_strategies(records: Records) -> str:
                     f"{fmt_s(pos.get('extras', {}).get('scan_s'))} s), and the feed was "
                     + ("unchanged." if ex.get("feed_unchanged") else "CHANGED."))
     out.append(" ".join(said))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- cdc.py: v2 against v3
+V3_TARGETS = {"p50_ms": 40, "p99_ms": 100}  # the v3 change-stream commit's targets (1M rows, 2,000 events, 500 commits)
+V3_COMMAND = "python benchmarks/cdc.py --systems lineage,lineage-v3 --phases --publish"
+V3_PHASES = ("live_images_for_keys", "write_vectors", "write_merged_deletes", "_materialize_and_commit/write_data_files", "rewrite_kept",
+             "build_lineage", "updates_and_requirements", "write_metadata", "swap_metadata")
+V3_PHASE_NAMES = {"live_images_for_keys": "key lookup and live images", "write_vectors": "deletion vectors",
+                  "write_merged_deletes": "position delete files", "_materialize_and_commit/write_data_files": "data files",
+                  "rewrite_kept": "small files folded", "build_lineage": "lineage, index and key-index files",
+                  "updates_and_requirements": "manifests and manifest list", "write_metadata": "metadata file",
+                  "swap_metadata": "catalog"}
+
+
+def _both_formats(d: dict[str, Any]) -> bool:
+    names = {x["system"] for x in d["results"]["systems"] if "error" not in x}
+    return {"lineage", "lineage-v3"} <= names
+
+
+def _phase_ms(x: dict[str, Any], name: str) -> float | None:
+    """Mean ms per commit of the call paths ending in ``name`` (one or more phases: ``parent/phase``)."""
+    paths = x.get("phases", {}).get("mean_ms", {})
+    found = [ms for path, ms in paths.items() if ("/" + path).endswith("/" + name)]
+    return sum(found) if found else None
+
+
+@section("cdc-v3")
+def _cdc_v3(records: Records) -> str:
+    doc = records.latest("cdc", where=_both_formats)
+    if doc is None:
+        return missing("cdc.py with lineage and lineage-v3", V3_COMMAND)
+    r = doc["results"]
+    by = {x["system"]: x for x in r["systems"]}
+    v2, v3 = by["lineage"], by["lineage-v3"]
+    rows = [[name, f"{x['commits']}", _ms(x["p50_ms"]), _ms(x["p99_ms"]), _ms(x.get("cpu_p50_ms")), f"{x['bytes_per_commit']:,.0f}",
+             f"{x['feed']['commits_exact']}/{x['feed']['commits']}" if x.get("feed") else "—"]
+            for name, x in (("v2", v2), ("v3", v3))]
+    out = [provenance(doc), "",
+           f"{r['events']:,} change events per commit into a {rows_label(doc['scale'])}-row table, position strategy, "
+           "no maintenance during the stream:", "",
+           md_table(["format", "commits", "commit p50 ms", "p99 ms", "CPU p50 ms", "bytes per commit", "feed commits exact"], rows), ""]
+    met = [f"{k.split('_')[0]} {_ms(v3[k])} ms ({'meets' if v3[k] <= t else 'misses'} the {t} ms target)" for k, t in V3_TARGETS.items()]
+    ratio = v3["bytes_per_commit"] / v2["bytes_per_commit"]
+    out.append(f"On v3: {' and '.join(met)}; {ratio:.2f}x the bytes per commit of v2.")
+    if "phases" in v2 and "phases" in v3:
+        prow = [[V3_PHASE_NAMES[p], _ms(_phase_ms(v2, p)), _ms(_phase_ms(v3, p))] for p in V3_PHASES
+                if _phase_ms(v2, p) is not None or _phase_ms(v3, p) is not None]
+        out += ["", "Mean wall time per commit of each phase (`--phases`: the phase's calls on the committing thread, including what it waits for):", "",
+                md_table(["phase", "v2 ms", "v3 ms"], prow)]
     return "\n".join(out)
 
 

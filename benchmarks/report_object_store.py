@@ -29,7 +29,8 @@ def _object_store(records: Records) -> str:
             continue
         u = x["small_upsert"]
         rows.append([label, f"{u['p50_ms']:,.0f}", f"{u['p99_ms']:,.0f}", f"{u['requests_per_commit_median']:g}",
-                     _feed(x.get("feed_last_5", {})), _feed(x.get("feed_last_25", {})), f"{x['full_scan']['seconds']:.2f}"])
+                     _feed(x.get("feed_last_5", {})), _feed(x.get("feed_last_25", {})),
+                     f"{x['full_scan']['seconds']:.2f}" if "full_scan" in x else "—"])
     s = doc["settings"]
     return "\n".join([
         provenance(doc), "",

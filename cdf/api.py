@@ -24,9 +24,26 @@ DEFAULT_BATCH_ROWS = 1_000_000
 ENGINES = ("duckdb", "spark")
 
 
+# The data columns of a table's schema as Arrow, by (table uuid, schema id): an id never changes meaning
+# (Iceberg adds a schema under a new id), so each is converted once, not at every feed call.
+_ARROW_SCHEMAS: dict[tuple[str, int], pa.Schema] = {}
+_ARROW_SCHEMAS_KEPT = 64
+
+
+def _arrow_schema(table: Table) -> pa.Schema:
+    meta = table.iceberg.metadata
+    key = (meta.table_uuid.hex, meta.current_schema_id)
+    schema = _ARROW_SCHEMAS.get(key)
+    if schema is None:
+        if len(_ARROW_SCHEMAS) >= _ARROW_SCHEMAS_KEPT:
+            _ARROW_SCHEMAS.clear()
+        schema = _ARROW_SCHEMAS[key] = table.arrow_schema
+    return schema
+
+
 def data_schema(table: Table, columns: Sequence[str] | None) -> pa.Schema:
     """The data columns a feed returns: the table's, or those of ``columns`` (checked, in that order)."""
-    schema = table.arrow_schema
+    schema = _arrow_schema(table)
     if columns is None:
         return schema
     if isinstance(columns, str):
@@ -143,8 +160,8 @@ def _feed_args(table: Table, from_version: int | None, to_version: int | None, n
     """The checked arguments of a feed: the table's state, the resolved range ``(a, b]`` and the data schema."""
     if not isinstance(net, bool):
         raise InvalidArgumentError(f"net must be True or False, got {net!r}")
+    state = table.state()  # refreshed first: the columns are those of the current schema
     data = data_schema(table, columns)
-    state = table.state()
     a, b = resolve_range(state, from_version, to_version, from_timestamp=from_timestamp, to_timestamp=to_timestamp)
     return state, a, b, data
 

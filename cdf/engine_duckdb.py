@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import cdf.plan as plan
+import cdf.threads as threads
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment, dictionary_values
@@ -263,7 +264,12 @@ def _change_names(change: np.ndarray) -> pa.Array:
 
 
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
-    """The change feed over ``(a, b]`` as an Arrow table."""
+    """The change feed over ``(a, b]`` as an Arrow table (its threads hand the GIL over promptly: :mod:`cdf.threads`)."""
+    with threads.prompt_handover():
+        return _changes(state, a, b, data, net)
+
+
+def _changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
     p = change_pointers(state, a, b)
     if net:
         sk = plan.net(p, a, b)
@@ -272,27 +278,27 @@ def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa
     # The per-version feed shows every image of p (one that starts and ends in the range twice),
     # so their values are read while the feed is planned and its change columns are built.
     commit_ms = p.commit_ms
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        reading = pool.submit(_read_images, field_ids(state), p.files, p.captured, p.source, p.loc, data)
-        sk = plan.per_version(p, a, b)
-        shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
-        del p  # frees the pointers' other columns while the values are read
-        parallel = len(sk) >= PARALLEL_ROWS and shown.purged is None and len(data) > 1
-        # built now, while the values are read; a large feed builds them with its decoding instead, while this
-        # thread builds _changed_columns (planning alone takes longer than reading captured values)
-        meta = None if parallel else _meta(sk, shown, commit_ms)
-        got = reading.result()
-        # string columns stay dictionary-encoded until the pairs are compared (by index)
-        rows = got.rows[sk.pointer]
-        if not parallel:
-            values = take_rows(got.pieces, rows, data, decode=shown.purged is not None)
-            del got, rows
-            if shown.purged is not None:
-                values = _erase(values, shown.purged, data)
-            return _assemble(values, sk, shown, commit_ms, data, net, meta, pool if len(sk) >= PARALLEL_ROWS else None)
-        values, changed = _ordered_halves(got, rows, sk.preimages, data, pool)
+    pool = threads.worker()
+    reading = pool.submit(_read_images, field_ids(state), p.files, p.captured, p.source, p.loc, data)
+    sk = plan.per_version(p, a, b)
+    shown = _Shown.of(p).select(sk.pointer)  # the locations were handed to the reader: only the lineage is kept
+    del p  # frees the pointers' other columns while the values are read
+    parallel = len(sk) >= PARALLEL_ROWS and shown.purged is None and len(data) > 1
+    # built now, while the values are read; a large feed builds them with its decoding instead, while this
+    # thread builds _changed_columns (planning alone takes longer than reading captured values)
+    meta = None if parallel else _meta(sk, shown, commit_ms)
+    got = reading.result()
+    # string columns stay dictionary-encoded until the pairs are compared (by index)
+    rows = got.rows[sk.pointer]
+    if not parallel:
+        values = take_rows(got.pieces, rows, data, decode=shown.purged is not None)
         del got, rows
-        return _assemble(values, sk, shown, commit_ms, data, net, meta, pool, changed)
+        if shown.purged is not None:
+            values = _erase(values, shown.purged, data)
+        return _assemble(values, sk, shown, commit_ms, data, net, meta, pool if len(sk) >= PARALLEL_ROWS else None)
+    values, changed = _ordered_halves(got, rows, sk.preimages, data, pool)
+    del got, rows
+    return _assemble(values, sk, shown, commit_ms, data, net, meta, pool, changed)
 
 
 def _ordered_halves(got: Gathered, rows: np.ndarray, pre: np.ndarray, data: pa.Schema,
@@ -388,10 +394,10 @@ def read_part(part: PartPlan, cache: bool = True) -> pa.Table:
     sk = plan.Skeleton(np.arange(len(part.change)), part.change, part.version)
     if len(sk) < PARALLEL_ROWS:
         return _assemble(_part_values(part, cache), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        reading = pool.submit(_part_values, part, cache)
-        meta = None if part.net else _meta(sk, _Shown.of(shown), shown.commit_ms)
-        return _assemble(reading.result(), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net, meta, pool)
+    pool = threads.worker()
+    reading = pool.submit(_part_values, part, cache)
+    meta = None if part.net else _meta(sk, _Shown.of(shown), shown.commit_ms)
+    return _assemble(reading.result(), sk, _Shown.of(shown), shown.commit_ms, part.data, part.net, meta, pool)
 
 
 def _part_values(part: PartPlan, cache: bool = True) -> pa.Table:

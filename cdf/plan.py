@@ -121,34 +121,39 @@ def per_version(p: Pointers, a: int, b: int) -> Skeleton:
     starts = np.flatnonzero((p.valid_from > a) & (p.valid_from <= b))
     n_ends = len(ends)
     pointer = np.concatenate((ends, starts))
-    version = np.concatenate((p.valid_to[ends], p.valid_from[starts]))
+    version = np.empty(len(pointer), np.int64)
+    np.take(p.valid_to, ends, out=version[:n_ends])
+    np.take(p.valid_from, starts, out=version[n_ends:])
     del ends, starts
     row_id = p.row_id[pointer]
-    packed = _sorted_events(version, row_id, n_ends)
+    packed = _sorted_events(version, row_id, n_ends, overwrite=True)
     if packed is None:
         return _per_version_unpacked(pointer, version, row_id, n_ends)
-    del row_id
+    del row_id, version
     key, order, plo, rbits = packed
     del packed
     pointer = pointer[order]
     del order
     # the sorted keys hold the version and the start bit: no gather of them by the order
-    version = key >> (rbits + 1)
-    version += plo
-    start = (key & 1).astype(bool)
+    start = np.empty(len(key), np.int8)
+    np.bitwise_and(key, 1, out=start, casting="unsafe")
+    start = start.view(bool)
     # an update pair: an end, then the start of the same row at the same version (the next key, start bit set)
     pair = key[1:] == key[:-1] + 1
     pair &= ~start[:-1]
-    del key
-    return Skeleton(pointer, _change_codes(start, pair), version)
+    key >>= rbits + 1
+    key += plo
+    return Skeleton(pointer, _change_codes(start, pair), key)
 
 
-def _sorted_events(version: np.ndarray, row_id: np.ndarray, n_ends: int) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+def _sorted_events(version: np.ndarray, row_id: np.ndarray, n_ends: int,
+                   overwrite: bool = False) -> tuple[np.ndarray, np.ndarray, int, int] | None:
     """The events (the first ``n_ends`` ends, the rest starts) sorted by (version, row id, end before start).
 
     Returns the sorted keys ``(version - plo) << (rbits + 1) | (row id - its min) << 1 | start``, the order
     that sorts the events (equal keys keep their input order), ``plo`` and ``rbits``; None when the key and
-    the event number do not fit in 63 bits together.
+    the event number do not fit in 63 bits together. ``overwrite``: int64 ``version`` and ``row_id`` may be
+    used as work arrays when the keys fit (their values are then lost).
     """
     n = len(row_id)
     if n == 0:
@@ -158,9 +163,11 @@ def _sorted_events(version: np.ndarray, row_id: np.ndarray, n_ends: int) -> tupl
     nbits = max((n - 1).bit_length(), 1)
     if (int(version.max()) - plo).bit_length() + rbits + 1 + nbits > 63:
         return None
-    key = np.subtract(version, plo, dtype=np.int64)  # in place from here: each temporary costs its page faults
+    # in place from here: each temporary costs its page faults
+    own = overwrite and version.dtype == np.int64 and row_id.dtype == np.int64
+    key = np.subtract(version, plo, out=version) if own else np.subtract(version, plo, dtype=np.int64)
     key <<= rbits + 1
-    r = np.subtract(row_id, rlo, dtype=np.int64)
+    r = np.subtract(row_id, rlo, out=row_id) if own else np.subtract(row_id, rlo, dtype=np.int64)
     r <<= 1
     key |= r
     del r
@@ -188,11 +195,16 @@ def _per_version_unpacked(pointer: np.ndarray, version: np.ndarray, row_id: np.n
 
 
 def _change_codes(start: np.ndarray, pair: np.ndarray) -> np.ndarray:
-    """The change code of each event, from whether it starts an image and whether it and the next form a pair."""
-    pre = np.concatenate((pair, [False]))
-    post = np.concatenate(([False], pair))
-    # int8 throughout: at millions of rows an int64 temporary per np.where is tens of MB
-    return np.where(start, np.where(post, np.int8(POSTIMAGE), np.int8(INSERT)), np.where(pre, np.int8(PREIMAGE), np.int8(DELETE)))
+    """The change code of each event, from whether it starts an image and whether it and the next form a pair.
+
+    A pair is an end followed by a start: int8 throughout (at millions of rows an int64 temporary is tens of MB).
+    """
+    codes = np.where(start, np.int8(INSERT), np.int8(DELETE))
+    at = np.flatnonzero(pair)
+    codes[at] = PREIMAGE
+    at += 1
+    codes[at] = POSTIMAGE
+    return codes
 
 
 def net(p: Pointers, a: int, b: int) -> Skeleton:

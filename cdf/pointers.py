@@ -36,6 +36,7 @@ from lineage.state import TableState
 
 LIVE = -1  # valid_to of an image that is still live
 RowRange = tuple[int, int]  # row ids from the first (inclusive) to the second (exclusive)
+MASK_SLACK = 1 << 20  # live images are checked against the removed ones by a mask over their files' rows up to 4 per image plus this
 
 
 @dataclass(frozen=True)
@@ -158,47 +159,64 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
 
     An image that started after ``a`` and was removed since was removed after
     ``a``, so the index segments after ``a`` name it: they give the removed
-    positions without reading the position delete files.
+    positions without reading the position delete files. Positions are
+    numbered across the files read (a file's first follows the previous
+    file's last), so that the removed ones are one mask over them.
     """
-    runs: list[list[np.ndarray | None]] = []  # per file: file id, pos start, length, row id start, created, updated
+    runs: list[list[np.ndarray | None]] = []  # per file: file id, first flat position, length, row id start, created, updated
+    bases: dict[str, tuple[int, int]] = {}  # a file's first flat position and row count, by path
+    flat_base: list[int] = []  # the same by file id of the builder (0: not read here)
+    total = 0
     for fl in files:
         if fl.max_updated <= a or fl.min_updated > b:
             continue
         pos_start, rid_start, created, updated = fl.breakpoints
         keep = (updated > a) & (updated <= b)
-        if not keep.any():
+        count = int(np.count_nonzero(keep))
+        if not count:
             continue
-        length = np.append(pos_start[1:], fl.record_count) - pos_start
+        length = np.diff(pos_start, append=fl.record_count)
         if rows is not None:  # runs clipped to the row ids in range (a run's row ids are consecutive)
             lo, hi = np.maximum(rid_start, rows[0]), np.minimum(rid_start + length, rows[1])
             keep &= hi > lo
-            if not keep.any():
+            count = int(np.count_nonzero(keep))
+            if not count:
                 continue
             pos_start, rid_start, length = pos_start + (lo - rid_start), lo, hi - lo
+        # a file written in the range keeps every run: its arrays are taken as they are (copied once, below)
+        pick = (lambda x: x) if count == len(keep) else (lambda x: x[keep])  # noqa: B023
         fid = builder.file_id(fl.file_path)
-        runs.append([np.full(int(keep.sum()), fid, np.int32), pos_start[keep], length[keep], rid_start[keep], created[keep], updated[keep]])
+        flat_base.extend([0] * (fid + 1 - len(flat_base)))
+        flat_base[fid] = total
+        bases[fl.file_path] = (total, fl.record_count)
+        runs.append([np.full(count, fid, np.int32), pick(pos_start) + total, pick(length),
+                     pick(rid_start), pick(created), pick(updated)])
+        total += fl.record_count
     if not runs:
         return
-    # Files rewritten row by row (updates keep each row's own created version) have runs of one row, so the
-    # runs are as many as the images: every array below is freed as soon as it is used.
-    fid, start, length, rid, cre, upd = _columns(runs)
-    offsets = np.arange(int(length.sum()), dtype=np.int64)
-    offsets -= np.repeat(np.cumsum(length) - length, length)
-    pos = np.repeat(start, length)
-    pos += offsets
-    del start
-    src = np.repeat(fid, length)
-    removed = _removed_keys(segments, builder, set(unique(fid).tolist()), rows)
-    del fid
+    src, flat, length, rid, cre, upd = _columns(runs)
+    n = int(length.sum())
+    # Files rewritten row by row (updates keep each row's own created version) have runs of one row: nothing
+    # to expand then. Else the runs are expanded, every array freed once used (runs may be as many as images).
+    offsets = None
+    if n != len(length):
+        offsets = np.arange(n, dtype=np.int64)
+        offsets -= np.repeat(np.cumsum(length) - length, length)
+        src, flat = np.repeat(src, length), np.repeat(flat, length)
+        flat += offsets
+    removed = _removed_flat(segments, bases, rows)
     alive = None
     if len(removed):
-        key = src.astype(np.int64)
-        key <<= 40
-        key |= pos
-        alive = ~member(key, removed)
-        del key
+        if total <= 4 * len(flat) + MASK_SLACK:  # a mask over the files' rows costs less than a sort
+            mask = np.ones(total, bool)
+            mask[removed] = False
+            alive = mask[flat]
+            del mask
+        else:  # a few images of large files: no mask over all their rows
+            alive = ~member(flat, removed)
+        if alive.all():
+            alive = None
     del removed
-
     row_id = _expand(rid, length, alive, offsets)
     del offsets, rid
     created_at = _expand(cre, length, alive)
@@ -206,13 +224,20 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     valid_from = _expand(upd, length, alive)
     del upd, length
     if alive is not None:
-        src, pos = src[alive], pos[alive]
-    builder.add(src, pos, row_id, created_at, valid_from, np.full(len(pos), LIVE, np.int64))
+        src, flat = src[alive], flat[alive]
+    flat -= np.array(flat_base, np.int64)[src]  # back to positions within each file
+    builder.add(src, flat, row_id, created_at, valid_from, np.full(len(flat), LIVE, np.int64))
 
 
 def _expand(run_values: np.ndarray, length: np.ndarray, alive: np.ndarray | None, plus: np.ndarray | None = None) -> np.ndarray:
-    """Each run's value repeated over its length (plus ``plus``), at the ``alive`` images."""
-    out = np.repeat(run_values, length)
+    """Each run's value repeated over its length (plus ``plus``), at the ``alive`` images.
+
+    Runs of one row each are their images already: ``run_values`` (a copy the caller owns) is used as it is.
+    """
+    if len(run_values) == len(length) and len(length) == int(length.sum()):
+        out = run_values
+    else:
+        out = np.repeat(run_values, length)
     if plus is not None:
         out += plus
     return out if alive is None else out[alive]
@@ -229,19 +254,24 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
     return out
 
 
-def _removed_keys(segments: list[IndexSegment], builder: _Builder, file_ids: set[int], rows: RowRange | None = None) -> np.ndarray:
-    """``file id << 40 | position`` of every index entry (row ids in ``rows``) pointing into one of ``file_ids``."""
-    paths = {p: i for p, i in builder.file_ids.items() if i in file_ids}
-    keys = []
+def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]], ids: RowRange | None = None) -> np.ndarray:
+    """The flat positions (first flat position of the file + position) of every index entry (row ids in ``ids``) pointing
+    into one of the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image."""
+    out = []
     for seg in segments:
-        ids = np.array([paths.get(f, -1) for f in seg.files], np.int64)
-        fid = ids[seg.file_index]
-        hit = fid >= 0
-        if rows is not None:
-            hit &= in_rows(seg.row_ids, rows)
-        if hit.any():
-            keys.append((fid[hit] << 40) | seg.positions[hit])
-    return np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        known = [bases.get(f, (-1, 0)) for f in seg.files]
+        first = np.array([k[0] for k in known], np.int64)
+        if not len(first) or int(first.max()) < 0:
+            continue
+        rows = np.array([k[1] for k in known], np.int64)
+        pos = seg.positions
+        hit = first[seg.file_index]
+        keep = (hit >= 0) & (pos < rows[seg.file_index])
+        if ids is not None:
+            keep &= in_rows(seg.row_ids, ids)
+        hit += pos
+        out.append(hit[keep])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def change_pointers(state: TableState, a: int, b: int, rows: RowRange | None = None) -> Pointers:

@@ -52,6 +52,7 @@ from index.key_segment import SEGMENT_FORMAT_VERSION, Segment, hash_order, keys_
 from index.key_store import CREATED, INT_ENTRIES, POS, ROW_ID, UPDATED, ArrayStore, KeyField, key_schema
 from lineage.errors import KeyViolationError, LineageMetadataError
 
+TOMBSTONE_FILE = -1  # the data file ordinal of a tombstone in an EntryChunk (a delta segment's)
 MAX_RANGE_BITS = 16  # at most 65,536 hash ranges
 RANGE_SHARE = 16  # a range holds at most this share of the budget (its sort needs a few times its size)
 _WRITE = 8 << 20  # bytes copied per step
@@ -215,14 +216,17 @@ def range_bits(rows: int, bytes_per_row: int, budget: int) -> int:
 
 def spooled_base(
     key: tuple[KeyField, ...], paths: Sequence[str], chunks: Iterable[EntryChunk], *, rows: int, max_pos: int, max_version: int, budget: int,
-    level: int = 0,
+    level: int = 0, base: bool = True,
 ) -> Segment | None:
     """A base segment of the entries of ``chunks`` (ordinals into ``paths``), built within ``budget`` bytes.
 
     ``rows`` bounds the number of entries (it sizes the hash ranges),
     ``max_pos`` and ``max_version`` the positions and versions; ``level``
     is the segment's merge level. None when the chunks hold no entry.
-    KeyViolationError when a key occurs twice.
+    KeyViolationError when a key occurs twice. With ``base`` False the
+    segment is a commit's delta (not a base): an entry whose ordinal is
+    :data:`TOMBSTONE_FILE` is a tombstone (its integer columns are ignored),
+    and a key may not be both an entry and a tombstone either.
     """
     dtype = record_dtype(max_pos, max_version)
     stored = not hash_is_injective([k.type for k in key])
@@ -243,29 +247,35 @@ def spooled_base(
             rec = np.empty(m, dtype)
             rec["hash"] = key_hash(keys)
             rec["file"] = chunk.file
+            live = chunk.file != TOMBSTONE_FILE
             for c in INT_ENTRIES:
-                v = chunk.ints[c]
-                lo, hi = int(v.min()), int(v.max())
+                v = np.where(live, chunk.ints[c], 0)
+                if not live.any():
+                    rec[c] = v
+                    continue
+                lo, hi = int(v[live].min()), int(v[live].max())
                 limits = np.iinfo(dtype[c])
                 if lo < limits.min or hi > limits.max:
                     raise LineageMetadataError(f"internal: {c} of a key index entry is out of the range {limits.min}..{limits.max}")
                 rec[c] = v
                 ranges[c] = (min(ranges[c][0], lo), max(ranges[c][1], hi))
-            per_file += np.bincount(chunk.file, minlength=len(paths))
+            per_file += np.bincount(chunk.file[live], minlength=len(paths))
             n += m
             runs.add(rec, keys if stored else None)
             del rec, keys, chunk
         if runs is None:
             return None
         used = np.flatnonzero(per_file)
-        remap = np.zeros(len(paths), np.uint64)
+        remap = np.zeros(len(paths) + 1, np.uint64)  # the last one, read for TOMBSTONE_FILE (-1): one past the last file used
         remap[used] = np.arange(len(used), dtype=np.uint64)
+        remap[-1] = len(used)
+        ranges = {c: (lo, hi) if lo <= hi else (0, 0) for c, (lo, hi) in ranges.items()}  # (0, 0): tombstones only
         layout = record_layout(n, len(used), ranges)
         fields = header_fields({}, n, layout, [paths[i] for i in used])
         body = os.path.join(folder, "segment.kix")
         lengths = _write_body(body, runs, key, layout, remap, n)
         store = SpooledStore.open(body, fields, lengths)
-    return Segment(store, key, level, True, hash_name(), None, SEGMENT_FORMAT_VERSION)
+    return Segment(store, key, level, base, hash_name(), None, SEGMENT_FORMAT_VERSION)
 
 
 def _write_body(path: str, runs: _Runs, key: tuple[KeyField, ...], layout: Layout, remap: np.ndarray, n: int) -> list[tuple[str, int]]:
@@ -296,9 +306,11 @@ def _write_body(path: str, runs: _Runs, key: tuple[KeyField, ...], layout: Layou
                 if dup:
                     raise duplicate_error(dup)
             values = {"file": remap[rec["file"]], "hash": hashes & np.uint64((1 << (64 - p)) - 1) if p else hashes.copy()}
+            dead = rec["file"] == TOMBSTONE_FILE
             for c in INT_ENTRIES:
                 if layout.fields[c][2]:
                     values[c] = offsets(rec[c], layout.fields[c][3])
+                    values[c][dead] = 0  # a tombstone's fields are zero (as the in-memory writer stores them)
             m = len(rec)
             del rec
             if m:

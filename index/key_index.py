@@ -51,7 +51,6 @@ files. :func:`delta_segment` builds the delta from explicit entries.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -59,9 +58,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_hash import hash_name, key_hash
@@ -86,14 +83,14 @@ from index.key_segment import (
     write_key_segment,
 )
 import index.key_build as key_build
+import index.key_delta as key_delta
+from index.key_entries import file_entries, read_file_keys  # noqa: F401 (read_file_keys: re-exported, lineage.writes.spark)
 import index.key_merge as key_merge
 import lineage.duck as duck
-from lineage.storage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
 from lineage.storage.metadata import FileLineage, index_dir
 from lineage.sql.predicate import quote_ident
 from lineage.properties import KEY_ENFORCE, KEY_INDEX_BUILD_MEMORY, KEY_INDEX_DEFER_ROWS, KEY_INDEX_ENABLED, read
-from lineage.storage.rle import decode_sequence, decode_values
 from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, TableState
@@ -241,7 +238,7 @@ class KeyIndex:
             segment = segment or make_segment(key, entry_schema(key).empty_table(), level=0, base=True)
             return KeyIndex(key, [segment], state.version, state.lineage.key_index)
         # only direct files: their integer columns may come as int32 (nothing to concatenate them with)
-        parts = [_file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {}, narrow=not scanned)] if direct else []
+        parts = [file_entries(state.iceberg.io, shell, [f.lineage for f in direct], (), {}, narrow=not scanned)] if direct else []
         if scanned:
             parts.append(_scanned_entries(state, key, scanned))
         entries = parts[0] if len(parts) == 1 else pa.concat_tables([parts[0], parts[1].cast(parts[0].schema)])
@@ -348,7 +345,7 @@ def _entry_chunks(state: TableState, shell: KeyIndex, direct: Sequence[LiveFile]
     files of about ``chunk_rows`` rows at a time; file ordinals count ``direct`` then ``scanned``."""
     first = 0
     for group in _groups(direct, chunk_rows):
-        yield key_build.entry_chunk(_file_entries(state.iceberg.io, shell, [f.lineage for f in group], (), {}), shell.names, first)
+        yield key_build.entry_chunk(file_entries(state.iceberg.io, shell, [f.lineage for f in group], (), {}), shell.names, first)
         first += len(group)
     for group in _groups(scanned, chunk_rows):
         yield key_build.entry_chunk(_scanned_entries(state, shell.key, group), shell.names, first)
@@ -399,12 +396,17 @@ class KeyIndexChange:
     the state has none). ``merge``: ``writer``, ``maintenance`` or ``full``
     (see :func:`next_merge`). ``written_keys``: optional key columns of new
     data files by path, when the planner has them (saves reading them back).
+    ``tombstones``: when the planner knows them, the removed keys that no
+    new row of the commit has (a delete's removed keys; none, an empty
+    table, for an update keeping every key): a large delta is then built in
+    bounded memory (:mod:`index.key_delta`).
     """
 
     removed_keys: pa.Table | None = None
     index: KeyIndex | None = None
     merge: str = WRITER
     written_keys: dict[str, pa.Table] = field(default_factory=dict)
+    tombstones: pa.Table | None = None
 
 
 def next_key_index(
@@ -444,8 +446,12 @@ def next_key_index(
             f"internal: the commit removes {removed_images} image(s) but names the keys of {0 if removed is None else removed.num_rows}"
         )
     segments = [s for s in index.segments if s.entries]  # an empty segment holds nothing to merge
-    if moves:
-        entries = _file_entries(io, index, written, delete_files, change.written_keys)
+    if moves and key_delta.spools(written, change.tombstones):  # many keys: built in bounded memory
+        delta = key_delta.spooled_delta(io, index, written, delete_files, change.written_keys, change.tombstones, base=not segments)
+        if delta is not None and delta.entries:
+            segments.append(delta)
+    elif moves:
+        entries = file_entries(io, index, written, delete_files, change.written_keys)
         delta = delta_segment(index, entries, removed)
         if delta is not None and not segments:
             # Nothing older: the delta is the whole index. Its tombstones (of keys that were never
@@ -511,87 +517,3 @@ def delta_segment(index: KeyIndex, entries: pa.Table, removed_keys: pa.Table | N
     if dup:
         raise KeyViolationError(f"the commit would leave several live rows with the same key, e.g. {dup}")
     return segment
-
-
-def _file_entries(
-    io: FileIO, index: KeyIndex, written: Sequence[FileLineage], delete_files: Sequence[DataFile], known: Mapping[str, pa.Table],
-    narrow: bool = False,
-) -> pa.Table:
-    """Entries for the rows of data files (a commit's new files, or live files without delete files) that
-    ``delete_files`` (position deletes) leave live: key columns read by name (or taken from ``known``),
-    lineage decoded from the files' runs. ``narrow``: integer columns whose values fit come as int32
-    (what :func:`make_segment` stores; a build of 10M entries then writes half the bytes)."""
-    schema = entry_schema(index.key)
-    if not written:
-        return schema.empty_table()
-    dead = _deleted_now([fl.file_path for fl in written], delete_files)
-    key_parts: list[pa.Table] = []
-    ints: dict[str, list[np.ndarray]] = {ROW_ID: [], POS: [], CREATED: [], UPDATED: []}
-    file_ids: list[np.ndarray] = []
-    for i, fl in enumerate(written):
-        keys = known.get(fl.file_path)
-        if keys is None:
-            keys = read_file_keys(io, fl.file_path, index.names)
-        if keys.num_rows != fl.record_count:
-            raise LineageMetadataError(f"{fl.file_path} has {keys.num_rows} rows, its lineage {fl.record_count}")
-        keys = index.conform_keys(keys)
-        gone = dead.get(fl.file_path)
-        if gone is None:  # every row is live: no gather
-            pos = np.arange(fl.record_count, dtype=np.int64)
-            key_parts.append(keys)
-            ints[ROW_ID].append(decode_sequence(fl.row_ids))
-            ints[CREATED].append(decode_values(fl.created))
-            ints[UPDATED].append(decode_values(fl.updated))
-        else:
-            keep = np.ones(fl.record_count, bool)
-            keep[gone[gone < fl.record_count]] = False
-            pos = np.flatnonzero(keep)
-            key_parts.append(keys.take(pa.array(pos)))
-            ints[ROW_ID].append(decode_sequence(fl.row_ids)[pos])
-            ints[CREATED].append(decode_values(fl.created)[pos])
-            ints[UPDATED].append(decode_values(fl.updated)[pos])
-        ints[POS].append(pos)
-        file_ids.append(np.full(len(pos), i, np.int32))
-    # The file path as a dictionary (one string per file, not per row): segments store it that way.
-    files = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(file_ids), pa.int32()), pa.array([fl.file_path for fl in written], pa.string()))
-    keys = pa.concat_tables(key_parts)
-
-    def joined(name: str) -> pa.Array:
-        parts = ints[name]
-        fits = narrow and all(not len(p) or (int(p.min()) >= _INT32.min and int(p.max()) <= _INT32.max) for p in parts)
-        dtype = np.int32 if fits else np.int64
-        if len(parts) == 1:
-            return pa.array(parts[0].astype(dtype, copy=False))
-        return pa.array(np.concatenate(parts, dtype=dtype))
-
-    columns = [keys.column(k.name) for k in index.key] + [joined(ROW_ID), files] + [joined(c) for c in (POS, CREATED, UPDATED)]
-    return pa.Table.from_arrays(columns, names=schema.names)
-
-
-_INT32 = np.iinfo(np.int32)
-
-
-def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
-    """Key columns of a data file a commit writes (by name: it was written with the current schema)."""
-    with io.new_input(path).open() as f:
-        return pq.ParquetFile(f).read(columns=names, use_threads=False)
-
-
-def _deleted_now(paths: list[str], delete_files: Sequence[DataFile]) -> dict[str, np.ndarray]:
-    """Positions of ``paths`` removed by the commit's own position delete files."""
-    wanted = set(paths)
-    ordered = sorted(wanted)
-    out: dict[str, np.ndarray] = {}
-    for d in delete_files:
-        if d.content != DataFileContent.POSITION_DELETES:
-            continue
-        lo = (d.lower_bounds or {}).get(PATH_FIELD_ID)
-        hi = (d.upper_bounds or {}).get(PATH_FIELD_ID)
-        if lo is not None and hi is not None:
-            first = bisect.bisect_left(ordered, lo.decode())
-            if first == len(ordered) or ordered[first] > hi.decode():
-                continue  # no new file's path is in its path range (most delete files name one data file)
-        for p, pos in read_position_deletes(d.file_path).items():
-            if p in wanted:
-                out[p] = np.union1d(out.get(p, np.zeros(0, np.int64)), pos)
-    return out

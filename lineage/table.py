@@ -357,7 +357,7 @@ class Table:
             return spark_rewrite.delete(self._context, where, self._mode(mode, PROP_DELETE_MODE), spark)
         pred = parse_predicate(where, self._probe_schema(), prunable_columns(self.arrow_schema))
         mode = self._mode(mode, PROP_DELETE_MODE)
-        return run_write(self._context, delete_planner(self._context, pred), mode=mode, isolated=True)  # the plan seals its connection
+        return run_write(self._context, delete_planner(self._context, pred, mode), mode=mode, isolated=True)  # the plan seals its connection
 
     def update(
         self, where: str | BooleanExpression | None, set: Mapping[str, str], *, mode: str | None = None,  # noqa: A002
@@ -372,8 +372,8 @@ class Table:
         """
         if _engine(engine) == "spark":
             return spark_rewrite.update(self._context, where, set, self._mode(mode, PROP_UPDATE_MODE), spark, self._context.enforce_key)
-        plan = update_planner(self._context, where, set, enforce_key=self._context.enforce_key)
-        return run_write(self._context, plan, mode=self._mode(mode, PROP_UPDATE_MODE), isolated=True)  # the plan seals its connection
+        mode = self._mode(mode, PROP_UPDATE_MODE)
+        return run_write(self._context, update_planner(self._context, where, set, enforce_key=self._context.enforce_key, mode=mode), mode=mode, isolated=True)  # the plan seals its connection
 
     def upsert(self, data: object, *, skip_unchanged: bool = False, mode: str | None = None) -> CommitInfo:
         """Insert-or-update by the table key.

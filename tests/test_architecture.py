@@ -25,7 +25,7 @@ PACKAGES = ("lineage", "cdf", "index")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", (
         "lineage.errors", "lineage.properties", "lineage.properties_page", "lineage.columns", "lineage.arrays", "lineage.memory",
-        "lineage.catalog", "lineage.duck", "lineage.decoded_cache",
+        "lineage.catalog", "lineage.duck", "lineage.decoded_cache", "lineage.identity_cache",
         "lineage.storage", "lineage.storage.fileio", "lineage.storage.rle", "lineage.storage.puffin", "lineage.storage.s3_range",
         # the object store: settings, file systems, pyiceberg FileIO, DuckDB and Spark-worker access
         "lineage.storage.settings", "lineage.storage.files", "lineage.storage.store_fileio", "lineage.storage.duckdb_s3",
@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("format", (
         "lineage.storage.*", "lineage.storage.merged_deletes", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
-        "index", "index.deleted_rows", "index.segment_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
+        "index", "index.deleted_rows", "index.deleted_rows_stream", "index.key_entries", "index.key_delta", "index.segment_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
         "index.key_store", "index.key_legacy", "index.key_packed", "index.key_build", "index.key_merge",
     )),
     ("state", (
@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",
-                    "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups", "cdf.spark_groups")),
+                    "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups", "cdf.spark_groups")),
     ("facade", ("lineage", "lineage.table", "lineage.adoption", "lineage.streaming", "cdf", "cdf.api", "cdf.follow", "cdf.views",
                 "cdf.spark", "cdf.spark_source", "cdf.mv", "cdf.mv.api", "cdf.mv.engines", "cdf.mv.query", "cdf.mv.sql",
                 "cdf.mv.stored", "cdf.mv.view")),
@@ -60,7 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 OPERATION_GROUPS = {
     "writes": ("lineage.writes.*",),
     "maintenance": ("lineage.maintenance.*",),
-    "feed": ("cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream",
+    "feed": ("cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output", "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream",
              "cdf.groups", "cdf.spark_groups"),
 }
 

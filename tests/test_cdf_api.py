@@ -357,3 +357,18 @@ def test_a_feed_streamed_in_several_parts_leaves_the_decoded_row_group_cache_alo
         cdf.change_batches(t, 0).read_all()
     assert decoded_cache.CACHE.held > 0
     decoded_cache.clear()
+
+
+def test_live_images_removed_since_are_found_by_mask_or_by_sort_alike(history, monkeypatch):
+    """Live images of the range less those the index names as removed: a mask over the files' rows (small
+    files) or a sorted membership test (few images of large files) give the same feeds."""
+    import cdf.pointers as pointers
+
+    t, _ = history
+    feeds = {}
+    for slack in (pointers.MASK_SLACK, -(1 << 62)):  # the default, then the sorted test forced
+        monkeypatch.setattr(pointers, "MASK_SLACK", slack)
+        feeds[slack] = [(feed(cdf.changes(t, a, b)), feed(cdf.changes(t, a, b, net=True)))
+                        for a in range(t.version) for b in range(a + 1, t.version + 1)]
+    first, second = feeds.values()
+    assert first == second

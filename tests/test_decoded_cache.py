@@ -162,6 +162,7 @@ def test_reads_through_the_cache_equal_reads_without_it(tmp_path, budget, data):
 
 def test_the_second_read_decodes_only_what_the_first_did_not_keep(tmp_path, budget, monkeypatch):
     budget(1)
+    monkeypatch.setattr(values, "ONE_DECODE_BYTES", 0)  # every row group read as a large one: a column at a time
     path = str(tmp_path / "f.parquet")
     want = _write(path, 100, 1, 10)
     decoded: list[tuple[int, tuple[str, ...]]] = []
@@ -178,6 +179,23 @@ def test_the_second_read_decodes_only_what_the_first_did_not_keep(tmp_path, budg
     decoded.clear()
     values.read_at([path], np.zeros(1, np.int32), np.array([52]), TARGET, IDS, cache=False)
     assert sorted(decoded) == [(5, ("amount",)), (5, ("id",)), (5, ("name",))], "cache=False decodes and keeps nothing"
+
+
+def test_rows_of_a_small_row_group_are_decoded_in_one_read(tmp_path, budget, monkeypatch):
+    budget(1)
+    path = str(tmp_path / "f.parquet")
+    want = _write(path, 100, 3, 10)
+    decoded: list[tuple[int, tuple[str, ...]]] = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, i, columns=None, **k: decoded.append((i, tuple(columns))) or real(self, i, columns=columns, **k))
+    got = values.read_at([path], np.zeros(3, np.int32), np.array([57, 3, 51]), TARGET, IDS)
+    assert got.to_pylist() == [want.slice(p, 1).to_pylist()[0] for p in (57, 3, 51)]
+    assert sorted(decoded) == [(0, ("amount", "id", "name")), (5, ("amount", "id", "name"))], "one read per small row group"
+    decoded.clear()
+    monkeypatch.setattr(values, "ONE_DECODE_BYTES", 0)
+    got = values.read_at([path], np.zeros(1, np.int32), np.array([95]), TARGET, IDS, cache=False)
+    assert got.to_pylist() == [want.slice(95, 1).to_pylist()[0]]
+    assert sorted(decoded) == [(9, ("amount",)), (9, ("id",)), (9, ("name",))], "above the threshold: a column at a time"
 
 
 def test_jobs_whose_chunks_are_kept_run_in_the_calling_thread(tmp_path, budget, monkeypatch):

@@ -353,3 +353,58 @@ def test_many_files_are_removed_by_one_request_per_thousand(counted) -> None:
     files.delete_many(names)
     assert proxy.counts()["requests"] == {"POST": 2}
     assert puts.known(names[0]) is None and not any(files.exists(n) for n in names[:20] + names[-3:])
+
+
+def test_a_small_object_is_one_signed_put_and_a_large_one_goes_through_pyarrow(counted, monkeypatch) -> None:
+    import lineage.storage.files as files
+    import lineage.storage.s3_get as s3_get
+
+    lake, proxy = counted
+    root = lake.warehouse.rsplit("/", 1)[0]
+    files.register(root + "/", lake.properties)
+    signed = []
+    real = s3_get.put
+    monkeypatch.setattr(s3_get, "put", lambda location, data, settings: (signed.append(location), real(location, data, settings)))
+    monkeypatch.setattr(puts, "SINGLE_REQUEST_BYTES", 1000)
+    small, large, odd = f"{root}/o/small.bin", f"{root}/o/large.bin", f"{root}/o/a key+with=odd&chars ü.bin"
+    proxy.reset()
+    with puts.parallel_puts():
+        puts.put(small, b"s" * 1000)
+        puts.put(large, b"l" * 1001)
+        puts.put(odd, b"o" * 10)
+    assert sorted(signed) == sorted([small, odd])
+    assert proxy.counts()["requests"] == {"PUT": 3}  # one request each, no HEAD, no multipart upload
+    puts.forget()
+    assert puts.read(small) == b"s" * 1000 and puts.read(large) == b"l" * 1001 and puts.read(odd) == b"o" * 10
+
+
+def test_a_put_to_an_unreachable_store_is_an_os_error_and_names_no_secret() -> None:
+    import lineage.storage.s3_get as s3_get
+    from lineage.storage.settings import StoreSettings
+
+    settings = StoreSettings(endpoint="http://127.0.0.1:9", region="us-east-1", access_key_id="k", secret_access_key="very-secret")
+    with pytest.raises(OSError, match="writing s3://b/k failed") as info:
+        s3_get.put("s3://b/k", b"x", settings)
+    assert "very-secret" not in str(info.value)
+
+
+def test_a_small_write_opens_duckdb_early_so_the_first_fold_does_not_wait(counted, monkeypatch) -> None:
+    import threading
+
+    import lineage.duck as duck
+    import lineage.writes.small_files as small_files
+
+    lake, _ = counted
+    opened = []
+    real = duck.connect
+    monkeypatch.setattr(duck, "connect", lambda *a, **k: (opened.append(threading.current_thread().name), real(*a, **k))[1])
+    monkeypatch.setattr(small_files, "_early", [])  # as in a fresh process
+    t = lineage.create_table("s.t", SCHEMA, key=["id"], **lake.where(), properties={"lineage.write.fold.min-files": "3"})
+    t.append(_rows(np.arange(1000), "a"))
+    t.upsert(_rows(np.array([1, 2000]), "u"))
+    small_files._early[0].join(60)
+    assert opened[:1] == ["lineage-duckdb-open"]  # before any fold, off the writer's thread
+    folded = [t.upsert(_rows(np.arange(start, start + 10), "i")).data_files_removed for start in range(3000, 3040, 10)]
+    assert max(folded) >= 3, folded  # small files, then a fold of them
+    assert len(small_files._early) == 1 and t.count() == 1041
+    assert sorted(t.scan(columns=["id"])["id"].to_pylist()) == sorted([*range(1000), 2000, *range(3000, 3040)])

@@ -132,6 +132,33 @@ def test_a_write_with_a_users_expression_folds_the_small_files_it_does_not_touch
     assert {r["id"]: r["_row_id"] for r in t.scan(columns=["id", "_row_id"]).to_pylist()} == before
 
 
+@pytest.mark.parametrize("format_version", [2, 3])
+def test_a_fold_writes_the_manifests_it_rewrites_as_one(warehouse: str, format_version: int) -> None:
+    """Each small commit adds a data manifest of its own (merged only past min-count-to-merge); a fold removing their
+    files rewrites them as one manifest per content, not one each: one object for them on a store."""
+    t = lineage.create_table("db.t", SCHEMA, key=["id"], warehouse=warehouse, properties={"format-version": str(format_version)})
+    t.append(_base())
+    for start in range(5000, 5080, 10):  # eight small files, each in a manifest of its own
+        t.append(pa.table({"id": list(range(start, start + 10)), "name": ["n"] * 10, "amount": [1.0] * 10}, schema=SCHEMA))
+    before = rows(t.scan(with_lineage=True).sort_by("id"))
+    t.iceberg.refresh()
+    manifests_before = len(t.iceberg.current_snapshot().manifests(t.iceberg.io))
+    ids = [1, 2, 3, 4, 5, 9000, 9001, 9002, 9003, 9004]  # 5 updates, 5 inserts: 10 rows written, as each small file holds
+    info = t.upsert(pa.table({"id": ids, "name": ["u"] * 5 + ["i"] * 5, "amount": [2.0] * 10}, schema=SCHEMA))
+    assert info.data_files_removed == 8, info  # the eight small files folded into the upsert's file
+    t.iceberg.refresh()
+    snapshot = t.iceberg.current_snapshot()
+    written = [m for m in snapshot.manifests(t.iceberg.io) if m.added_snapshot_id == snapshot.snapshot_id]
+    data = [m for m in written if m.content == 0]
+    # the upsert's new file, and the eight rewritten manifests as one (their files DELETED)
+    assert len(data) == 2 and sorted(m.deleted_files_count for m in data) == [0, 8], [(m.manifest_path, m.deleted_files_count) for m in data]
+    assert manifests_before == 9 and len(snapshot.manifests(t.iceberg.io)) == 4  # base, new, the one rewritten, deletes
+    after = {r[0]: r for r in rows(t.scan(with_lineage=True).sort_by("id"))}
+    assert [after[i][1:3] for i in ids] == [("u", 2.0)] * 5 + [("i", 2.0)] * 5
+    assert [r for r in before if r[0] not in ids] == [r for r in after.values() if r[0] not in ids]  # rows moved, unchanged
+    assert_interop(t)
+
+
 def _delete_paths(t: lineage.Table) -> list[str]:
     t.refresh()
     return [p for p, c in zip(*t.iceberg.inspect.files().select(["file_path", "content"]).to_pydict().values(), strict=True) if c == 1]

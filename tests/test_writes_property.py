@@ -20,7 +20,9 @@ The same property runs over an unpartitioned table, a ``bucket(4, id)`` one
 unset with a file-scoped limit of 1) and one
 identity-partitioned on ``name`` (so updates move rows between partitions)
 with ``write.delete.granularity=partition``; a tiny
-``write.target-file-size-bytes`` is drawn too, so writes span several files.
+``write.target-file-size-bytes`` is drawn too, so writes span several files. The ``grouped-*``
+configurations run deletes and updates a group of data files of at most two rows at a time
+(``LINEAGE_WRITE_GROUP_ROWS``, :mod:`lineage.writes.grouped`), locally and on S3.
 Set ``LINEAGE_PROPERTY_EXAMPLES`` to run more examples than the default 15.
 """
 
@@ -30,6 +32,7 @@ import io as _io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +45,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent
 
 import lineage
 from lineage.storage.deletes import read_position_deletes, referenced_data_path
+from lineage.writes.grouped import ENV_GROUP_ROWS
 
 # ---------------------------------------------------------------- the model
 
@@ -376,7 +380,11 @@ CONFIGS: dict[str, tuple[list[str] | None, list[str | None]]] = {
     # Iceberg format version 3: deletes are deletion vectors, and assert_interop checks the native row lineage too
     "v3-unpartitioned": (None, [None]),
     "v3-identity": (["name"], [None]),
+    # Deletes and updates a group of data files at a time (lineage.writes.grouped): groups of at most two rows
+    "grouped-bucket": (["bucket(4, id)"], [None, "file", "partition"]),
+    "grouped-v3-unpartitioned": (None, [None]),
 }
+GROUPED = "grouped-"
 # A tiny target file size makes every write split its rows over several data files.
 TARGET_FILE_SIZES = [None, "64"]
 
@@ -447,7 +455,7 @@ def test_writes_match_model(config: str, data: st.DataObject) -> None:
     _writes_match_model(config, data, None)
 
 
-@pytest.mark.parametrize("config", ["unpartitioned", "bucket", "v3-unpartitioned"])
+@pytest.mark.parametrize("config", ["unpartitioned", "bucket", "v3-unpartitioned", "grouped-bucket", "grouped-v3-unpartitioned"])
 @settings(PROPERTY_SETTINGS, max_examples=S3_PROPERTY_EXAMPLES, phases=S3_PHASES)
 @given(data=st.data())
 def test_writes_match_model_on_s3(moto_server, config: str, data: st.DataObject) -> None:  # noqa: ANN001
@@ -468,9 +476,10 @@ def _writes_match_model(config: str, data: st.DataObject, server) -> None:  # no
     if target is not None:
         properties["write.target-file-size-bytes"] = target
     note(f"table: partition_by={partition_by} properties={properties}")
-    with temp_lake(server, "lineage-prop-") as lake:
+    group_rows = {ENV_GROUP_ROWS: "2"} if config.startswith(GROUPED) else {}
+    with temp_lake(server, "lineage-prop-") as lake, mock.patch.dict(os.environ, group_rows):
         table = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=partition_by, properties=properties,
-                                     format_version=3 if config.startswith("v3") else None, **lake.where())
+                                     format_version=3 if config.removeprefix(GROUPED).startswith("v3") else None, **lake.where())
         model = Model()
         for _ in range(data.draw(st.integers(3, 7), label="steps")):
             _step(data, table, model)

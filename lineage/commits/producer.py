@@ -272,7 +272,7 @@ class LineageSnapshotProducer(_OverwriteFiles):
             return (bool(removed) and e.data_file in removed) or (
                 bool(vectors) and (e.data_file.file_path, v3.referenced_data_file(e.data_file)) in vectors)
         slots: list[ManifestFile | list[_Rewrite]] = []  # in order: carried as they are, or rewritten (a group each)
-        open_groups: dict[int, tuple[list[_Rewrite], list[int]]] = {}  # v3 delete manifests: spec id -> group, its bytes
+        open_groups: dict[tuple[ManifestContent, int], tuple[list[_Rewrite], list[int]]] = {}  # (content, spec id) -> group, its bytes
         for manifest in manifests_of(parent, self._io, self._v3):
             live_count = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
             if manifest.added_files_count is not None and manifest.existing_files_count is not None and live_count == 0:
@@ -288,16 +288,18 @@ class LineageSnapshotProducer(_OverwriteFiles):
                 slots.append(manifest)
                 continue
             rewrite = _Rewrite(manifest, entries, hit)
-            if not (self._v3 and manifest.content == ManifestContent.DELETES and not stale and not upgrade):
+            if stale or upgrade:
                 slots.append([rewrite])
                 continue
-            # v3: every commit replaces the vectors of the files it deletes from, spread over the delete manifests; the
-            # manifests it rewrites become one (up to the target manifest size), so a commit writes two delete manifests
-            # (its new vectors, the carried ones) rather than one per manifest touched.
-            group, size = open_groups.get(manifest.partition_spec_id, (None, [0]))
+            # The manifests a commit rewrites become one per content and spec (up to the target manifest size), not one
+            # each: a commit replacing the delete files (v3: vectors) of the files it deletes from, spread over the delete
+            # manifests, or folding small data files each added by a commit of its own (lineage.writes.small_files),
+            # writes one object for them, not one per manifest touched.
+            key = (manifest.content, manifest.partition_spec_id)
+            group, size = open_groups.get(key, (None, [0]))
             if group is None or size[0] + _manifest_weight(manifest) > self._merge_settings.target_bytes:
                 group, size = [], [0]
-                open_groups[manifest.partition_spec_id] = (group, size)
+                open_groups[key] = (group, size)
                 slots.append(group)
             group.append(rewrite)
             size[0] += _manifest_weight(manifest)

@@ -31,6 +31,7 @@ from pyiceberg.types import DoubleType, FloatType, NestedField
 
 import lineage.columns as columns
 from lineage.arrays import unique
+from lineage.identity_cache import IdentityCache
 from lineage.errors import InvalidArgumentError, KeyViolationError, SchemaMismatchError, UnknownColumnError
 
 LINEAGE_COLUMNS = columns.LINEAGE_COLUMNS  # the reserved names are defined in lineage.columns
@@ -122,10 +123,21 @@ def partition_spec(schema: Schema, partition_by: Sequence[str] | None) -> Partit
 
 
 def arrow_schema(schema: Schema) -> pa.Schema:
-    """The pyarrow schema (without field-id metadata) that reads of the table return."""
+    """The pyarrow schema (without field-id metadata) that reads of the table return.
+
+    Kept per schema (both are immutable): a commit asks for it about ten times,
+    and converting it anew cost a change-stream commit 2 to 3 ms of CPU.
+    """
+    return _ARROW_SCHEMAS.get(schema, lambda: _arrow_schema(schema))
+
+
+def _arrow_schema(schema: Schema) -> pa.Schema:
     from pyiceberg.io.pyarrow import schema_to_pyarrow  # imports pyarrow.dataset and pandas: not with the library
 
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema_to_pyarrow(schema, include_field_ids=False)])
+
+
+_ARROW_SCHEMAS: IdentityCache[pa.Schema] = IdentityCache()
 
 
 _FAMILIES = (

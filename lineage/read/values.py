@@ -51,6 +51,7 @@ WORKERS = 2  # decoding threads; the machines we target have few cores
 SPLIT_BYTES = 4 << 20  # a row group over this many uncompressed bytes, and over a worker's share of all, is split by columns
 DICTIONARY_SHARE = 1 / 16  # a string chunk whose dictionary page is larger than this share of it is read plain,
 DICTIONARY_SMALL = 16 << 10  # unless the page is this small
+ONE_DECODE_BYTES = 1 << 20  # rows taken from a row group whose columns asked for hold at most this (uncompressed): one decode
 
 
 @dataclass(frozen=True)
@@ -285,9 +286,13 @@ def _read_columns(f: _File, positions: np.ndarray, row_group: int, columns: tupl
     if len(positions) == int(f.sizes[row_group]):
         return row_group_columns(f.local, f.info, row_group, columns, read)
     # Rows taken from the group: one column decoded at a time, so that the decoder's buffers (a few
-    # times the decoded column) are those of one column, not of the whole row group.
+    # times the decoded column) are those of one column, not of the whole row group; a small group in one
+    # decode (a change stream's strict check reads a few rows of each of its small files every commit).
     taken = pa.array(positions - int(f.starts[row_group]), pa.int64())
-    cols = [row_group_columns(f.local, f.info, row_group, (c,), read).column(0).take(taken) for c in columns]
+    if sum(f.info.column_bytes[c][row_group] for c in columns) <= ONE_DECODE_BYTES:
+        cols = [c.take(taken) for c in row_group_columns(f.local, f.info, row_group, columns, read).columns]
+    else:
+        cols = [row_group_columns(f.local, f.info, row_group, (c,), read).column(0).take(taken) for c in columns]
     return _without_large_dictionaries(pa.Table.from_arrays(cols, names=list(columns)))
 
 

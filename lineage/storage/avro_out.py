@@ -32,6 +32,7 @@ from pyiceberg.table import TableProperties
 from pyiceberg.typedef import EMPTY_DICT, UTF8
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
+from lineage.identity_cache import struct_of
 from lineage.storage.fileio import ImmutableFileCache
 
 
@@ -87,19 +88,19 @@ class BufferedAvroOutput(AvroOutputFile[Any]):
         self.schema_name = schema_name
         self.sync_bytes = os.urandom(SYNC_SIZE)
         self.metadata = metadata
-        record = None if record_schema is None else record_schema.as_struct()
+        record = None if record_schema is None else struct_of(record_schema)
 
         def build() -> Writer:
             writer = construct_writer(file_schema) if record_schema is None else resolve_writer(record_schema, file_schema)
             return writer if memo_field is None else _memoized(writer, file_schema, memo_field)
-        self.writer = _WRITERS.get((file_schema.as_struct(), record, memo_field), build)
+        self.writer = _WRITERS.get((struct_of(file_schema), record, memo_field), build)
         self.written: list[Any] = []
 
     def _write_header(self) -> None:
         codec = self.metadata.get(AVRO_CODEC_KEY, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT)
         codec = CODEC_MAPPING_ICEBERG_TO_AVRO.get(codec, codec)
         schema = _AVRO_SCHEMAS.get(
-            (self.file_schema.as_struct(), self.schema_name),
+            (struct_of(self.file_schema), self.schema_name),
             lambda: json.dumps(AvroSchemaConversion().iceberg_to_avro(self.file_schema, schema_name=self.schema_name)),
         )
         header = AvroFileHeader(MAGIC, {**self.metadata, _SCHEMA_KEY: schema, AVRO_CODEC_KEY: codec}, self.sync_bytes)

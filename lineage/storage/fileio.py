@@ -92,10 +92,10 @@ def read_range(fileio: FileIO | None, path: str, offset: int, length: int) -> by
         return f.read(length)
 
 
-def write_parquet(fileio: FileIO, path: str, table: pa.Table) -> int:
-    """Write an Arrow table as a zstd Parquet file; return bytes written."""
+def write_parquet(fileio: FileIO, path: str, table: pa.Table, *, use_dictionary: bool = True) -> int:
+    """Write an Arrow table as a zstd Parquet file (``use_dictionary``: dictionary-encode columns where it pays); return bytes written."""
     sink = _io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
     return write_bytes(fileio, path, sink.getvalue())
 
 

@@ -22,6 +22,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import LongType, NestedField
 
+from lineage.identity_cache import IdentityCache
+
 ROW_ID_FIELD_ID = 2147483540
 LAST_UPDATED_FIELD_ID = 2147483539
 ROW_ID_NAME = "_row_id"
@@ -35,21 +37,30 @@ def writes_lineage_columns(metadata: TableMetadata) -> bool:
 
 
 def write_schema(schema: Schema) -> Schema:
-    """``schema`` plus the two row lineage fields, as data files are written with them."""
-    return Schema(
+    """``schema`` plus the two row lineage fields, as data files are written with them (built once per schema)."""
+    return _WRITE_SCHEMAS.get(schema, lambda: Schema(
         *schema.fields,
         NestedField(ROW_ID_FIELD_ID, ROW_ID_NAME, LongType(), required=False),
         NestedField(LAST_UPDATED_FIELD_ID, LAST_UPDATED_NAME, LongType(), required=False),
         schema_id=schema.schema_id,
         identifier_field_ids=schema.identifier_field_ids,
-    )
+    ))
 
 
 def write_metadata(metadata: TableMetadata) -> TableMetadata:
-    """``metadata`` whose current schema is :func:`write_schema` of the table's (for pyiceberg's file writer)."""
-    current = metadata.schema()
-    schemas = [write_schema(s) if s.schema_id == current.schema_id else s for s in metadata.schemas]
-    return metadata.model_copy(update={"schemas": schemas})
+    """``metadata`` whose current schema is :func:`write_schema` of the table's (for pyiceberg's file writer; built once
+    per metadata object: every data file a commit writes asks for it)."""
+    def build() -> TableMetadata:
+        current = metadata.schema()
+        schemas = [write_schema(s) if s.schema_id == current.schema_id else s for s in metadata.schemas]
+        return metadata.model_copy(update={"schemas": schemas})
+
+    return _WRITE_METADATA.get(metadata, build)
+
+
+# Schemas and metadata are immutable: the derived ones are kept per object (a validated Schema costs about a millisecond).
+_WRITE_SCHEMAS: IdentityCache[Schema] = IdentityCache()
+_WRITE_METADATA: IdentityCache[TableMetadata] = IdentityCache(size=16)
 
 
 def with_lineage_columns(body: pa.Table, row_ids: np.ndarray, updated: np.ndarray | None) -> pa.Table:

@@ -58,6 +58,7 @@ from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
 from lineage.storage.avro_out import BufferedAvroOutput
 from lineage.storage.fileio import ImmutableFileCache
+from lineage.identity_cache import struct_of
 
 FORMAT_VERSION = 3
 _V3_DATA_FIELDS = len(DATA_FILE_TYPE[3].fields)  # 20: v2's 16 plus first_row_id, referenced_data_file, content_offset, size
@@ -72,7 +73,7 @@ def entry_schema(spec: PartitionSpec, schema: Schema, format_version: TableVersi
     pyiceberg declares ``equality_ids`` ``list<long>``; Iceberg Java then fails
     to read a manifest holding an equality delete file (ClassCastException).
     """
-    key = (spec.spec_id, tuple(spec.fields), schema.as_struct(), format_version)
+    key = (spec.spec_id, tuple(spec.fields), struct_of(schema), format_version)
     return _ENTRY_SCHEMAS.get(key, lambda: _entry_schema(spec, schema, format_version))
 
 

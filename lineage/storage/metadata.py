@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
+from lineage.arrays import list_array
 from lineage.storage.commit_log import CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.storage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
@@ -97,10 +98,10 @@ def check_format(kind: str, found_kind: str | None, found_version: Any, path: st
         )
 
 
-def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table, kind: str) -> int:
+def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table, kind: str, *, use_dictionary: bool = True) -> int:
     """Write ``table`` as a Parquet file tagged with its format ``kind`` and version; return its size."""
     tagged = table.replace_schema_metadata({"lineage.format": kind, "lineage.format-version": str(FORMAT_VERSION)})
-    return write_parquet(fileio, path, tagged)
+    return write_parquet(fileio, path, tagged, use_dictionary=use_dictionary)
 
 
 def open_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str, supported: int = FORMAT_VERSION) -> pq.ParquetFile:
@@ -170,7 +171,13 @@ class FileLineage:
 
 
 def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
-    """Write a segment describing ``files``; return its size in bytes."""
+    """Write a segment describing ``files``; return its size in bytes.
+
+    The runs' arrays become list columns without a conversion per value, and
+    are stored without dictionary encoding: a commit that rewrote a million
+    scattered rows has a million runs, whose dictionary cost ~170 MB to build
+    and made the file larger.
+    """
     cols: dict[str, list[Any]] = {f.name: [] for f in _SEGMENT_SCHEMA}
     for fl in files:
         cols["file_path"].append(fl.file_path)
@@ -178,7 +185,9 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
         for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
             cols[f"{prefix}_{first}"].append(runs.values)
             cols[f"{prefix}_lengths"].append(runs.lengths)
-    size = write_tagged_parquet(fileio, path, pa.table(cols, schema=_SEGMENT_SCHEMA), SEGMENT_FORMAT)
+    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
+    table = pa.Table.from_arrays(arrays, schema=_SEGMENT_SCHEMA)
+    size = write_tagged_parquet(fileio, path, table, SEGMENT_FORMAT, use_dictionary=False)
     _SEGMENT_CACHE.get(path, lambda: tuple(files))
     return size
 

@@ -33,6 +33,8 @@ import lineage.storage.objects as objects
 import lineage.storage.s3_get as s3_get
 import lineage.storage.s3_reader as s3_reader
 
+SINGLE_REQUEST_BYTES = 16 << 20  # a remote object up to this size is one signed PutObject; larger ones a multipart upload
+
 PARALLEL_REQUESTS = 16  # independent object-store requests in flight at once (each one costs a round trip)
 
 MAX_IN_FLIGHT_BYTES = 256 << 20  # a writer sending more waits for earlier requests to land (memory stays bounded)
@@ -115,6 +117,9 @@ def _reserve(size: int) -> None:
 
 
 def _put(location: str, data: bytes) -> None:
+    if files.is_remote(location) and len(data) <= SINGLE_REQUEST_BYTES:
+        s3_get.put(location, data, files.settings_for(location))
+        return
     fs, path = files.filesystem(location)
     with fs.open_output_stream(path) as out:
         out.write(data)

@@ -1,4 +1,4 @@
-"""Reading a whole object of an S3-compatible store, or a byte range of it, in one request; removing objects.
+"""Reading a whole object of an S3-compatible store, or a byte range of it, in one request; writing and removing objects.
 
 pyarrow's S3 file system (and DuckDB's ``httpfs``) asks for an object's size
 with a HEAD request before every read, so reading a small file whole costs
@@ -135,6 +135,18 @@ def get_range(location: str, settings: StoreSettings, byte_range: str | None) ->
     whole = reply.headers.get("Content-Range")  # "bytes 0-99/1234" for a range
     data = reply.data
     return data, int(whole.rsplit("/", 1)[1]) if whole else len(data)
+
+
+def put(location: str, data: bytes, settings: StoreSettings) -> None:
+    """Write ``data`` as the object at ``location`` with one ``PutObject`` request (``OSError`` when it fails).
+
+    The caller names a fresh object (files are written once): sending the
+    same request again after a connection error or a 5xx reply is safe.
+    pyarrow's output stream costs more CPU per object (a stream, a
+    background upload and its bookkeeping) for the same single request.
+    """
+    _send("PUT", location, object_url(location, settings), settings, {"Content-Type": "application/octet-stream"},
+          f"writing {location}", bytes(data))
 
 
 def delete(location: str, settings: StoreSettings) -> None:

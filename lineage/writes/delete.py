@@ -18,21 +18,26 @@ from lineage.context import TableContext
 from lineage.read.scan import register_live_view
 from lineage.sql.predicate import Predicate
 from lineage.state import TableState
-from lineage.writes import key_checks
+from lineage.properties import MERGE_ON_READ
+from lineage.writes import grouped, key_checks
 from lineage.writes.capture import old_values, split_old
 from lineage.writes.plan import Plan
 from lineage.writes.rows import REMOVED_COLS
 
 
-def delete_planner(table: TableContext, pred: Predicate) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
-    """The plan function of a delete of the rows ``pred`` matches (the plan seals its connection)."""
+def delete_planner(table: TableContext, pred: Predicate, mode: str) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
+    """The plan function of a delete of the rows ``pred`` matches (the plan seals its connection); merge-on-read
+    deletes over more than one group of rows go group by group (:mod:`lineage.writes.grouped`)."""
 
     def plan(state: TableState, con: duckdb.DuckDBPyConnection) -> Plan:
         files = state.live_files(pred.prune)
         schema = table.arrow_schema
-        duck.seal(con, register_live_view(con, "live", files, schema, table.field_ids()), exact_floats=pred.reads_floats)
         key = table.key if index_enabled(state.iceberg) else []
         old = old_values(schema) if table.capture_preimages else ""
+        if mode == MERGE_ON_READ and grouped.is_grouped(files):
+            query = grouped.GroupQuery(f"{REMOVED_COLS}{key_checks.select_list(key)}{old}", key)
+            return grouped.grouped_plan(table, state, files, pred, query, "delete", bool(old), table.field_ids())
+        duck.seal(con, register_live_view(con, "live", files, schema, table.field_ids()), exact_floats=pred.reads_floats)
         rows, values = split_old(duck.fetch_arrow(con, f"SELECT {REMOVED_COLS}{key_checks.select_list(key)}{old} FROM live WHERE ({pred.sql})"), schema)
         removed = rows.select(REMOVED_COLS.split(", "))
         change = KeyIndexChange(removed_keys=rows.select(key)) if key else None

@@ -30,7 +30,7 @@ from lineage.read.scan import register_live_view
 from lineage.iceberg.schema import projection_field_ids
 from lineage.state import LiveFile, TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
-from lineage.writes import key_checks
+from lineage.writes import chunked_upsert, key_checks
 from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.plan import Plan
 from lineage.properties import capture_preimages
@@ -83,7 +83,9 @@ def merge_planner(
             removed = pa.concat_tables([removed, gone.cast(removed.schema)])
             if values is not None and gone_values is not None:
                 values = pa.concat_tables([values, gone_values])
-        change = KeyIndexChange(removed_keys=removed.select(key), index=index) if index is not None else None
+        # the updated rows' keys are written again: only the deleted ones are tombstones (index.key_delta)
+        change = KeyIndexChange(removed_keys=removed.select(key), index=index, tombstones=removed.select(key).slice(removed.num_rows - deleted)) \
+            if index is not None else None
         return Plan(
             operation, files=files, removed=removed.select(REMOVED_COLS.split(", ")), removed_values=values, new_images=images, inserts=inserts,
             inserted=inserts.num_rows, updated=removed.num_rows - deleted, deleted=deleted, properties=properties, key_index=change,
@@ -108,11 +110,14 @@ def merge_planner(
             # Old values are needed to compare: scan only the files the index says hold a batch key.
             hit = np.unique(key_checks.file_ids(files, index.lookup(con.execute("SELECT * FROM probe").to_arrow_table())))
             return scan_plan(state, [files[i] for i in hit], con, index)
+        if chunked_upsert.uses_chunks(batch, index, skip_unchanged, files):
+            return chunked_upsert.chunked_upsert(table, state, index, files, batch, dkeys, operation, properties)
         m = key_checks.match_upserts(index, files, batch, dkeys)
         images = m.images.append_column(pa.field(HIDDEN_ROW_ID, pa.int64(), False), m.row_ids).append_column(pa.field(HIDDEN_CREATED, pa.int64(), False), m.created)
         return Plan(
             operation, files=files, removed=m.removed, new_images=images, inserts=m.inserts, inserted=m.inserts.num_rows,
-            updated=m.updated, deleted=m.deleted, properties=properties, key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index),
+            updated=m.updated, deleted=m.deleted, properties=properties,
+            key_index=KeyIndexChange(removed_keys=m.removed_keys, index=index, tombstones=m.removed_keys.slice(m.updated)),
         )
 
     return plan

@@ -21,6 +21,8 @@ it sits in a file of that size, and the files a commit touches stay few.
 
 from __future__ import annotations
 
+import atexit
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +32,7 @@ from pyiceberg.manifest import DataFile
 
 import lineage.duck as duck
 import lineage.properties as props
+import lineage.storage.files as storage_files
 import lineage.storage.prefetch as prefetch
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 from lineage.commits.merge_rule import pack_from_end
@@ -135,6 +138,8 @@ def fold_untouched(
     policy = FoldPolicy.of(table.iceberg.metadata.properties)
     if state.snapshot is None or policy.max_rows <= 0 or not 0 < written_rows <= policy.max_rows:
         return [], []
+    if storage_files.is_remote(table.iceberg.metadata.location):
+        open_duckdb_early()
     touched = {files[fid].path for fid in groups}
     others = [f for f in state.files().files.values() if f.path not in touched]
     folded_rows = sum(live_row_count(files[fid]) - len(groups[fid]["__pos"]) for fid in rewrite)
@@ -143,6 +148,36 @@ def fold_untouched(
         return [], []
     nothing = np.zeros(0, np.int64)
     return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, created)
+
+
+_EARLY_LOCK = threading.Lock()
+_early: list[threading.Thread] = []
+
+
+def open_duckdb_early() -> None:
+    """Open the process's shared DuckDB database on a background thread, once, so a later fold does not wait for it.
+
+    A fold reads the files it rewrites through DuckDB (:func:`rewrite_kept`);
+    a writer that makes small commits on an object store may use no DuckDB
+    until its first fold, which would then wait for the database to open and
+    load ``httpfs`` (tens of milliseconds, far more on a busy machine). A
+    small write starts that here instead, off the commit's path. A failure is
+    left for the fold to meet (and report) itself.
+    """
+    with _EARLY_LOCK:
+        if _early:
+            return
+        thread = threading.Thread(target=_open_shared_database, name="lineage-duckdb-open", daemon=True)
+        _early.append(thread)
+    thread.start()
+    atexit.register(thread.join, 30)  # a process ending right after its write waits for it rather than stop it mid-load
+
+
+def _open_shared_database() -> None:
+    try:
+        duck.connect().close()
+    except Exception:  # noqa: BLE001 - the fold opens it again and reports the error
+        pass
 
 
 def rewrite_kept(

@@ -26,11 +26,11 @@ from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
 from lineage.iceberg.schema import projection_field_ids
 from lineage.state import TableState
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
-from lineage.writes import key_checks
+from lineage.writes import grouped, key_checks
 from lineage.writes.capture import old_names, old_values, split_old
 from lineage.writes.checks import check_expression
 from lineage.writes.plan import Plan
-from lineage.properties import capture_preimages
+from lineage.properties import MERGE_ON_READ, capture_preimages
 from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 
 
@@ -58,9 +58,12 @@ def checked_set(schema: pa.Schema, where: str | BooleanExpression | None, set_: 
 
 
 def update_planner(
-    table: TableContext, where: str | BooleanExpression | None, set_: Mapping[str, str], *, enforce_key: bool
+    table: TableContext, where: str | BooleanExpression | None, set_: Mapping[str, str], *, enforce_key: bool, mode: str
 ) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:
-    """Check the arguments of an update and return its plan function (``enforce_key``: the table's key check is on)."""
+    """Check the arguments of an update and return its plan function (``enforce_key``: the table's key check is on).
+
+    A merge-on-read update over more than one group of rows that sets no key column goes group by group
+    (:mod:`lineage.writes.grouped`)."""
     schema = table.arrow_schema
     pred, select = checked_set(schema, where, set_)
     key_set = any(k in set_ for k in table.key) and enforce_key
@@ -69,11 +72,18 @@ def update_planner(
         index = KeyIndex.open(state) if key_set else None
         # Without an index the key check scans every file, so the plan must not prune any.
         files = state.live_files(pred.prune if index is not None or not key_set else None)
-        duck.seal(con, register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata)), exact_floats=pred.reads_floats)
         key = table.key if index_enabled(state.iceberg) else []
         # The removed images' keys for the key index (named apart from capture's __old_<i> values).
         old_keys = "".join(f", live.{quote_ident(k)} AS {quote_ident(f'__old_key_{i}')}" for i, k in enumerate(key))
         capture = capture_preimages(state.iceberg.metadata.properties)
+        if mode == MERGE_ON_READ and not key_set and grouped.is_grouped(files):
+            query = grouped.GroupQuery(
+                f"{select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, {REMOVED_COLS}{old_keys}"
+                f"{old_values(schema, 'live.') if capture else ''}",
+                [f"__old_key_{i}" for i in range(len(key))], [*schema.names, HIDDEN_ROW_ID, HIDDEN_CREATED],
+            )
+            return grouped.grouped_plan(table, state, files, pred, query, "update", capture, projection_field_ids(state.iceberg.metadata))
+        duck.seal(con, register_live_view(con, "live", files, schema, projection_field_ids(state.iceberg.metadata)), exact_floats=pred.reads_floats)
         con.execute(
             f"CREATE TEMP TABLE matched AS SELECT {select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, "
             f"{REMOVED_COLS}{old_keys}{old_values(schema, 'live.') if capture else ''} FROM live WHERE ({pred.sql})"
