@@ -115,9 +115,10 @@ def change_batches(
 ) -> pa.RecordBatchReader:
     """The rows of :func:`changes` (embedded engine), in the same order, as a stream of record batches.
 
-    For feeds too large to hold at once: memory holds the feed's plan (33
-    bytes per row while versions, file positions and row ids fit in 32 bits,
-    up to 53 when they need 64) and one part of at most ``batch_rows`` rows and about
+    For feeds too large to hold at once: memory holds the plan of one group
+    of the feed (:mod:`cdf.groups`: at most 500,000 images, by row ids and
+    version; 33 bytes per row while versions, file positions and row ids fit
+    in 32 bits, up to 53 when they need 64) and one part of at most ``batch_rows`` rows and about
     ``batch_bytes`` bytes of output (64 MiB by default; None: rows only), one
     row more where that keeps an update pair together, instead of the whole
     result. A part is dropped, and freed memory returned to the system,
@@ -141,18 +142,11 @@ def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, b
                 batch_bytes: int | None = DEFAULT_BATCH_BYTES) -> pa.RecordBatchReader:
     """:func:`change_batches` of a resolved range ``(a, b]`` of ``state``: planned now, values read part by part."""
     schema = change_schema(data, bool(state.lineage.purged))
-    try:
-        feed = stream.plan_feed(state, a, b, data, net)
-        width, measured = stream.row_bytes(state, data, len(feed))
-    finally:
-        release_if_grown()
-
-    planned = [feed]  # handed to the reader, so that the plan is freed when the last part is read, not with the reader
-    del feed
+    parts = stream.feed_parts(state, a, b, data, net, batch_rows, batch_bytes)  # the first group planned now
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            for part in stream.read_parts(planned.pop(), batch_rows, batch_bytes, width, measured):
+            for part in parts:
                 yield from part.to_batches()
                 del part  # not held while the next part is read
         finally:

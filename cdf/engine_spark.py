@@ -1,21 +1,25 @@
 """The change feed in Spark: the same plan (:mod:`cdf.plan`), values read and compared by executors.
 
-The driver computes the feed's skeleton from metadata (which image each row
-shows, its change type, version and place in the order) and ships it as a
-small DataFrame: one row per feed row, metadata only, files named by number.
+:func:`changes` is planned by executors, one group of row ids per task
+(:mod:`cdf.spark_groups`): the driver names metadata files and cuts the row
+ids from the commit log's counts, so its memory does not grow with the
+changed rows; every task builds its group's pointers, plan and values with
+the embedded engine's code, and Spark orders the rows as the feed is ordered.
+
+:func:`deleted_rows` computes its skeleton on the driver (which image each
+row shows, its version and place in the order) and ships it as a small
+DataFrame: one row per deleted row, metadata only, files named by number.
 Executors read the values: from data files inside ``mapInArrow``, with the
 embedded engine's value reader (only the row groups holding the skeleton's
 rows, columns matched by field id); from index segments that captured them,
 as value lists exploded in SQL and joined to the skeleton
 (``_metadata.file_path`` / ``_metadata.row_index`` locate an entry;
-:func:`lineage.spark.file_index` turns Spark's file URIs into numbers). They
-then apply the changed-columns rule of :mod:`cdf.plan` rendered as Spark SQL.
+:func:`lineage.spark.file_index` turns Spark's file URIs into numbers).
 The driver never collects table data.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,8 +27,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import cdf.groups as groups
 import cdf.plan as plan
-from cdf.dialect import SPARK
+import cdf.spark_groups as spark_groups
+import cdf.stream as stream
 from cdf.output import TIMESTAMP, change_schema, deleted_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import VALUE_PREFIX
@@ -34,6 +40,9 @@ from lineage.spark import file_index
 from lineage.state import TableState
 import lineage.storage.files as store
 import lineage.storage.spark_read as spark_read
+
+TASK_IMAGES = 500_000  # images a task of the Spark feed plans (its group of row ids), by the commit log's counts
+SPREAD_IMAGES = 50_000  # a feed of this many images gets a task per core at least
 
 # Up to this many skeleton rows are broadcast to every executor instead of shuffling the data rows.
 BROADCAST_POINTERS = 5_000_000
@@ -171,40 +180,24 @@ def images_df(spark: Any, state: TableState, p: Pointers, sk: plan.Skeleton, dat
     return images
 
 
-def _view(spark: Any, df: Any) -> str:
-    name = f"__lineage_images_{uuid.uuid4().hex[:12]}"
-    df.createOrReplaceTempView(name)
-    return name
-
-
 def changes(spark: Any, state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> Any:
-    """The change feed over ``(a, b]`` as a Spark DataFrame."""
-    p = change_pointers(state, a, b)
-    sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
-    view = _view(spark, images_df(spark, state, p, sk, data))
-    d = SPARK
-    cols = data.names
-    partners = "".join(
-        f", CASE WHEN __change = {plan.PREIMAGE} THEN {d.ident(c)} ELSE LAG({d.ident(c)}) OVER w END AS {d.ident(f'__pre{i}')}"
-        f", CASE WHEN __change = {plan.PREIMAGE} THEN LEAD({d.ident(c)}) OVER w ELSE {d.ident(c)} END AS {d.ident(f'__post{i}')}"
-        for i, c in enumerate(cols)
-    )
-    changed = plan.changed_sql(d, cols, "__pre", "__post")
-    update = f"__change IN ({plan.PREIMAGE}, {plan.POSTIMAGE})"
-    names = ", ".join(d.string(n) for n in plan.CHANGE_TYPES)
-    select_cols = "".join(f"{d.ident(c)}, " for c in cols)
-    purged = ", _purged" if p.purged is not None else ""
-    sql = f"""
-WITH paired AS (SELECT *{partners} FROM {view} WINDOW w AS (PARTITION BY __pair ORDER BY __change)),
-typed AS (SELECT *, CASE WHEN {update} THEN {changed} END AS _changed_columns FROM paired)
-SELECT {select_cols}element_at(array({names}), __change + 1) AS _change_type, _commit_version, _commit_timestamp, _row_id,
-       _row_created_at_version, _row_last_updated_at_version, _changed_columns{purged}
-FROM typed
-{f"WHERE NOT ({update}) OR {d.size('_changed_columns')} > 0" if net else ""}
-ORDER BY __ord
-"""
-    df = spark.sql(sql)
-    return df.select(*[f"`{n}`" for n in change_schema(data, p.purged is not None).names])
+    """The change feed over ``(a, b]`` as a Spark DataFrame, planned and read by executors one group of row ids per task.
+
+    The driver checks that the files the feed needs exist, cuts the row ids
+    into groups from the commit log's counts and names the metadata files
+    (:mod:`cdf.spark_groups`); it builds no pointer and reads no row id.
+    """
+    groups.check_files(state, a, b)
+    source = spark_groups.FeedSource.of(state, a, b)
+    images = groups.logged_images(state, a, b)
+    least = spark.sparkContext.defaultParallelism if images >= SPREAD_IMAGES else 1
+    ranges = groups.even_ranges(state, a, b, TASK_IMAGES, least)
+    schema = change_schema(data, bool(state.lineage.purged))
+    out = spark_groups.spark_schema(schema.append(pa.field(spark_groups.AFTER, pa.int8())))
+    width, _ = stream.row_bytes(state, data, 0)
+    fn = spark_read.with_settings(spark_groups.group_reader(source, ranges, a, b, data, net, width, out))
+    df = spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(fn, out)
+    return df.orderBy("_commit_version", "_row_id", spark_groups.AFTER).select(*[f"`{n}`" for n in schema.names])
 
 
 def deleted_rows(spark: Any, state: TableState, since: int, until: int, data: pa.Schema) -> Any:

@@ -27,6 +27,7 @@ from pyiceberg.io import FileIO
 
 from index.deleted_rows import IndexSegment, read_index
 from index.purged import is_purged, read_purged
+from index.segment_rows import read_rows
 from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
 from lineage.storage.files import local_path
@@ -34,6 +35,7 @@ from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
 
 LIVE = -1  # valid_to of an image that is still live
+RowRange = tuple[int, int]  # row ids from the first (inclusive) to the second (exclusive)
 MASK_SLACK = 1 << 20  # live images are checked against the removed ones by a mask over their files' rows up to 4 per image plus this
 
 
@@ -87,14 +89,14 @@ class _Builder:
         if len(loc):
             self.parts.append([source, loc, row_id, created, valid_from, valid_to])
 
-    def build(self, state: TableState, commit_ms: dict[int, int]) -> Pointers:
+    def build(self, io: FileIO, purged_path: str | None, commit_ms: dict[int, int]) -> Pointers:
         if self.parts:  # one column at a time, releasing the parts' column: the peak is the parts plus one column
             cols = _columns(self.parts)
         else:
             cols = [np.zeros(0, np.int32)] + [np.zeros(0, np.int64)] * 5
         purged = None
-        if state.lineage.purged:
-            purged = is_purged(read_purged(state.iceberg.io, state.lineage.purged), cols[2])
+        if purged_path:
+            purged = is_purged(read_purged(io, purged_path), cols[2])
         return Pointers(tuple(self.file_ids), tuple(self.captured), cols[0].astype(np.int32, copy=False), *cols[1:], purged=purged,
                         commit_ms=commit_ms)
 
@@ -109,8 +111,10 @@ def commit_timestamps(state: TableState, a: int, b: int) -> dict[int, int]:
     return {c.version: c.timestamp_ms for c in state.lineage.log.since(a) if c.version <= b}
 
 
-def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dict[str, set[int]]) -> None:
+def _add_index(builder: _Builder, seg: IndexSegment, a: int, b: int, pinned: dict[str, set[int]], rows: RowRange | None = None) -> None:
     keep = ((seg.valid_from > a) & (seg.valid_from <= b)) | ((seg.valid_to > a) & (seg.valid_to <= b))
+    if rows is not None:
+        keep &= in_rows(seg.row_ids, rows)
     rows = np.flatnonzero(keep)
     if not len(rows):
         return
@@ -149,8 +153,9 @@ def live_lineage(state: TableState) -> list[FileLineage]:
     return [fl for path, (_, fl) in by_file.items() if path in live]
 
 
-def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segments: list[IndexSegment]) -> None:
-    """Images of live files that start in ``(a, b]``, expanded from their lineage runs, less those removed since.
+def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segments: list[IndexSegment],
+               rows: RowRange | None = None) -> None:
+    """Images of live files that start in ``(a, b]`` (row ids in ``rows``), expanded from their lineage runs, less those removed since.
 
     An image that started after ``a`` and was removed since was removed after
     ``a``, so the index segments after ``a`` name it: they give the removed
@@ -170,13 +175,21 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
         count = int(np.count_nonzero(keep))
         if not count:
             continue
+        length = np.diff(pos_start, append=fl.record_count)
+        if rows is not None:  # runs clipped to the row ids in range (a run's row ids are consecutive)
+            lo, hi = np.maximum(rid_start, rows[0]), np.minimum(rid_start + length, rows[1])
+            keep &= hi > lo
+            count = int(np.count_nonzero(keep))
+            if not count:
+                continue
+            pos_start, rid_start, length = pos_start + (lo - rid_start), lo, hi - lo
         # a file written in the range keeps every run: its arrays are taken as they are (copied once, below)
         pick = (lambda x: x) if count == len(keep) else (lambda x: x[keep])  # noqa: B023
         fid = builder.file_id(fl.file_path)
         flat_base.extend([0] * (fid + 1 - len(flat_base)))
         flat_base[fid] = total
         bases[fl.file_path] = (total, fl.record_count)
-        runs.append([np.full(count, fid, np.int32), pick(pos_start) + total, pick(np.diff(pos_start, append=fl.record_count)),
+        runs.append([np.full(count, fid, np.int32), pick(pos_start) + total, pick(length),
                      pick(rid_start), pick(created), pick(updated)])
         total += fl.record_count
     if not runs:
@@ -191,7 +204,7 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
         offsets -= np.repeat(np.cumsum(length) - length, length)
         src, flat = np.repeat(src, length), np.repeat(flat, length)
         flat += offsets
-    removed = _removed_flat(segments, bases)
+    removed = _removed_flat(segments, bases, rows)
     alive = None
     if len(removed):
         if total <= 4 * len(flat) + MASK_SLACK:  # a mask over the files' rows costs less than a sort
@@ -241,9 +254,9 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
     return out
 
 
-def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]]) -> np.ndarray:
-    """The flat positions (first flat position of the file + position) of every index entry pointing into one of
-    the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image."""
+def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]], ids: RowRange | None = None) -> np.ndarray:
+    """The flat positions (first flat position of the file + position) of every index entry (row ids in ``ids``) pointing
+    into one of the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image."""
     out = []
     for seg in segments:
         known = [bases.get(f, (-1, 0)) for f in seg.files]
@@ -254,25 +267,54 @@ def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]
         pos = seg.positions
         hit = first[seg.file_index]
         keep = (hit >= 0) & (pos < rows[seg.file_index])
+        if ids is not None:
+            keep &= in_rows(seg.row_ids, ids)
         hit += pos
         out.append(hit[keep])
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
-def change_pointers(state: TableState, a: int, b: int) -> Pointers:
-    """Pointers to every image that starts or ends in ``(a, b]`` (see the module docstring)."""
-    builder = _Builder()
-    if b > a:
+def change_pointers(state: TableState, a: int, b: int, rows: RowRange | None = None) -> Pointers:
+    """Pointers to every image that starts or ends in ``(a, b]`` (see the module docstring), of the row ids in ``rows`` if given."""
+    if b <= a:
+        return _Builder().build(state.iceberg.io, state.lineage.purged, commit_timestamps(state, a, b))
+    sources = PointerSources(state.iceberg.io, state.lineage.purged, commit_timestamps(state, a, b), state.version)
+    if rows is None:
         segments = index_segments(state, a)
-        _live_runs(live_lineage(state), a, b, builder, segments)
+    else:  # a group's entries only, a few data files at a time: not the segments whole
+        segments = [read_rows(state.iceberg.io, c.index, rows, with_values=True) for c in state.lineage.log.since(a) if c.index]
+    return sources.pointers(segments, live_lineage(state), a, b, rows)
+
+
+@dataclass(frozen=True)
+class PointerSources:
+    """What turns index segments and live files' lineage into :class:`Pointers`, without a table state (an executor has none)."""
+
+    io: FileIO
+    purged: str | None  # the purged-rows file, if the table was ever purged
+    commit_ms: dict[int, int]
+    version: int  # the table version the files are live at (for messages)
+
+    def pointers(self, segments: list[IndexSegment], files: list[FileLineage], a: int, b: int,
+                 rows: RowRange | None = None, check: bool = True) -> Pointers:
+        """Pointers to the images of ``(a, b]`` (row ids in ``rows``): ``segments`` are the index segments after ``a``,
+        ``files`` the lineage of the live files; ``check``: raise :class:`LostFileError` if a file they need is gone."""
+        builder = _Builder()
+        _live_runs(files, a, b, builder, segments, rows)
         pinned: dict[str, set[int]] = {}
         for seg in segments:
-            _add_index(builder, seg, a, b, pinned)
-        check_pinned(state, pinned, a, b)
-    return builder.build(state, commit_timestamps(state, a, b))
+            _add_index(builder, seg, a, b, pinned, rows)
+        if check:
+            check_pinned(self.io, pinned, a, b)
+        return builder.build(self.io, self.purged, self.commit_ms)
 
 
-def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int) -> None:
+def in_rows(row_ids: np.ndarray, rows: RowRange) -> np.ndarray:
+    """Which of ``row_ids`` are in ``rows``."""
+    return (row_ids >= rows[0]) & (row_ids < rows[1])
+
+
+def check_pinned(io: FileIO, pinned: dict[str, set[int]], a: int, b: int) -> None:
     """Raise :class:`LostFileError` if a data file holding removed images of ``(a, b]`` is gone.
 
     ``pinned`` maps each file to the versions whose removals point into it.
@@ -281,7 +323,6 @@ def check_pinned(state: TableState, pinned: dict[str, set[int]], a: int, b: int)
     deleted-rows index still needs; the feed then refuses rather than answer
     without those images.
     """
-    io = state.iceberg.io
     lost = sorted(p for p in pinned if not _exists(io, p))
     if not lost:
         return

@@ -1,7 +1,8 @@
 """The streamed change feed: one compact plan, cut into parts by rows and bytes as they are read.
 
-:func:`cdf.change_batches` plans the whole feed from metadata first (so a bad
-range or a lost file raises at the call), keeping per row only what reading
+:func:`cdf.change_batches` plans the feed from metadata, one group of row ids
+at a time when it is large (:func:`feed_parts`, :mod:`cdf.groups`; the first
+group by the call, so a bad range or a lost file raises there), keeping per row only what reading
 it needs: where the image's values are, its lineage, its change code and
 commit version (:func:`plan_feed`, 33 bytes a row while versions, positions
 and row ids fit in 32 bits, up to 53 when they need 64; 53 always before). The parts are cut from that plan
@@ -27,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 import cdf.engine_duckdb as engine_duckdb
+import cdf.groups as groups
 import cdf.plan as plan
 from cdf.pointers import Pointers, change_pointers
 from lineage.memory import release_if_grown
@@ -72,22 +74,34 @@ def part_of(feed: engine_duckdb.PartPlan, start: int, end: int) -> engine_duckdb
     return replace(feed, shown=feed.shown.select(rows), change=feed.change[rows], version=feed.version[rows])
 
 
-def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> engine_duckdb.PartPlan:
+def plan_feed(state: TableState, a: int, b: int, data: pa.Schema, net: bool, unit: groups.Unit | None = None) -> engine_duckdb.PartPlan:
     """The feed over ``(a, b]`` planned from metadata (errors such as a lost file are raised here), kept compact.
 
     Row k shows image k of the plan's pointers, update pairs adjacent
     (pre-image first): the whole feed as one part, from which
-    :func:`part_of` cuts parts without copying.
+    :func:`part_of` cuts parts without copying. ``unit``: only that group of
+    the feed (:mod:`cdf.groups`), a feed over ``(unit.lo, unit.hi]`` of its own.
     """
-    p = change_pointers(state, a, b)
+    if unit is not None:
+        a, b = unit.lo, unit.hi
+    p = change_pointers(state, a, b, None if unit is None else unit.rows)
+    return plan_pointers(p, a, b, data, net, engine_duckdb.field_ids(state), None if unit is None else unit.version)
+
+
+def plan_pointers(p: Pointers, a: int, b: int, data: pa.Schema, net: bool, field_ids: dict[str, int],
+                  version: int | None = None) -> engine_duckdb.PartPlan:
+    """:func:`plan_feed` of the pointers ``p`` of ``(a, b]`` (``version``: only that commit version's rows)."""
     sk = plan.net(p, a, b) if net else plan.per_version(p, a, b)
+    if version is not None:  # a net group read version by version
+        keep = sk.version == version
+        sk = plan.Skeleton(sk.pointer[keep], sk.change[keep], sk.version[keep])
     pointer = sk.pointer
     # column by column: one column's copy is alive at a time besides the pointers
     cols = {name: _narrow(getattr(p, name)[pointer]) for name in ("source", "loc", "row_id", "created", "valid_from", "valid_to")}
     purged = None if p.purged is None else p.purged[pointer]
     shown = Pointers(p.files, p.captured, purged=purged, commit_ms=p.commit_ms, **cols)
     del p, pointer
-    return engine_duckdb.PartPlan(a, b, shown, sk.change, _narrow(sk.version), data, net, engine_duckdb.field_ids(state))
+    return engine_duckdb.PartPlan(a, b, shown, sk.change, _narrow(sk.version), data, net, field_ids)
 
 
 def plan_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, part_rows: int) -> list[engine_duckdb.PartPlan]:
@@ -138,7 +152,8 @@ def row_bytes(state: TableState, data: pa.Schema, rows: int) -> tuple[int, bool]
     return fixed + math.ceil(sum(decoded_bytes(f, only, ids) for f in files) / total), True
 
 
-def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool) -> Iterator[pa.Table]:
+def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int | None, first_row_bytes: int, measured: bool,
+               whole: bool = True) -> Iterator[pa.Table]:
     """The rows of ``feed`` as consecutive tables of at most ``batch_rows`` rows and about ``batch_bytes`` bytes.
 
     ``first_row_bytes`` sizes the first part (at most :data:`GUESS_ROWS`
@@ -151,7 +166,8 @@ def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int |
     version's images go through the files anew), filling the cache to its
     budget with chunks a one-off stream reads at most a few times (at 30M
     rows the cache held its 256 MB after the feed and doubled the feed's
-    peak growth, for no gain in time).
+    peak growth, for no gain in time). ``whole=False``: ``feed`` is one group
+    of a larger feed, read without the cache even in one part.
     """
     start, n = 0, len(feed)
     width, seen = max(1, first_row_bytes), 0
@@ -164,7 +180,7 @@ def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int |
                 rows = min(rows, GUESS_ROWS)
         end = part_end(feed, start, rows)
         if cache is None:  # one part: the decoded row-group cache as for changes(); more: neither used nor filled
-            cache = end >= n
+            cache = whole and end >= n
         table = engine_duckdb.read_part(part_of(feed, start, end), cache)
         start = end
         if table.num_rows:
@@ -173,3 +189,40 @@ def read_parts(feed: engine_duckdb.PartPlan, batch_rows: int, batch_bytes: int |
             yield table
         del table
         release_if_grown()
+
+
+def feed_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, batch_rows: int, batch_bytes: int | None,
+               group_rows: int | None = None) -> Iterator[pa.Table]:
+    """The feed over ``(a, b]`` as :func:`read_parts` reads it, one group of row ids (:mod:`cdf.groups`) at a time.
+
+    The first group is planned by this call (a bad range or a lost file
+    raises here, and every later group's files are checked now too); each
+    next one when the reader gets to it, after the previous one's plan and
+    parts were dropped. A feed of at most ``group_rows`` images (default
+    :data:`cdf.groups.GROUP_ROWS`) is one group.
+    """
+    todo = groups.units(state, a, b, net, groups.GROUP_ROWS if group_rows is None else group_rows)
+    first = next(todo)
+    try:
+        feed = plan_feed(state, a, b, data, net, first)
+        if first.rows is not None:
+            groups.check_files(state, a, b)  # the later groups' files are there too
+        width, measured = row_bytes(state, data, len(feed))
+    finally:
+        release_if_grown()
+    planned = [feed]
+    del feed
+
+    def read() -> Iterator[pa.Table]:
+        nonlocal width, measured
+        while planned:
+            for part in read_parts(planned.pop(), batch_rows, batch_bytes, width, measured, first.rows is None):
+                width, measured = max(width, math.ceil(part.get_total_buffer_size() / max(1, part.num_rows))), True
+                yield part
+                del part
+            unit = next(todo, None)
+            if unit is not None:
+                planned.append(plan_feed(state, a, b, data, net, unit))
+                release_if_grown()
+
+    return read()

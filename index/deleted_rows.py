@@ -314,6 +314,14 @@ def _read(fileio: FileIO, path: str, with_values: bool) -> IndexSegment:
     try:
         value_columns = [n for n in pf.schema_arrow.names if n.startswith(VALUE_PREFIX)]
         table = pf.read(columns=None if with_values else [n for n in pf.schema_arrow.names if n not in value_columns], use_threads=False)
+    except Exception as exc:  # a corrupt file
+        raise LineageMetadataError(f"deleted-rows index segment {path} has damaged content: {exc!r}") from None
+    return decode_index(path, table, with_values, bool(value_columns))
+
+
+def decode_index(path: str, table: pa.Table, with_values: bool, captured: bool) -> IndexSegment:
+    """The rows ``table`` of the index segment at ``path`` (all of it, or some of its data files) as flat arrays."""
+    try:
         files = table.column("file_path").to_pylist()
         bitmaps = table.column("positions").to_pylist()
         if any(f is None for f in files) or any(b is None for b in bitmaps):
@@ -344,7 +352,7 @@ def _read(fileio: FileIO, path: str, with_values: bool) -> IndexSegment:
     return IndexSegment(
         path, tuple(files), np.repeat(np.arange(len(files), dtype=np.int32), n),
         np.concatenate(positions) if positions else np.zeros(0, np.int64), row_ids, versions["created"], versions["valid_from"],
-        np.repeat(valid_to.astype(np.int64), n), values_table, bool(value_columns),
+        np.repeat(valid_to.astype(np.int64), n), values_table, captured,
     )
 
 

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("format", (
         "lineage.storage.*", "lineage.storage.merged_deletes", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
-        "index", "index.deleted_rows", "index.deleted_rows_stream", "index.key_entries", "index.key_delta", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
+        "index", "index.deleted_rows", "index.deleted_rows_stream", "index.key_entries", "index.key_delta", "index.segment_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
         "index.key_store", "index.key_legacy", "index.key_packed", "index.key_build", "index.key_merge",
     )),
     ("state", (
@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",
-                    "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream")),
+                    "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups", "cdf.spark_groups")),
     ("facade", ("lineage", "lineage.table", "lineage.adoption", "lineage.streaming", "cdf", "cdf.api", "cdf.follow", "cdf.views",
                 "cdf.spark", "cdf.spark_source", "cdf.mv", "cdf.mv.api", "cdf.mv.engines", "cdf.mv.query", "cdf.mv.sql",
                 "cdf.mv.stored", "cdf.mv.view")),
@@ -60,7 +60,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 OPERATION_GROUPS = {
     "writes": ("lineage.writes.*",),
     "maintenance": ("lineage.maintenance.*",),
-    "feed": ("cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output", "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream"),
+    "feed": ("cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output", "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream",
+             "cdf.groups", "cdf.spark_groups"),
 }
 
 # Arrows allowed against the rules above, each with the reason. Keep this list short.

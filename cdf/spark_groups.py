@@ -1,0 +1,106 @@
+"""The Spark change feed planned by executors, one group of row ids per task: the driver names files, never rows.
+
+The driver hands every task the same :class:`FeedSource` (paths of the index
+segments after the range's start, of the lineage segments and live data
+files, the commit timestamps: nothing that grows with the changed rows) and
+one range of row ids (:func:`cdf.groups.even_ranges`, cut from the commit
+log's counts). The task builds its range's pointers and plan with the
+embedded engine's code (:func:`cdf.pointers.change_pointers`'s core,
+:func:`cdf.stream.plan_pointers`), reads the values with its reader
+(:func:`cdf.stream.read_parts`: parts of bounded rows and bytes) and returns
+the feed's rows with a sort key; Spark then orders them as the feed is
+ordered (commit version, row id, the pre-image or delete before the
+post-image or insert). The rows are those of the embedded engine because
+every group is a feed of its own (:mod:`cdf.groups`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdf.pointers import Pointers, PointerSources, RowRange, commit_timestamps
+from cdf.stream import DEFAULT_BATCH_BYTES, plan_pointers, read_parts
+from index.segment_rows import read_rows
+from lineage.errors import LineageMetadataError
+from lineage.spark import executor_io
+from lineage.state import TableState
+from lineage.storage.metadata import FileLineage, read_segment
+
+AFTER = "__after"  # the sort key's last part: 1 for an insert or post-image, 0 for a delete or pre-image
+TASK_BATCH_ROWS = 1_000_000
+
+
+@dataclass(frozen=True)
+class FeedSource:
+    """Where the pointers of a feed over versions after ``a`` come from, by path only (what a task is sent)."""
+
+    io_properties: dict[str, str]
+    location: str
+    index: tuple[str, ...]  # the index segments of the commits after a
+    lineage: tuple[str, ...]  # the snapshot's lineage segments, oldest first
+    live: frozenset[str]  # the snapshot's live data files
+    purged: str | None
+    commit_ms: dict[int, int]
+    version: int
+    field_ids: dict[str, int]
+
+    @classmethod
+    def of(cls, state: TableState, a: int, b: int) -> FeedSource:
+        """The source of ``state``'s feed over ``(a, b]``."""
+        return cls(dict(state.iceberg.io.properties), state.iceberg.metadata.location,
+                   tuple(c.index for c in state.lineage.log.since(a) if c.index), tuple(state.lineage.segments),
+                   frozenset(state.all_data_file_paths()), state.lineage.purged, commit_timestamps(state, a, b), state.version,
+                   {f.name: f.field_id for f in state.iceberg.schema().fields})
+
+    def pointers(self, a: int, b: int, rows: RowRange) -> Pointers:
+        """The pointers of ``(a, b]`` with row ids in ``rows`` (run by a task; lost files were checked by the driver)."""
+        io = executor_io(self.io_properties, self.location)
+        by_file: dict[str, FileLineage] = {}
+        for seg in self.lineage:  # a later segment's lineage of a file replaces an earlier one's
+            by_file.update((fl.file_path, fl) for fl in read_segment(io, seg))
+        missing = self.live - by_file.keys()
+        if missing:
+            raise LineageMetadataError(
+                f"data file {sorted(missing)[0]} of version {self.version} has no lineage: it was written by a writer that "
+                "does not maintain row lineage; rewrite the table through this library"
+            )
+        files = [by_file[p] for p in self.live]
+        segments = [read_rows(io, p, rows, with_values=True) for p in self.index]  # this group's entries only
+        return PointerSources(io, self.purged, self.commit_ms, self.version).pointers(segments, files, a, b, rows, check=False)
+
+
+def group_reader(source: FeedSource, ranges: list[RowRange], a: int, b: int, data: pa.Schema, net: bool,
+                 width: int, out: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: group numbers in (``ranges[k]``), the feed rows of those groups out, with :data:`AFTER`.
+
+    ``width`` guesses the bytes of an output row, for the first part of a group; ``out`` is the Spark schema of
+    the rows (:func:`spark_schema`), whose Arrow types the rows are cast to.
+    """
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        target = to_arrow_schema(out, timezone="UTC")
+        for batch in batches:
+            for k in batch.column(0).to_pylist():
+                feed = plan_pointers(source.pointers(a, b, ranges[int(k)]), a, b, data, net, source.field_ids)
+                for part in read_parts(feed, TASK_BATCH_ROWS, DEFAULT_BATCH_BYTES, width, False, whole=False):
+                    after = pc.is_in(part.column("_change_type"), pa.array(["insert", "update_postimage"])).cast(pa.int8())
+                    part = part.append_column(AFTER, after)
+                    yield from pa.Table.from_arrays([c.cast(f.type) for c, f in zip(part.columns, target, strict=True)],
+                                                    schema=target).to_batches()
+                del feed
+
+    return read
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    """``schema`` as Spark's ``StructType`` (what the tasks' Arrow batches are declared as)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
