@@ -190,16 +190,16 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
         (single if len(pos) == 1 else multi).append(entry)
 
     def runs_table(entries: list[tuple]) -> pa.Table:
-        return pa.table(
-            {
-                "__rpath": pa.array([p for e in entries for p in [e[0]] * len(e[1])], pa.string()),
-                "pos_start": np.concatenate([e[1] for e in entries]),
-                "length": np.concatenate([e[2] for e in entries]),
-                "row_id_start": np.concatenate([e[3] for e in entries]),
-                "created": np.concatenate([e[4] for e in entries]),
-                "updated": np.concatenate([e[5] for e in entries]),
-            }
-        )
+        return pa.table({"__rpath": pa.array([p for e in entries for p in [e[0]] * len(e[1])], pa.string()), **runs_columns(entries)})
+
+    def runs_columns(entries: list[tuple]) -> dict[str, np.ndarray]:
+        return {
+            "pos_start": np.concatenate([e[1] for e in entries]),
+            "length": np.concatenate([e[2] for e in entries]),
+            "row_id_start": np.concatenate([e[3] for e in entries]),
+            "created": np.concatenate([e[4] for e in entries]),
+            "updated": np.concatenate([e[5] for e in entries]),
+        }
 
     lineage_cols = [
         (F.col("row_id_start") + F.col("__pos") - F.col("pos_start")).alias("_row_id"),
@@ -211,12 +211,17 @@ def live_rows(spark: Any, state: TableState, columns: list[str], files: list[Liv
         runs = F.broadcast(spark.createDataFrame(runs_table(single)))
         out.append(rows.join(runs, rows["__path"] == runs["__rpath"]).select(*[column(c) for c in columns], *lineage_cols, "__path", "__pos"))
     if multi:
+        # Files an update or upsert wrote have up to one run per row: the runs name their file by number, not by path
+        # (a path per run made the driver's table, and its copy on the way to the JVM, several times larger).
+        numbers = F.broadcast(spark.createDataFrame(pa.table({"__mpath": [e[0] for e in multi], "__fno": np.arange(len(multi), dtype=np.int32)})))
+        ids = np.repeat(np.arange(len(multi), dtype=np.int32), [len(e[1]) for e in multi])
         runs = (
-            spark.createDataFrame(runs_table(multi))
+            spark.createDataFrame(pa.table({"__rfno": ids, **runs_columns(multi)}))
             .withColumn("__i", F.explode(F.sequence(F.lit(0).cast("long"), F.col("length") - 1)))
             .withColumn("__ppos", F.col("pos_start") + F.col("__i"))
         )
-        joined = rows.join(runs, (rows["__path"] == runs["__rpath"]) & (rows["__pos"] == runs["__ppos"]))
+        numbered = rows.join(numbers, rows["__path"] == numbers["__mpath"])
+        joined = numbered.join(runs, (numbered["__fno"] == runs["__rfno"]) & (numbered["__pos"] == runs["__ppos"]))
         out.append(joined.select(*[column(c) for c in columns], *lineage_cols, "__path", "__pos"))
     result = out[0]
     for other in out[1:]:
