@@ -35,7 +35,7 @@ from pyiceberg.table import Table as IcebergTable
 
 import lineage.properties as props
 from lineage.storage.deletes import is_puffin, positions_for, referenced_data_path
-from lineage.storage.deletion_vectors import VectorTarget, merge_positions
+from lineage.storage.deletion_vectors import VectorTarget, merge_positions, write_vectors
 from lineage.storage.writer import write_position_deletes
 
 # The name :func:`lineage.storage.writer.write_position_deletes` gives a delete file: a random UUID and "-deletes".
@@ -90,3 +90,13 @@ def write_merged_deletes(
             replaced.extend(old)
         pairs.append((t.data_file, new))
     return write_position_deletes(iceberg, pairs, granularity, file_scoped_limit=limit), replaced
+
+
+def write_file_deletes(
+    iceberg: IcebergTable, targets: Sequence[VectorTarget], granularity: str | None = None
+) -> tuple[list[DataFile], list[DataFile]]:
+    """A merge-on-read write's deletes of ``targets``: deletion vectors on Iceberg v3 (:func:`write_vectors`), merged
+    position delete files on v2 (:func:`write_merged_deletes`); the new delete files and the ones they replace."""
+    if iceberg.metadata.format_version >= 3:
+        return write_vectors(iceberg, targets)
+    return write_merged_deletes(iceberg, targets, granularity)

@@ -24,7 +24,6 @@ The caller checks :func:`applies` first; anything else (several key columns,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np

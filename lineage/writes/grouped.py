@@ -51,8 +51,8 @@ from lineage.errors import InvalidArgumentError
 from lineage.read.scan import register_live_view
 from lineage.sql.predicate import Predicate
 from lineage.state import LiveFile, TableState
-from lineage.storage.deletion_vectors import VectorTarget, write_vectors
-from lineage.storage.merged_deletes import write_merged_deletes
+from lineage.storage.deletion_vectors import VectorTarget
+from lineage.storage.merged_deletes import write_file_deletes
 from lineage.storage.metadata import index_dir
 from lineage.storage.rle import encode_values
 from lineage.storage.writer import WrittenFile, write_data_files
@@ -131,11 +131,10 @@ def grouped_plan(
     value_ids = {f.name: f.field_id for f in ice.schema().fields}
     index = IndexSegmentWriter(ice.io, f"{index_dir(ice.metadata.location)}/{version:09d}-{uuid.uuid4()}-deleted-rows.parquet", version)
     out = _Outputs()
-    write = write_vectors if ice.metadata.format_version >= 3 else write_merged_deletes
 
     def flush_deletes() -> None:
         if out.targets:
-            new, replaced = write(ice, out.targets)
+            new, replaced = write_file_deletes(ice, out.targets)
             out.delete_files.extend(new)
             out.replaced.update((d.file_path, d) for d in replaced)
             out.targets = []

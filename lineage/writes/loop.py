@@ -38,8 +38,8 @@ from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState
 from lineage.read.values import read_at
 from lineage.columns import HIDDEN_ROW_ID
-from lineage.storage.deletion_vectors import VectorTarget, write_vectors
-from lineage.storage.merged_deletes import write_merged_deletes
+from lineage.storage.deletion_vectors import VectorTarget
+from lineage.storage.merged_deletes import write_file_deletes
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files
 import lineage.storage.puts as puts
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages
@@ -167,8 +167,7 @@ def _materialize_and_commit(
         if deleted:
             # v3: one deletion vector per data file; v2: a file's earlier delete file of ours is merged in and replaced
             # (lineage.storage.merged_deletes). Either way the files they replace leave in the same commit.
-            write = write_vectors if ice.metadata.format_version >= 3 else write_merged_deletes
-            delete_files, replaced = write(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
+            delete_files, replaced = write_file_deletes(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
                                                  for fid, cols in deleted.items()])
             created.extend(f.file_path for f in delete_files)
             removed_files.extend(replaced)

@@ -114,7 +114,7 @@ class _Finish:
 
 def _deferred(files: Sequence[LiveFile], removal: RemovalContext, default_spec: int) -> dict[str, int]:
     """The files whose delete file's scope the job's last task decides, with their partition's number (see the module docstring)."""
-    if removal.vectors_over is not None or removal.granularity == "file":
+    if removal.vectors or removal.granularity == "file":
         return {}
     groups: dict[tuple, list[str]] = {}
     for f in files:

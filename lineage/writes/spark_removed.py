@@ -52,9 +52,9 @@ from lineage.properties import delete_granularity
 from lineage.state import LiveFile, TableState
 from lineage.storage.fileio import write_bytes
 from lineage.storage.metadata import index_dir
-from lineage.storage.deletion_vectors import VectorTarget, write_vectors
-from lineage.storage.merged_deletes import write_merged_deletes
-from lineage.storage.writer import spec_id_of, write_position_deletes
+from lineage.storage.deletion_vectors import VectorTarget
+from lineage.storage.merged_deletes import write_file_deletes
+from lineage.storage.writer import spec_id_of
 
 POINTER_COLUMNS = ["__path", "__pos", "_row_id", "_row_created_at_version", "_row_last_updated_at_version"]
 KEY_PREFIX = "__old_key_"  # the removed images' key values, one column per key column
@@ -120,14 +120,13 @@ def removal_context(table: TableContext, state: TableState, files: list[LiveFile
     ice = table.iceberg
     version = ice.metadata.next_sequence_number()
     granularity, limit = delete_granularity(ice.metadata.properties)
-    current = {store.local_path(f.path): tuple(f.deletes) for f in files}
     field_ids = {f.name: f.field_id for f in ice.schema().fields}
     scratch = f"{index_dir(ice.metadata.location)}/{version:09d}-{uuid.uuid4()}"
     return RemovalContext(
         v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, version, granularity, limit,
         {store.local_path(f.path): f.data_file for f in files}, table.arrow_schema, field_ids, len(key), capture, scratch if key else None,
-        vectors_over=current if ice.metadata.format_version >= 3 else None,
-        merged_over=None if ice.metadata.format_version >= 3 else current, index_path=f"{scratch}-deleted-rows.parquet",
+        current={store.local_path(f.path): tuple(f.deletes) for f in files}, vectors=ice.metadata.format_version >= 3,
+        index_path=f"{scratch}-deleted-rows.parquet",
     )
 
 
@@ -167,8 +166,8 @@ class RemovalContext:
     keys: int
     capture: bool
     scratch: str | None  # prefix of the removed-keys files (key index on)
-    vectors_over: dict[str, tuple[DataFile, ...]] | None = None  # Iceberg v3: each data file's current deletes, by local path
-    merged_over: dict[str, tuple[DataFile, ...]] | None = None  # Iceberg v2: the same, for lineage.storage.merged_deletes
+    current: dict[str, tuple[DataFile, ...]] = field(default_factory=dict)  # each data file's current deletes, by local path
+    vectors: bool = False  # Iceberg v3: deletion vectors, one per data file
     index_path: str = ""  # where the commit's index segment goes
 
     def target(self) -> Any:
@@ -224,13 +223,9 @@ def write_keys(ctx: RemovalContext, target: Any, data: pa.Table, task: int) -> s
 
 
 def write_deletes(ctx: RemovalContext, target: Any, members: list[tuple[str, np.ndarray]], granularity: str) -> tuple[list[DataFile], list[DataFile]]:
-    """The delete files of ``members`` (local path of a data file, positions), grouped by ``granularity``; and, on Iceberg v3, the deletes they replace."""
-    if ctx.vectors_over is not None:  # Iceberg v3: one vector per data file, holding its earlier deletes too
-        return write_vectors(target, [VectorTarget(ctx.data_files[p], pos, ctx.vectors_over[p]) for p, pos in members])
-    if ctx.merged_over is not None:  # Iceberg v2: a file's earlier delete file of ours merged in and replaced, as embedded
-        return write_merged_deletes(target, [VectorTarget(ctx.data_files[p], pos, ctx.merged_over[p]) for p, pos in members], granularity)
-    targets = [(ctx.data_files[p], pos) for p, pos in members]
-    return write_position_deletes(target, targets, granularity, file_scoped_limit=ctx.file_scoped_limit), []
+    """The delete files of ``members`` (local path of a data file, positions), grouped by ``granularity``, and the deletes they
+    replace: as the embedded engine writes them (:func:`lineage.storage.merged_deletes.write_file_deletes`)."""
+    return write_file_deletes(target, [VectorTarget(ctx.data_files[p], pos, ctx.current[p]) for p, pos in members], granularity)
 
 
 def removed_of(ctx: RemovalContext, path: str, rows: pa.Table) -> RemovedImages:
