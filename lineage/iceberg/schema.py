@@ -209,6 +209,8 @@ def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offset
             columns.append(pa.nulls(data.num_rows, field.type))
             continue
         col = data.column(field.name)
+        if pa.types.is_dictionary(col.type) and not pa.types.is_dictionary(field.type):
+            col = col.cast(col.type.value_type)  # dictionary-encoded values (pandas categoricals, the change feed's)
         if not col.type.equals(field.type):
             if _family(col.type) != _family(field.type) and not pa.types.is_null(col.type):
                 raise SchemaMismatchError(f"column {field.name!r} has type {col.type}, the table expects {field.type}")
