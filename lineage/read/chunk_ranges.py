@@ -21,6 +21,8 @@ import lineage.storage.files as store
 import lineage.storage.s3_ranges as s3_ranges
 import lineage.storage.s3_reader as s3_reader
 
+MAX_HELD_BYTES = 256 << 20  # fetched ahead per read at most (compressed bytes held until it ends); the rest one GET per chunk
+
 
 def chunk_ranges(metadata: pq.FileMetaData, row_group: int, columns: Collection[str]) -> list[tuple[int, int]]:
     """``[start, end)`` byte ranges of the column chunks of ``row_group`` whose top-level column is in ``columns``."""
@@ -40,15 +42,20 @@ def chunk_ranges(metadata: pq.FileMetaData, row_group: int, columns: Collection[
 @contextmanager
 def prefetched(reads: Iterable[tuple[str, pq.FileMetaData, int, Collection[str]]]) -> Iterator[s3_ranges.Fetched]:
     """Fetch the chunks of each ``(location, footer, row group, top-level columns)`` on an object store, in parallel, and
-    hold them while the block runs (see :func:`lineage.storage.s3_ranges.holding`)."""
+    hold them while the block runs (see :func:`lineage.storage.s3_ranges.holding`). Reads past
+    :data:`MAX_HELD_BYTES` in all are left to the reader (one GET per chunk, as they are decoded), so that a feed
+    over many large row groups does not hold them all at once."""
     wanted: dict[str, list[tuple[int, int]]] = {}
+    total = 0
     for location, metadata, row_group, columns in reads:
         if not columns or not store.is_remote(location):
             continue
         tail = s3_reader.held_from(location)
         ranges = [(s, e if tail is None else min(e, tail)) for s, e in chunk_ranges(metadata, row_group, columns)
                   if tail is None or s < tail]
-        if ranges:
+        size = sum(e - s for s, e in ranges)
+        if ranges and total + size <= MAX_HELD_BYTES:
             wanted.setdefault(location, []).extend(ranges)
+            total += size
     with s3_ranges.holding(wanted, store.settings_for) as fetched:
         yield fetched
