@@ -30,7 +30,7 @@ from index.purged import is_purged, read_purged
 from index.segment_rows import read_rows
 from lineage.arrays import member, unique
 from lineage.errors import LineageMetadataError, LostFileError
-from lineage.storage.files import local_path
+from lineage.storage.files import local_path, warm
 from lineage.storage.metadata import FileLineage
 from lineage.state import TableState
 
@@ -305,6 +305,7 @@ class PointerSources:
         for seg in segments:
             _add_index(builder, seg, a, b, pinned, rows)
         if check:
+            warm([*builder.file_ids, *pinned])  # object store: the footers of the files read, the checked ones with them, at once
             check_pinned(self.io, pinned, a, b)
         return builder.build(self.io, self.purged, self.commit_ms)
 

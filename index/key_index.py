@@ -78,6 +78,7 @@ from index.key_segment import (
     make_segment,
     merge_segments,
     read_key_segment,
+    remember_written,
     rewritten,
     with_path,
     write_key_segment,
@@ -477,6 +478,7 @@ def next_key_index(
             created.append(path)
             size += write_key_segment(io, path, seg, version)
             segments[i] = with_path(seg, path)
+            remember_written(segments[i])
     return tuple(s.path for s in segments if s.path), size
 
 

@@ -62,7 +62,7 @@ from lineage.storage.fileio import ImmutableFileCache, local_path, overwrite_all
 __all__ = [
     "CREATED", "ENTRY_COLUMNS", "FILE_PATH", "HASH", "POS", "ROW_ID", "SEGMENT_FORMAT", "SEGMENT_FORMAT_VERSION", "TOMBSTONE",
     "UPDATED", "KeyField", "Segment", "distinct_keys", "drop_tombstones", "entry_schema", "hash_order", "keys_equal",
-    "make_segment", "merge_segments", "read_key_segment", "with_path", "write_key_segment",
+    "make_segment", "merge_segments", "read_key_segment", "remember_written", "with_path", "write_key_segment",
 ]
 
 SEGMENT_FORMAT = "key-index-segment"
@@ -548,6 +548,15 @@ _CACHE: ImmutableFileCache[Segment] = ImmutableFileCache(256)
 def read_key_segment(fileio: FileIO, path: str) -> Segment:
     """Open a segment (memory-mapped when local; cached by path: segments are immutable)."""
     return _CACHE.get(path, lambda: _open(fileio, path))
+
+
+def remember_written(segment: Segment) -> None:
+    """Keep a segment this process wrote to an object store (its ``path`` set) as if it had been read back, so that
+    the next commit of a long-lived writer opens it without a GET (a base segment of 1M keys is 12 MB, past what
+    :mod:`lineage.storage.objects` keeps). Local segments are memory-mapped when opened instead, and a bounded
+    build's segment (a temporary file) is not kept."""
+    if segment.path is not None and not _is_local(segment.path) and not isinstance(segment.store, SpooledStore):
+        _CACHE.put(segment.path, segment)
 
 
 def with_path(segment: Segment, path: str) -> Segment:

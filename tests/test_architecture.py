@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         # the object store: settings, file systems, pyiceberg FileIO, DuckDB and Spark-worker access
         "lineage.storage.settings", "lineage.storage.files", "lineage.storage.store_fileio", "lineage.storage.duckdb_s3",
         "lineage.storage.objects", "lineage.storage.s3_get", "lineage.storage.s3_reader", "lineage.storage.puts",
-        "lineage.storage.prefetch", "lineage.storage.removals",
+        "lineage.storage.s3_ranges", "lineage.storage.prefetch", "lineage.storage.removals",
         "lineage.storage.spark_read",
         "lineage.iceberg", "lineage.iceberg.schema", "lineage.iceberg.v3_metadata",
         "lineage.commits", "lineage.commits.merge_rule",
@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("state", (
         "lineage.state", "lineage.context", "lineage.retention", "lineage.outcome", "lineage.spark", "lineage.spark_match",
         "lineage.commits.*",
-        "lineage.read.*", "lineage.read.arrow_scan", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
+        "lineage.read.*", "lineage.read.arrow_scan", "lineage.read.chunk_ranges", "lineage.sql.*", "lineage.iceberg.equality", "lineage.iceberg.row_lineage", "index.key_index",
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",

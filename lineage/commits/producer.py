@@ -127,6 +127,8 @@ class LineageSnapshotProducer(_OverwriteFiles):
         self.first_row_ids: dict[str, int] | None = None  # upgrade to v3: data file -> explicit first_row_id (every manifest rewritten)
         self._absorb: list[DataFile] = []  # new delete files (v3: vectors) to write into a rewritten delete manifest
         self._absorbed = False
+        self._absorb_data: list[DataFile] = []  # v2: new data files to write into a rewritten data manifest
+        self._data_absorbed = False
         self._absorb_spec: int | None = None  # the spec the new delete files are written under
 
     def _added_manifest(self, writer: Any, files: list[DataFile], sequence_number: Callable[[DataFile], int | None]) -> ManifestFile:
@@ -142,14 +144,18 @@ class LineageSnapshotProducer(_OverwriteFiles):
         data = [f for f in self._added_data_files if f.content == DataFileContent.DATA]
         deletes = [f for f in self._added_data_files if f.content != DataFileContent.DATA]
         manifests: list[ManifestFile] = []
-        if data:
-            manifests.append(self._added_manifest(self.new_manifest_writer(spec), data, lambda f: self._data_sequence_number))
+        # v2: new data files go into the data manifest a commit rewrites anyway (one folding small files drops them from
+        # theirs, lineage.writes.small_files), as new delete files do below; v3 assigns first row ids by added manifest.
+        self._data_absorbed = False
+        self._absorb_data = data if data and not self.rewrite_all and self.first_row_ids is None and not self._v3 else []
         # A commit's new delete files (v3: vectors; v2: position delete files, lineage.storage.merged_deletes) go into
         # the delete manifest it rewrites anyway (the one losing the files they replace), one object fewer per small
         # commit; written apart when no delete manifest of their spec is rewritten.
         self._absorb = deletes if deletes and not self.rewrite_all and self.first_row_ids is None else []
         self._absorb_spec = spec.spec_id
         carried = self._carried_manifests()
+        if data and not self._data_absorbed:
+            manifests.append(self._added_manifest(self.new_manifest_writer(spec), data, lambda f: self._data_sequence_number))
         if deletes and not self._absorbed:
             manifests.append(self._added_manifest(self._delete_writer(spec), deletes, self._delete_sequence_number))
         out: list[ManifestFile] = []
@@ -164,8 +170,14 @@ class LineageSnapshotProducer(_OverwriteFiles):
         return self.delete_sequence_numbers.get(f.file_path)
 
     def _take_absorbed(self, group: list[_Rewrite]) -> list[DataFile]:
-        """The new delete files to write into the rewritten delete manifest ``group`` (all of them, once, if their spec is its)."""
+        """The new files to write into the rewritten manifest ``group``: the new data files into a data manifest, the new
+        delete files into a delete manifest (all of them, once, if their spec is its)."""
         first = group[0].manifest
+        if first.content == ManifestContent.DATA:
+            if not self._absorb_data or self._data_absorbed or self._absorb_spec != first.partition_spec_id:
+                return []
+            self._data_absorbed = True
+            return self._absorb_data
         if (not self._absorb or self._absorbed or first.content != ManifestContent.DELETES
                 or self._absorb_spec != first.partition_spec_id):
             return []
@@ -325,8 +337,9 @@ class LineageSnapshotProducer(_OverwriteFiles):
         writer = self._delete_writer(spec) if first.content == ManifestContent.DELETES else self.new_manifest_writer(spec)
         with writer:
             for f in added:
+                number = self._data_sequence_number if f.content == DataFileContent.DATA else self._delete_sequence_number(f)
                 writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
-                                                   sequence_number=self._delete_sequence_number(f), data_file=f))
+                                                   sequence_number=number, data_file=f))
             for r in members:
                 for e, leaving in zip(r.entries, r.hit, strict=True):
                     if leaving:

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import lineage.decoded_cache as decoded_cache
+import lineage.read.chunk_ranges as chunk_ranges
 from lineage.arrays import stable_argsort
 from lineage.memory import release_pool
 from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
@@ -219,6 +220,19 @@ def _kept(f: _File, row_group: int, columns: Sequence[str]) -> bool:
     return all(decoded_cache.CACHE.kept((key, row_group, c)) for c in columns)
 
 
+def _chunks_to_read(tasks: list[_Task], files: dict[int, _File], number: int | None) -> list[tuple[str, pq.FileMetaData, int, list[str]]]:
+    """``(location, footer, row group, columns)`` of the chunks of ``tasks`` on an object store that the decoded
+    row-group cache does not keep (``number``: its read number, None when it is off)."""
+    out = []
+    for t in tasks:
+        f = files[t.file]
+        if store.is_remote(f.path):
+            key = decoded_cache.file_key(f.local, f.info.stamp)
+            out.append((f.path, f.info.metadata, t.row_group,
+                        [c for c in f.wanted if number is None or not decoded_cache.CACHE.kept((key, t.row_group, c))]))
+    return out
+
+
 def _column_sizes(f: _File, row_group: int) -> dict[str, int]:
     """Uncompressed bytes of each wanted file column in ``row_group`` (what decoding it costs, roughly)."""
     return {c: f.info.column_bytes[c][row_group] for c in f.wanted}
@@ -395,7 +409,8 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
     # is built on top of them): not after every large job, whose successor would fault its pages in again.
     large = [len([j for j in jobs if tasks[j.task].cost > SPLIT_BYTES])]
     lock = threading.Lock()
-    with decoded_cache.CACHE.read() if cache else nullcontext() as number:
+    with decoded_cache.CACHE.read() if cache else nullcontext() as number, \
+            chunk_ranges.prefetched(_chunks_to_read(tasks, files, number)):  # object stores: every chunk at once
 
         def run(j: _Job) -> pa.Table:
             t = tasks[j.task]

@@ -8,7 +8,8 @@ starts with one GET of the object's last :data:`TAIL_BYTES` (a suffix range:
 the reply also gives the size), which holds the footer of any Parquet file
 and all of a small one; a small object read whole is offered to
 :mod:`lineage.storage.objects` and a larger one's tail kept in a small cache,
-so the next open reads nothing. Other ranges are one GET each. Wrap it in
+so the next open reads nothing. Other ranges are one GET each, unless a
+reader fetched them ahead (:mod:`lineage.storage.s3_ranges`). Wrap it in
 ``pyarrow.PythonFile`` for pyarrow's readers. :func:`warm` fetches the tails
 of many objects at once, for a reader about to open them one by one.
 """
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import lineage.storage.objects as objects
 import lineage.storage.s3_get as s3_get
+import lineage.storage.s3_ranges as s3_ranges
 from lineage.storage.settings import StoreSettings
 
 TAIL_BYTES = 64 << 10  # what pyarrow reads first for a Parquet footer
@@ -53,6 +55,13 @@ def _fetch_tail(location: str, settings: StoreSettings) -> tuple[int, int, bytes
             while len(_TAILS) > TAILS_KEPT:
                 _TAILS.popitem(last=False)
     return size, size - len(data), data
+
+
+def held_from(location: str) -> int | None:
+    """The offset from which this process holds the object at ``location`` to its end (its tail, or 0 for all of a
+    small object), or None when nothing of it is held."""
+    hit = _held_tail(location)
+    return None if hit is None else hit[1]
 
 
 def discard(location: str) -> None:
@@ -144,6 +153,8 @@ class ObjectReader(io.RawIOBase):
                 return b""
             if start >= self._tail_at:
                 data = self._tail[start - self._tail_at:end - self._tail_at]
+            elif (hit := s3_ranges.held(self.location, start, min(end, self._tail_at))) is not None:
+                data = hit + self._tail[:max(0, end - self._tail_at)]  # fetched ahead, up to the tail held
             else:
                 data, _ = s3_get.get_range(self.location, self._settings, f"{start}-{end - 1}")
             self._pos = start + len(data)

@@ -45,7 +45,7 @@ import lineage.storage.puts as puts
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed
-from lineage.writes.small_files import FoldPolicy, files_to_fold, fold_untouched, rewrite_kept
+from lineage.writes.small_files import FoldPolicy, UntouchedFold, files_to_fold, rewrite_kept, untouched_fold
 
 
 # The name the write loop always logged under (operators and tests filter on it).
@@ -176,32 +176,30 @@ def _materialize_and_commit(
             written.extend(kept)
             removed_files.extend(leaving)
 
+    # 3 (decided first). the small files it does not touch, once enough of them gather (lineage.writes.small_files); not
+    # beside deletes an engine wrote (their files are not in ``groups``). Their rows go into the file of step 2.
+    fold = None if plan.prewritten_deletes else untouched_fold(table, state, plan.files, groups, rewrite, _written_rows(plan))
+
     # 2. new images of updated rows, then fresh inserts (in the same files when both are written now: fewer objects)
     inserts = plan.inserts if plan.inserts is not None and plan.inserts.num_rows else None
     if plan.new_images is not None and plan.new_images.num_rows:
         images = plan.new_images.sort_by(HIDDEN_ROW_ID)
         if inserts is not None and reuse_inserts is None:
             images, inserts = with_fresh_rows(images, inserts), None
-        new = write_data_files(ice, images)
-        created.extend(w.data_file.file_path for w in new)
-        written.extend(new)
+        _write_fresh(table, images, fold, created, written, removed_files)
+        fold = None
     if inserts is not None:
         if reuse_inserts:
             written.extend(reuse_inserts)  # appends do not depend on the base snapshot
+        elif reuse_inserts is None:
+            _write_fresh(table, plan.inserts, fold, created, written, removed_files)
+            fold = None
         else:
             new = write_data_files(ice, plan.inserts)
-            if reuse_inserts is not None:
-                reuse_inserts.extend(new)
-            else:
-                created.extend(w.data_file.file_path for w in new)
+            reuse_inserts.extend(new)
             written.extend(new)
-
-    # 3. the small files it does not touch, once enough of them gather (lineage.writes.small_files); not beside deletes
-    # an engine wrote (their files are not in ``groups``)
-    if not plan.prewritten_deletes:
-        kept, leaving = fold_untouched(table, state, plan.files, groups, rewrite, _written_rows(plan), created)
-        written.extend(kept)
-        removed_files.extend(leaving)
+    if fold is not None:
+        _write_fresh(table, None, fold, created, written, removed_files)
 
     if plan.prewritten_deletes:  # written by executors with the index segment of their images
         created.extend(f.file_path for f in plan.prewritten_deletes)
@@ -251,6 +249,19 @@ def _materialize_and_commit(
     result = commit_change(ice, state, request, attempt)
     table.carry_files(result.snapshot_id, result.files)
     return info(result)
+
+
+def _write_fresh(table: TableContext, rows: pa.Table | None, fold: UntouchedFold | None, created: list[str],
+                 written: list[WrittenFile], removed_files: list[DataFile]) -> None:
+    """Write ``rows`` (new images and inserts; None: none), with the kept rows of the files ``fold`` folds in the same
+    data file (one object, not two)."""
+    if fold is None:
+        new = write_data_files(table.iceberg, rows)
+        created.extend(w.data_file.file_path for w in new)
+    else:
+        new, leaving = fold.rewrite(table, created, extra=rows)
+        removed_files.extend(leaving)
+    written.extend(new)
 
 
 def _written_rows(plan: Plan) -> int:

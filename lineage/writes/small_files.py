@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 from pyiceberg.manifest import DataFile
 
 import lineage.duck as duck
@@ -42,7 +43,7 @@ from lineage.properties import FOLD_MAX_ROWS, FOLD_MIN_FILES, TARGET_FILE_SIZE
 from lineage.state import LiveFile, TableState, sized
 from lineage.storage.deletes import referenced_data_path
 from lineage.storage.deletion_vectors import replaced_by_vector
-from lineage.storage.writer import WrittenFile, write_data_files
+from lineage.storage.writer import FRESH, WrittenFile, write_data_files
 from lineage.writes.rows import kept_rows, with_hidden
 
 
@@ -118,17 +119,30 @@ def untouched_to_fold(files: Sequence[LiveFile], written_rows: int, folded_rows:
     return out if len(out) + folded >= max(policy.min_files, 1) else []
 
 
-def fold_untouched(
+@dataclass(frozen=True)
+class UntouchedFold:
+    """Small live files a write neither deletes from nor folds already, which it folds (see :func:`untouched_fold`)."""
+
+    files: list[LiveFile]
+    fids: list[int]  # indexes in ``files`` of those folded
+
+    def rewrite(self, table: TableContext, created: list[str], extra: pa.Table | None = None) -> tuple[list[WrittenFile], list[DataFile]]:
+        """Rewrite their kept rows (with ``extra`` in the same file, see :func:`rewrite_kept`); the new data files and the
+        files leaving."""
+        nothing = np.zeros(0, np.int64)
+        return rewrite_kept(table, self.files, {fid: {"__pos": nothing} for fid in self.fids}, self.fids, created, extra=extra)
+
+
+def untouched_fold(
     table: TableContext,
     state: TableState,
     files: Sequence[LiveFile],
     groups: Mapping[int, dict[str, np.ndarray]],
     rewrite: Sequence[int],
     written_rows: int,
-    created: list[str],
-) -> tuple[list[WrittenFile], list[DataFile]]:
-    """Fold the small live files of ``state`` a write neither deletes from nor folds already (see
-    :func:`untouched_to_fold`); return the new data files and the files leaving, as :func:`rewrite_kept` does.
+) -> UntouchedFold | None:
+    """The small live files of ``state`` a write neither deletes from nor folds already that it folds (see
+    :func:`untouched_to_fold`), or None.
 
     ``files``, ``groups`` and ``rewrite`` are the write's plan files, the
     positions it removes by file id and the file ids it folds; ``written_rows``
@@ -137,17 +151,23 @@ def fold_untouched(
     """
     policy = FoldPolicy.of(table.iceberg.metadata.properties)
     if state.snapshot is None or policy.max_rows <= 0 or not 0 < written_rows <= policy.max_rows:
-        return [], []
+        return None
     if storage_files.is_remote(table.iceberg.metadata.location):
         open_duckdb_early()
     touched = {files[fid].path for fid in groups}
     others = [f for f in state.files().files.values() if f.path not in touched]
     folded_rows = sum(live_row_count(files[fid]) - len(groups[fid]["__pos"]) for fid in rewrite)
     fids = untouched_to_fold(others, written_rows, folded_rows, len(rewrite), policy)
-    if not fids:
-        return [], []
-    nothing = np.zeros(0, np.int64)
-    return rewrite_kept(table, others, {fid: {"__pos": nothing} for fid in fids}, fids, created)
+    return UntouchedFold(others, fids) if fids else None
+
+
+def with_fresh_lineage(rows: pa.Table, target: pa.Schema) -> pa.Table:
+    """``rows`` (data columns, some or none of the hidden lineage columns) as ``target``: a hidden column it lacks is
+    :data:`~lineage.storage.writer.FRESH` (the commit assigns it: a fresh row id, created or updated version)."""
+    for f in target:
+        if f.name not in rows.column_names:
+            rows = rows.append_column(f, pa.array(np.full(rows.num_rows, FRESH, np.int64)))
+    return rows.select(target.names).cast(target)
 
 
 _EARLY_LOCK = threading.Lock()
@@ -187,6 +207,7 @@ def rewrite_kept(
     fids: list[int],
     created: list[str],
     folded: bool = True,
+    extra: pa.Table | None = None,
 ) -> tuple[list[WrittenFile], list[DataFile]]:
     """Rewrite the kept rows of ``files[fid]`` for ``fid`` in ``fids`` (``groups``: positions removed); return the new
     data files and the files leaving (the data files, and their deletion vectors on v3; on v2 their file-scoped
@@ -197,11 +218,14 @@ def rewrite_kept(
     memory limit (decoded rows take several times their Parquet bytes). Paths written are appended to ``created``.
     The rows are read in a DuckDB connection of their own, not the write's: one sealed for a user's expression reads
     the plan's files only, not their local copies or the files folded without being touched.
+    ``extra`` (rows the commit writes anyway: its new images and inserts, see :func:`with_fresh_lineage`) goes into
+    the first file written, so that a small commit that folds writes one data file, not two (a request each on an
+    object store).
     """
     written: list[WrittenFile] = []
     con = duck.connect()
     try:
-        _rewrite_chunks(table, files, groups, fids, con, created, written)
+        _rewrite_chunks(table, files, groups, fids, con, created, written, extra)
     finally:
         con.close()
     removed = [files[fid].data_file for fid in fids]
@@ -211,7 +235,7 @@ def rewrite_kept(
 
 
 def _rewrite_chunks(table: TableContext, files: Sequence[LiveFile], groups: Mapping[int, dict[str, np.ndarray]], fids: list[int],
-                    con: duckdb.DuckDBPyConnection, created: list[str], written: list[WrittenFile]) -> None:
+                    con: duckdb.DuckDBPyConnection, created: list[str], written: list[WrittenFile], extra: pa.Table | None = None) -> None:
     ice = table.iceberg
     field_ids = projection_field_ids(ice.metadata)
     target = with_hidden(table.arrow_schema, (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED))
@@ -222,7 +246,10 @@ def _rewrite_chunks(table: TableContext, files: Sequence[LiveFile], groups: Mapp
         # small remote files (often this writer's own, still in memory) fetched at once, not a few requests each in turn
         with prefetch.local_copies(sized(group)) as copies:
             kept = kept_rows(con, group, {fid: groups[fid] for fid in chunk}, table.arrow_schema, field_ids, copies)
-        rewritten = write_data_files(ice, kept.cast(target))
+        kept = kept.cast(target)
+        if extra is not None:
+            kept, extra = pa.concat_tables([with_fresh_lineage(extra, target), kept]), None
+        rewritten = write_data_files(ice, kept)
         del kept
         created.extend(w.data_file.file_path for w in rewritten)
         written.extend(rewritten)

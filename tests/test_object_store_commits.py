@@ -1,0 +1,36 @@
+"""A long-lived writer's small commits on an object store: what they read back of what the writer wrote itself.
+
+The proxy of the benchmark counts the requests. A writer keeps the small
+objects it wrote in memory (:mod:`lineage.storage.objects`, up to 4 MiB
+each); the key index segment its first upsert builds can be larger (12 MB
+for a million keys) and is kept as the index it built, so the next commit
+reads nothing back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import lineage
+import lineage.storage.objects as objects
+from conftest import SCHEMA
+from test_object_store_requests import _rows, counted  # noqa: F401 - the fixture
+
+
+def test_the_next_commit_reads_back_no_key_index_segment_the_writer_wrote(counted, monkeypatch) -> None:  # noqa: F811
+    lake, proxy = counted
+    monkeypatch.setattr(objects, "RECENT_MAX_OBJECT", 0)  # as if every object were too large to keep
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
+    t.append(_rows(np.arange(1000), "a"))
+    logs = []
+    for i in range(3):
+        proxy.reset()
+        t.upsert(_rows(np.array([10 * i + 1, 2000 + i]), f"u{i}"))
+        logs.append(proxy.counts(log=True)["log"])
+    for log in logs[1:]:
+        assert not [e for e in log if e[0] == "GET" and e[1].endswith("-keys.kix")], [e[:2] for e in log]
+    fresh = lineage.open_table("shop.orders", **lake.where())  # another writer reads the index from the store
+    info = fresh.upsert(_rows(np.array([1, 11, 2001, 5000]), "x"))
+    assert (info.updated, info.inserted) == (3, 1)
+    got = fresh.scan(columns=["id", "_row_id"])
+    assert got.num_rows == 1004 and len(set(got.column("_row_id").to_pylist())) == 1004

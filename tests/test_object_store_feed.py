@@ -1,0 +1,105 @@
+"""The default-mode change feed on an object store: which bytes it reads, and in how many round trips.
+
+The feed reads the row images it shows by position: the footers of the files
+holding them (one wave of GETs), then the column chunks of the row groups
+holding them (a second wave: all at once, nearby chunks in one request), not
+a request per chunk one after another. A proxy in front of the moto server
+counts the requests and adds latency, so requests sent one after another
+show.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lineage
+import lineage.storage.puts as puts
+import lineage.storage.s3_ranges as s3_ranges
+from test_object_store_requests import _proxied, _rows
+
+
+@pytest.fixture
+def slow(moto_server, tmp_path):
+    """A lake on a new bucket of the moto server behind a counting proxy adding 50 ms per request."""
+    yield from _proxied(moto_server, tmp_path, 50)
+
+
+def test_coalesced_merges_near_ranges_and_cuts_long_ones():
+    ranges = [(100, 200), (0, 50), (60, 90), (500, 500)]
+    assert s3_ranges.coalesced(ranges, gap=9, piece=1000) == [(0, 50), (60, 90), (100, 200)]
+    assert s3_ranges.coalesced(ranges, gap=10, piece=1000) == [(0, 200)]
+    assert s3_ranges.coalesced([(0, 10), (30, 40)], gap=20, piece=1000) == [(0, 40)]
+    assert s3_ranges.coalesced([(0, 25)], gap=0, piece=10) == [(0, 10), (10, 20), (20, 25)]
+    assert s3_ranges.coalesced([]) == []
+
+
+def test_held_ranges_serve_reads_within_them_and_are_dropped_after(moto_server):
+    import lineage.storage.files as files
+    from test_object_store_requests import _bucket
+
+    body = bytes(range(256)) * 1600  # 409,600 bytes
+    location = f"{_bucket(moto_server)}/x/held.bin"
+    puts.put(location, body)
+    puts.forget()
+    with s3_ranges.holding({location: [(1000, 2000), (2000, 2500), (200_000, 200_010)]}, files.settings_for) as fetched:
+        assert (fetched.requests, fetched.bytes) == (2, 1510)  # the adjacent ranges in one request
+        assert s3_ranges.held(location, 1200, 2400) == body[1200:2400]  # across pieces
+        assert s3_ranges.held(location, 200_000, 200_010) == body[200_000:200_010]
+        assert s3_ranges.held(location, 900, 1100) is None  # not all held
+        assert s3_ranges.held(location, 2400, 2600) is None
+        reader = files.open_input(location)  # reads past the tail come from the held ranges (checked by value)
+        reader.seek(1500)
+        assert reader.read(900) == body[1500:2400]
+    assert s3_ranges.held(location, 1200, 2400) is None
+    missing = location + ".missing"
+    with s3_ranges.holding({missing: [(0, 10)]}, files.settings_for) as fetched:  # left for the reader to report
+        assert fetched.requests == 0 and s3_ranges.held(missing, 0, 10) is None
+
+
+def _chain(log: list[list]) -> int:
+    """The most requests of a proxy log sent one after another (each arriving after the previous was answered)."""
+    best: dict[int, int] = {}
+    entries = sorted(log, key=lambda e: e[4])
+    for i, e in enumerate(entries):
+        best[i] = 1 + max((best[j] for j in range(i) if entries[j][4] <= e[3]), default=0)
+    return max(best.values(), default=0)
+
+
+@pytest.mark.parametrize("budget", [None, 1])
+def test_the_feed_reads_the_chunks_of_the_row_groups_it_needs_in_one_wave(slow, monkeypatch, budget) -> None:
+    """``budget``: bytes fetched ahead at most (1: none, each chunk is read as it is decoded; the same rows)."""
+    import cdf
+    import lineage.read.chunk_ranges as chunk_ranges
+
+    if budget is not None:
+        monkeypatch.setattr(chunk_ranges, "MAX_HELD_BYTES", budget)
+    lake, proxy = slow
+    # a base file of 20 row groups of 10,000 rows: the updates touch two of them
+    t = lineage.create_table("shop.orders", _rows(np.arange(1), "a").schema, key=["id"],
+                             properties={"write.parquet.row-group-limit": "10000"}, **lake.where())
+    t.append(_rows(np.arange(200_000), "a"))
+    base = t.state().live_files()[0].path
+    for i, ids in enumerate(([5, 6], [45_005], [7, 200_001])):
+        t.upsert(_rows(np.array(ids), f"u{i}"))
+    expected = cdf.changes(t, 1)
+    reader = lineage.open_table("shop.orders", **lake.where())
+    puts.forget()  # as a reader in another process: no footers or objects held
+    proxy.reset()
+    got = cdf.changes(reader, 1)
+    counts = proxy.counts(log=True)
+    key = ["_commit_version", "_change_type", "id"]
+    assert got.sort_by([(k, "ascending") for k in key]).equals(expected.sort_by([(k, "ascending") for k in key]))
+    assert got.num_rows == 9  # 4 updates (pre- and post-image) and an insert
+    base_key = "/" + base.split("://", 1)[1]
+    on_base = [e for e in counts["log"] if e[1] == base_key]
+    file_bytes = t.state().live_files()[0].data_file.file_size_in_bytes
+    read = sum(e[2] for e in on_base)
+    assert read < file_bytes * 0.25, (read, file_bytes)  # its tail (the footer) and the chunks of 2 of 20 row groups
+    if budget is not None:  # pyarrow reads a small row group's chunks in one request, as it decodes the group
+        assert len(on_base) == 3, [e[:3] for e in on_base]
+        return
+    assert len(on_base) <= 3, [e[:3] for e in on_base]  # its tail, then its chunks coalesced by row group
+    assert {e[0] for e in counts["log"]} == {"GET"}
+    # one after another: the manifest list, the manifests, the footers, the chunks
+    assert _chain(counts["log"]) <= 4, sorted((e[3], e[4], e[1][-20:]) for e in counts["log"])
