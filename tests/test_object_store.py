@@ -131,6 +131,7 @@ def test_cli_on_an_s3_warehouse(s3, tmp_path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
         p = subprocess.run([sys.executable, "-m", "lineage.cli", *s3.cli(), *args], capture_output=True, text=True, timeout=300)
         assert SECRET_KEY not in p.stdout + p.stderr  # never shown, not even with --debug
+        assert p.returncode == 0, (args, p.returncode, p.stdout[-2000:], p.stderr[-4000:])
         return p
 
     created = run("--debug", "create", "shop.orders", "--schema", "id:long,name:string,amount:double", "--key", "id")
