@@ -18,6 +18,8 @@ the Parquet format that every Iceberg reader reads (Spark, DuckDB, pyiceberg).
 from __future__ import annotations
 
 import io
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,25 +31,33 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table import WriteTask
 
-from lineage.identity_cache import IdentityCache
 from lineage.storage.lineage_columns import ROW_ID_NAME
 
 ROW_ID_ENCODING = "DELTA_BINARY_PACKED"
 
 
 def leaf_paths(schema: pa.Schema) -> tuple[str, ...]:
-    """The Parquet column paths (leaves, dotted) of ``schema``, as pyarrow's writer names them (built once per schema)."""
-    def build() -> tuple[str, ...]:
-        sink = io.BytesIO()
-        pq.write_table(schema.empty_table(), sink)
-        sink.seek(0)
-        md = pq.ParquetFile(sink).metadata.schema
-        return tuple(md.column(i).path for i in range(len(md)))
+    """The Parquet column paths (leaves, dotted) of ``schema``, as pyarrow's writer names them (built once per equal
+    schema: each file written brings a schema object of its own)."""
+    with _LOCK:
+        paths = _PATHS.get(schema)
+        if paths is not None:
+            _PATHS.move_to_end(schema)
+            return paths
+    sink = io.BytesIO()
+    pq.write_table(schema.empty_table(), sink)
+    sink.seek(0)
+    md = pq.ParquetFile(sink).metadata.schema
+    paths = tuple(md.column(i).path for i in range(len(md)))
+    with _LOCK:
+        _PATHS[schema] = paths
+        while len(_PATHS) > 32:
+            _PATHS.popitem(last=False)
+    return paths
 
-    return _PATHS.get(schema, build)
 
-
-_PATHS: IdentityCache[tuple[str, ...]] = IdentityCache(size=32)
+_PATHS: OrderedDict[pa.Schema, tuple[str, ...]] = OrderedDict()
+_LOCK = threading.Lock()
 
 
 def writer_options(schema: pa.Schema) -> dict[str, Any]:
