@@ -136,6 +136,7 @@ def run_child(system: str, data: str, root: str, commits: int, cap: float, profi
             out["reported_bytes_per_commit"] = float(np.mean(reported))
     if timer is not None:
         out["phases"] = timer.summary(list(lat))
+        out["phases"]["cpu_ms"] = [round(c * 1000, 1) for c in cpu]  # per commit, to tell periodic work from the machine's load
     if profiler is not None:
         import io
         import pstats

@@ -35,6 +35,11 @@ PHASES = (
     "lineage.storage.merged_deletes:write_merged_deletes",
     "lineage.storage.writer:write_data_files",
     "lineage.writes.small_files:rewrite_kept",
+    "lineage.writes.small_files:fold_untouched",
+    "index.key_index:_merged",
+    "index.key_index:file_entries",
+    "lineage.commits.producer:LineageSnapshotProducer._carried_manifests",
+    "lineage.commits.producer:LineageSnapshotProducer._manifests",
     "lineage.commits.commit:commit_change",
     "lineage.commits.commit:build_lineage",
     "lineage.storage.metadata:write_segment",
@@ -96,20 +101,35 @@ class PhaseTimer:
         n = max(len(self.per_commit), 1)
         paths = sorted({p for c in self.per_commit for p in c})
         mean = {p: 1000 * sum(c.get(p, 0.0) for c in self.per_commit) / n for p in paths}
+        first, last = self.per_commit[:50], self.per_commit[-50:]
+        ends = {p: [1000 * sum(c.get(p, 0.0) for c in part) / max(len(part), 1) for part in (first, last)] for p in paths}
         order = sorted(range(len(latencies_ms)), key=lambda i: -latencies_ms[i])[:slowest]
         slow = []
         for i in order:
             inner = sorted(((v, p.rsplit("/", 1)[-1]) for p, v in self.per_commit[i].items() if "/" in p), reverse=True)[:5]
             slow.append({"commit": i, "ms": latencies_ms[i], "phases": {name: round(v * 1000, 1) for v, name in inner}})
-        return {"mean_ms": mean, "slowest": slow}
+        # what the commits slower than twice the median spend their time on: the innermost phase that took longest
+        median = float(sorted(latencies_ms)[len(latencies_ms) // 2]) if latencies_ms else 0.0
+        heavy: dict[str, int] = defaultdict(int)
+        for i, ms in enumerate(latencies_ms):
+            if ms > 2 * median and i < len(self.per_commit):
+                c = self.per_commit[i]
+                inner = [(v, p.rsplit("/", 1)[-1]) for p, v in c.items() if not any(q.startswith(p + "/") for q in c)]
+                heavy[max(inner)[1] if inner else "?"] += 1
+        return {"mean_ms": mean, "first_last_50_ms": ends, "slowest": slow, "over_twice_median": dict(heavy)}
 
 
 def report(system: str, phases: dict[str, Any]) -> list[str]:
     """Lines of the report: the phase tree with mean ms per commit, then the slowest commits."""
-    lines = ["", f"{system}: mean ms per commit by phase (wall, main thread)", ""]
+    lines = ["", f"{system}: mean ms per commit by phase (wall, main thread); mean of the first and last 50 commits", ""]
+    ends = phases.get("first_last_50_ms", {})
     for path, ms in phases["mean_ms"].items():
         depth = path.count("/")
-        lines.append(f"    {'  ' * depth}{path.rsplit('/', 1)[-1]:<{48 - 2 * depth}} {ms:7.2f}")
+        first, last = ends.get(path, (float("nan"), float("nan")))
+        lines.append(f"    {'  ' * depth}{path.rsplit('/', 1)[-1]:<{48 - 2 * depth}} {ms:7.2f} {first:7.2f} {last:7.2f}")
+    heavy = phases.get("over_twice_median", {})
+    lines.append(f"{system}: {sum(heavy.values())} commits over twice the median, by longest inner phase: "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(heavy.items(), key=lambda kv: -kv[1])))
     lines.append(f"{system}: slowest commits and their longest phases")
     for s in phases["slowest"]:
         lines.append(f"    commit {s['commit']:4d} {s['ms']:6.0f} ms: " + ", ".join(f"{k} {v:.0f}" for k, v in s["phases"].items()))

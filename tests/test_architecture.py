@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "lineage.writes.changelog_sql", "cdf.dialect",
     )),
     ("format", (
-        "lineage.storage.*", "lineage.storage.merged_deletes", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
+        "lineage.storage.*", "lineage.storage.merged_deletes", "lineage.storage.v3_parquet", "lineage.iceberg.planning", "lineage.iceberg.v3_tables",
         "index", "index.deleted_rows", "index.deleted_rows_stream", "index.key_entries", "index.key_delta", "index.segment_rows", "index.purged", "index.key_hash", "index.key_merge_policy", "index.key_segment",
         "index.key_store", "index.key_legacy", "index.key_packed", "index.key_build", "index.key_merge",
     )),

@@ -207,3 +207,30 @@ def test_a_vector_entry_is_the_v3_data_file_struct():
     ), referenced_data_file="file:/w/d.parquet", content_offset=4, content_size_in_bytes=60)
     got = vector_entry(blob, data, 0)
     assert got == by_name and got.spec_id == 3 and manifests_v3.is_deletion_vector(got)
+
+
+def test_a_vector_grows_from_the_kept_bitmap_and_equals_the_union(warehouse, monkeypatch):
+    """A commit deleting from a file whose vector this process wrote adds the new positions to the kept bitmap (no
+    read, merge or encode of the old positions); the vector written is the union all the same, and a process that did
+    not write it (the cache emptied) reads and merges it as before."""
+    import lineage.storage.deletion_vectors as dv
+    from lineage.storage.puffin import read_puffin_deletion_vectors
+
+    t = _table(warehouse, False)
+    t.append(_batch(list(range(200))))
+    t.delete("id % 10 = 0")
+    real = dv.positions_for
+    calls: list[str] = []
+    monkeypatch.setattr(dv, "positions_for", lambda path, deletes, *a: calls.append(path) or real(path, deletes, *a))
+    t.delete("id % 10 = 1")  # the kept bitmap
+    assert calls == []
+    dv._BITMAPS._entries.clear()  # as in a new process
+    t.delete("id % 10 = 2")  # reads the current vector
+    assert len(calls) == 1
+    t.delete("id % 10 = 3")  # kept again
+    assert len(calls) == 1
+    t.refresh()
+    (vector,) = [d for f in t.iceberg.scan().plan_files() for d in f.delete_files]
+    (positions,) = read_puffin_deletion_vectors(t.iceberg.io, vector.file_path).values()
+    assert positions.tolist() == [i for i in range(200) if i % 10 < 4]
+    assert sorted(t.iceberg.scan().to_arrow().column("id").to_pylist()) == [i for i in range(200) if i % 10 >= 4]

@@ -226,7 +226,7 @@ def build_lineage(
         lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
     if req.next_row_id is not None:
         next_row_id = max(next_row_id, req.next_row_id)
-    if native and (snap := iceberg.metadata.snapshot_by_id(snapshot_id)) is not None and snap.added_rows is not None:
+    if native and (snap := v3_commit.snapshot_of(iceberg.metadata, snapshot_id)) is not None and snap.added_rows is not None:
         # A reconciled snapshot (ours are not in the metadata yet) sets the table's next-row-id itself; a gap's
         # files were added by expired snapshots and numbered by their own, so counting them here would over-count.
         next_row_id = int(snap.first_row_id or 0) + int(snap.added_rows)

@@ -268,7 +268,8 @@ class LineageSnapshotProducer(_OverwriteFiles):
 
     def _carried_manifests(self) -> list[ManifestFile]:
         """The parent's manifests; those holding a removed file are rewritten with it marked DELETED."""
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
+        metadata = self._transaction.table_metadata
+        parent = v3_commit.snapshot_of(metadata, self._parent_snapshot_id) if self._parent_snapshot_id else None
         if parent is None:
             return []
         removed = self._deleted_data_files

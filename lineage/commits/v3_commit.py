@@ -18,15 +18,25 @@ from pyiceberg.io import OutputFile
 from pyiceberg.manifest import DataFile, ManifestListWriter, write_manifest_list
 from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 
 import lineage.storage.manifests_v3 as v3
+from lineage.identity_cache import IdentityCache
 from lineage.state import SnapshotFiles
+
+
+def snapshot_of(metadata: TableMetadata, snapshot_id: int) -> Snapshot | None:
+    """``metadata.snapshot_by_id(snapshot_id)`` from an index built once per metadata object: pyiceberg scans the
+    snapshot list, which grows by one per commit, and a commit asks several times (for its own new id too)."""
+    return _SNAPSHOTS.get(metadata, lambda: {s.snapshot_id: s for s in metadata.snapshots}).get(snapshot_id)
+
+
+_SNAPSHOTS: IdentityCache[dict[int, Snapshot]] = IdentityCache(size=16)
 
 
 def first_row_id(metadata: TableMetadata, snapshot_id: int) -> int:
     """The first row id of snapshot ``snapshot_id``: its own (a reconciled snapshot), else the table's next-row-id (ours)."""
-    snap = metadata.snapshot_by_id(snapshot_id)
+    snap = snapshot_of(metadata, snapshot_id)
     if snap is not None and snap.first_row_id is not None:
         return int(snap.first_row_id)
     return int(getattr(metadata, "next_row_id", None) or 0)
@@ -83,7 +93,7 @@ def summary(
         ssc.add_file(data_file=f, partition_spec=metadata.spec(), schema=schema)
     for f in removed:
         ssc.remove_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
-    parent = metadata.snapshot_by_id(parent_snapshot_id) if parent_snapshot_id is not None else None
+    parent = snapshot_of(metadata, parent_snapshot_id) if parent_snapshot_id is not None else None
     return update_snapshot_summaries(
         summary=Summary(operation=operation, **ssc.build(), **properties),
         previous_summary=parent.summary if parent is not None else None,

@@ -21,9 +21,11 @@ file, and the commit removes that entry only.
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from pyiceberg.conversions import to_bytes
@@ -31,6 +33,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import StringType
+from pyroaring import BitMap
 
 import lineage.storage.manifests_v3 as manifests_v3
 import lineage.storage.puffin as puffin
@@ -95,7 +98,8 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
     ``current`` delete files remove. Targets without positions are skipped.
     """
     metadata = iceberg.metadata
-    vectors: list[tuple[str, np.ndarray]] = []
+    vectors: list[tuple[str, np.ndarray | BitMap]] = []
+    arrays: dict[str, np.ndarray] = {}
     data_files: list[DataFile] = []
     replaced: list[DataFile] = []
     for t in targets:
@@ -103,8 +107,18 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
         new = np.asarray(t.positions, np.int64)
         if len(new) == 0:
             continue
-        old = positions_for(path, [d.file_path for d in t.current if d.content == DataFileContent.POSITION_DELETES])
-        vectors.append((path, merge_positions(old, new)))
+        current = [d for d in t.current if d.content == DataFileContent.POSITION_DELETES]
+        kept = _BITMAPS.current(path, current) if new.min() >= 0 and new.max() < 1 << 32 else None
+        if kept is not None:  # the file's vector as this process wrote it: the new positions added, nothing read or sorted
+            bitmap = kept.copy()
+            bitmap.update(new.astype(np.uint32))
+            bitmap.run_optimize()
+            vectors.append((path, bitmap))
+            arrays[path] = np.frombuffer(bitmap.to_array(), np.uint32).astype(np.int64)
+        else:
+            arrays[path] = merge_positions(positions_for(path, [d.file_path for d in current]), new)
+            small = len(arrays[path]) == 0 or arrays[path][-1] < 1 << 32
+            vectors.append((path, puffin.bitmap_of(arrays[path]) if small else arrays[path]))
         data_files.append(t.data_file)
         replaced.extend(replaced_by_vector(path, t.current))
     if not vectors:
@@ -112,8 +126,41 @@ def write_vectors(iceberg: IcebergTable, targets: Sequence[VectorTarget]) -> tup
     provider = load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
     location = provider.new_data_location(f"{uuid.uuid4()}-dv.puffin")
     blobs = puffin.write_deletion_vectors(iceberg.io, location, vectors)
-    remember_vectors(location, dict(vectors))
+    remember_vectors(location, arrays)
+    _BITMAPS.keep(location, [(p, v) for p, v in vectors if isinstance(v, BitMap)])
     return [vector_entry(b, f, metadata.default_spec_id) for b, f in zip(blobs, data_files, strict=True)], replaced
+
+
+@dataclass
+class _KeptBitmaps:
+    """The bitmaps of the deletion vectors this process wrote last, by (Puffin file, data file), for the next commit
+    that deletes from the same file: a file's vector grows by the few positions of each commit, and adding them to
+    the kept bitmap costs microseconds where decoding, merging and encoding a large vector costs milliseconds."""
+
+    size: int = 256
+    _entries: OrderedDict[tuple[str, str], BitMap] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def current(self, data_path: str, current: Sequence[DataFile]) -> BitMap | None:
+        """The bitmap of ``data_path``'s current vector (``current``: its position deletes now) if this process kept
+        it, an empty one when the file has no deletes yet, else None. Never to be changed: copy it."""
+        if not current:
+            return BitMap()
+        if len(current) != 1 or not is_puffin(current[0].file_path) or referenced_data_path(current[0]) != data_path:
+            return None
+        with self._lock:
+            return self._entries.pop((current[0].file_path, data_path), None)
+
+    def keep(self, puffin_path: str, vectors: Sequence[tuple[str, BitMap]]) -> None:
+        """Keep the bitmaps just written to ``puffin_path`` (the oldest leave once more than ``size`` are kept)."""
+        with self._lock:
+            for data_path, bitmap in vectors:
+                self._entries[(puffin_path, data_path)] = bitmap
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+
+_BITMAPS = _KeptBitmaps()
 
 
 def merge_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:

@@ -100,13 +100,24 @@ def _positions(positions: Iterable[int] | np.ndarray) -> np.ndarray:
     return pos
 
 
+def bitmap_of(positions: np.ndarray) -> BitMap:
+    """A 32-bit Roaring bitmap of ``positions`` (sorted unique, each below 2^32), run containers where smaller."""
+    bitmap = BitMap(array.array("I", np.asarray(positions).astype(np.uint32).tobytes()))
+    bitmap.run_optimize()
+    return bitmap
+
+
+def serialize_bitmap(bitmap: BitMap) -> bytes:
+    """A 32-bit Roaring bitmap (positions below 2^32) as the portable 64-bit Roaring bitmap of a deletion vector: one
+    bitmap, key 0."""
+    return struct.pack("<QI", 1, 0) + bitmap.serialize()
+
+
 def serialize_positions(positions: Iterable[int] | np.ndarray) -> bytes:
     """The positions as a portable 64-bit Roaring bitmap (run containers where they are smaller)."""
     pos = _positions(positions)
     if len(pos) and pos[-1] < 1 << 32:  # every row of a file with fewer than 2^32 rows: one 32-bit bitmap, key 0
-        bitmap = BitMap(array.array("I", pos.astype(np.uint32).tobytes()))
-        bitmap.run_optimize()
-        return struct.pack("<QI", 1, 0) + bitmap.serialize()
+        return serialize_bitmap(bitmap_of(pos))
     keys = (pos >> 32).astype(np.uint32)
     bounds = np.flatnonzero(keys[1:] != keys[:-1]) + 1 if len(pos) else np.zeros(0, np.int64)
     starts = np.concatenate(([0], bounds)).astype(np.int64) if len(pos) else bounds
@@ -190,9 +201,10 @@ def _portable_size(view: memoryview, start: int) -> int:
     return at - start
 
 
-def encode_deletion_vector(positions: Iterable[int] | np.ndarray) -> bytes:
-    """A ``deletion-vector-v1`` blob deleting ``positions`` (non-negative row positions of one data file)."""
-    body = DV_MAGIC + serialize_positions(positions)
+def encode_deletion_vector(positions: Iterable[int] | np.ndarray | BitMap) -> bytes:
+    """A ``deletion-vector-v1`` blob deleting ``positions`` (non-negative row positions of one data file; or a 32-bit
+    Roaring bitmap of them, serialized as it is: a writer that keeps a file's bitmap between commits adds to it)."""
+    body = DV_MAGIC + (serialize_bitmap(positions) if isinstance(positions, BitMap) else serialize_positions(positions))
     return struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body))
 
 
@@ -218,10 +230,10 @@ def decode_deletion_vector(blob: bytes | memoryview) -> np.ndarray:
 # --- the file -------------------------------------------------------------------------------------------------
 
 
-def puffin_bytes(vectors: Iterable[tuple[str, np.ndarray]], created_by: str = CREATED_BY,
+def puffin_bytes(vectors: Iterable[tuple[str, np.ndarray | BitMap]], created_by: str = CREATED_BY,
                  ) -> tuple[bytes, list[tuple[str, int, int, int]]]:
     """A Puffin file holding one deletion vector per ``(referenced data file, positions)``, and per blob
-    ``(referenced data file, offset, length, cardinality)``.
+    ``(referenced data file, offset, length, cardinality)``. Positions may be given as a 32-bit Roaring bitmap.
 
     A data file may be named once: the spec allows one vector per data file.
     ``created_by`` is the footer's ``created-by`` property (the writer's name).
@@ -235,7 +247,7 @@ def puffin_bytes(vectors: Iterable[tuple[str, np.ndarray]], created_by: str = CR
         if data_file in seen:
             raise InvalidArgumentError(f"two deletion vectors for one data file: {data_file}")
         seen.add(data_file)
-        pos = _positions(positions)
+        pos = positions if isinstance(positions, BitMap) else _positions(positions)
         blob = encode_deletion_vector(pos)
         parts.append(blob)
         blobs.append((data_file, at, len(blob), len(pos)))
@@ -250,7 +262,7 @@ def puffin_bytes(vectors: Iterable[tuple[str, np.ndarray]], created_by: str = CR
     return b"".join(parts), blobs
 
 
-def write_deletion_vectors(io: FileIO, path: str, vectors: Iterable[tuple[str, np.ndarray]]) -> list[DeletionVectorBlob]:
+def write_deletion_vectors(io: FileIO, path: str, vectors: Iterable[tuple[str, np.ndarray | BitMap]]) -> list[DeletionVectorBlob]:
     """Write a new Puffin file at ``path`` with one deletion vector per ``(referenced data file, positions)``.
 
     Returns, in the order given, what each blob's delete-file manifest entry

@@ -31,6 +31,7 @@ from pyiceberg.types import LongType, StringType
 from lineage.columns import HIDDEN_COLUMNS
 from lineage.errors import UnsupportedFormatError
 import lineage.storage.lineage_columns as lineage_columns
+import lineage.storage.v3_parquet as v3_parquet
 from lineage.storage.deletes import PATH_FIELD_ID, remember_vectors
 from lineage.storage.fileio import write_bytes
 from lineage.properties import TARGET_FILE_SIZE, read
@@ -127,7 +128,7 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
             )
             lineage.append(hidden)
     if native:
-        data_files = [lineage_columns.without_lineage_stats(df) for df in write_file(bound(iceberg.io), lineage_columns.write_metadata(metadata), iter(tasks))]
+        data_files = [lineage_columns.without_lineage_stats(df) for df in _native_files(bound(iceberg.io), metadata, tasks)]
     else:
         data_files = list(write_file(bound(iceberg.io), metadata, iter(tasks)))  # pyiceberg's threads join the caller's puts
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
@@ -153,9 +154,21 @@ def write_copy(
         data = lineage_columns.with_lineage_columns(data, *lineage)
         schema, metadata = lineage_columns.write_schema(schema), lineage_columns.write_metadata(metadata)
     task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=data.to_batches(), partition_key=None)
-    (df,) = list(write_file(bound(iceberg.io), metadata, iter([task])))
+    (df,) = _native_files(bound(iceberg.io), iceberg.metadata, [task]) if lineage is not None and lineage_columns.writes_lineage_columns(
+        iceberg.metadata) else list(write_file(bound(iceberg.io), metadata, iter([task])))
     df = lineage_columns.without_lineage_stats(df)
     return restamped(df, df.content, template.partition, None, spec_id_of(template, iceberg.metadata.default_spec_id))
+
+
+def _native_files(file_io: Any, metadata: Any, tasks: list[WriteTask]) -> list[DataFile]:
+    """Data files with the v3 row lineage columns (``metadata``: the table's), ``_row_id`` delta-encoded in Parquet
+    (:mod:`lineage.storage.v3_parquet`); pyiceberg's writer for another file format."""
+    from pyiceberg.io.pyarrow import write_file
+
+    write_metadata = lineage_columns.write_metadata(metadata)
+    if metadata.properties.get("write.format.default", "parquet").lower() != "parquet":
+        return list(write_file(file_io, write_metadata, iter(tasks)))
+    return v3_parquet.write_native_files(file_io, write_metadata, tasks)
 
 
 def restamped(df: DataFile, content: DataFileContent, partition: Any, equality_ids: list[int] | None, spec_id: int) -> DataFile:
