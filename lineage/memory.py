@@ -121,23 +121,7 @@ def release_if_grown(resident: int | None = None) -> bool:
     ``resident`` overrides the measured resident size (for tests). Returns
     whether a release ran.
     """
-    try:
-        slack = slack_bytes()
-    except InvalidArgumentError as exc:  # runs after commits: a bad setting must not turn a committed write into an error
-        log.warning("%s; memory is not released", exc)
-        return False
-    if slack is None:
-        return False
-    now = _resident_bytes() if resident is None else resident
-    if now is None:
-        return False
-    with _lock:
-        floor = _floor[0]
-        if floor is not None and now - floor <= slack:
-            _floor[0] = min(floor, now)  # growth counts from the lowest point seen since the last release
-            return False
-        _release(now, resident)
-    return True
+    return _release_past_slack(resident, within=False)
 
 
 def release_within(resident: int | None = None) -> bool:
@@ -154,9 +138,14 @@ def release_within(resident: int | None = None) -> bool:
     ``resident`` overrides the measured resident size (for tests). Returns
     whether a release ran.
     """
+    return _release_past_slack(resident, within=True)
+
+
+def _release_past_slack(resident: int | None, *, within: bool) -> bool:
     try:
         slack = slack_bytes()
-    except InvalidArgumentError:
+    except InvalidArgumentError as exc:  # runs after commits: a bad setting must not turn a committed write into an error
+        log.warning("%s; memory is not released", exc)
         return False
     if slack is None:
         return False
@@ -166,10 +155,13 @@ def release_within(resident: int | None = None) -> bool:
     with _lock:
         floor = _floor[0]
         if floor is not None and now - floor <= slack:
+            if not within:
+                _floor[0] = min(floor, now)  # growth counts from the lowest point seen since the last release
             return False
         _release(now, resident)
-        after = _floor[0]
-        _floor[0] = floor if floor is None or after is None else min(floor, after)
+        if within:  # the floor stays where the operation started (or unset)
+            after = _floor[0]
+            _floor[0] = floor if floor is None or after is None else min(floor, after)
     return True
 
 
