@@ -60,6 +60,7 @@ import cdf  # noqa: E402
 import lineage  # noqa: E402
 import large_measure as lm  # noqa: E402
 import record  # noqa: E402
+from lineage.memory import release_at_end  # noqa: E402
 
 NAME = "bench.large"
 SCHEMA = pa.schema([("id", pa.int64()), ("bucket", pa.int32()), ("amount", pa.float64()), ("name", pa.string()), ("qty", pa.int64())])
@@ -166,6 +167,9 @@ class Steps:
     def run(self, system: str, step: str, fn: Callable[[], Any], *, root: str, tree: int, python: str = "self") -> Any:
         """``python``: ``self`` (this process's high-water mark) or ``tree`` (the tree's Python processes, sampled)."""
         before = record.files_under(root)
+        # a long-running driver between jobs: what the previous step (and the batch it read) freed goes back to the
+        # OS, so each step's peak is its own, not the allocators' retention of earlier ones
+        release_at_end()
         sampler = lm.TreeSampler(tree, include_root=python == "tree").start()
         figures, value = record.measure(fn, self.rec.rss)
         memory = sampler.stop()
@@ -402,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     results = {"rows": args.rows, "build": {k: v for k, v in info.items() if k != "base_metadata"}, "built_this_run": built_now,
                "steps": steps.rows, "outcomes": outcomes, "live_rows": live, "feed_rows": feeds, "amount_sums": sums, "agree": agree,
-               "memory_method": {"python": "ours: VmHWM of this process, reset per step; reference: its server's Python "
-                                           "process, sampled", "jvm_and_workers": lm.TreeSampler.METHOD},
+               "memory_method": {"python": "ours: VmHWM of this process, reset per step, after returning freed memory "
+                                           "(lineage.memory.release_at_end); reference: its server's Python process, sampled", "jvm_and_workers": lm.TreeSampler.METHOD},
                "loaded": max(load) > cores, "load_above_cores_fraction": round(sum(x > cores for x in load) / len(load), 2)}
     path = rec.finish(results, publish=args.publish, out=args.out)
     print(f"live rows {live}, feed rows {feeds}, sums of amount {sums}, agree={agree}; record written to {os.path.relpath(path)}")

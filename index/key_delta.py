@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from index.key_index import KeyIndex
 
 DELTA_BUDGET = 16 << 20  # record bytes a delta holds in memory before it spills
-CHUNK_ROWS = 262_144  # entries turned into records at a time
+CHUNK_ROWS = 65_536  # entries turned into records at a time (each chunk is sorted into hash ranges: copies of it)
 SPOOL_ROWS = 131_072  # deltas of more entries and tombstones than this are built here, smaller ones in memory
 
 

@@ -106,7 +106,7 @@ SEGMENT_SUFFIX = "-keys.kix"  # format 3 files; formats 1 and 2 were named *-key
 # at this rate are built in memory, larger ones by the bounded build of index.key_build.
 IN_MEMORY_BYTES_PER_KEY = 160
 MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 1 << 16, 1 << 20  # rows of the files read at a time by the bounded build
-LOOKUP_SLICE = 1 << 14  # probes of a large lookup resolved together (their pages then released)
+LOOKUP_SLICE = 1 << 12  # probes of a large lookup resolved together (their pages then released)
 
 
 # ---------------------------------------------------------------- table facts

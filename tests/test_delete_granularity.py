@@ -72,6 +72,29 @@ def test_default_writes_one_partition_scoped_file_past_the_limit(warehouse: str)
     assert_interop(t)
 
 
+def test_a_delete_file_is_written_from_its_dictionary_of_paths_and_reads_as_plain_strings(warehouse: str) -> None:
+    """The paths are written dictionary-encoded without casting them to strings first: the file is the one a string
+    column makes (same Parquet schema, field ids and pages), read back as strings by pyarrow, DuckDB and pyiceberg."""
+    import pyarrow.parquet as pq
+
+    from lineage.storage.fileio import local_path
+    from lineage.storage.writer import POSITION_DELETE_SCHEMA
+
+    t = _keyed(warehouse, files=4, per_file=10, **{"write.delete.granularity": "partition"})
+    t.delete("id % 3 = 0")
+    t.refresh()
+    [path] = {d.file_path for live in t.state().files().files.values() for d in live.deletes}
+    f = pq.ParquetFile(local_path(path))
+    assert b"ARROW:schema" not in (f.metadata.metadata or {})
+    read = f.read()
+    assert read.schema.equals(POSITION_DELETE_SCHEMA, check_metadata=True)
+    data_paths = {live.data_file.file_path for live in t.state().files().files.values()}
+    assert set(read.column("file_path").to_pylist()) == data_paths
+    assert read.num_rows == len([i for i in range(40) if i % 3 == 0])
+    assert sorted(t.scan(columns=["id"]).column("id").to_pylist()) == [i for i in range(40) if i % 3]
+    assert_interop(t)
+
+
 @pytest.mark.parametrize("granularity, expected", [("file", 4), ("partition", 1)])
 def test_explicit_granularity_is_kept(warehouse: str, granularity: str, expected: int) -> None:
     t = _keyed(warehouse, files=4, per_file=5, **{"write.delete.granularity": granularity, "lineage.write.delete.file-scoped-limit": "1"})

@@ -192,3 +192,18 @@ def test_bounded_delta_is_the_in_memory_delta_byte_for_byte(warehouse: str, tmp_
     write_key_segment(io, a, bounded, 9)
     write_key_segment(io, b, in_memory, 9)
     assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_the_keys_a_grouped_write_keeps_hold_their_own_buffers_not_the_group_result() -> None:
+    """A column of a DuckDB result shares the result's release: kept as is, it would keep every column alive."""
+    import lineage.duck as duck
+
+    con = duck.connect(isolated=True)
+    result = duck.fetch_arrow(con, "SELECT range AS id, range * 2 AS a, range * 3 AS b FROM range(100000)")
+    con.close()
+    before = pa.total_allocated_bytes()
+    kept = grouped.owned(result.select(["id"]))
+    assert kept.equals(result.select(["id"]))
+    assert pa.total_allocated_bytes() - before >= 8 * 100000  # copied into Arrow's pool
+    theirs = {b.address for c in result.columns for chunk in c.chunks for b in chunk.buffers() if b is not None}
+    assert not theirs & {b.address for c in kept.columns for chunk in c.chunks for b in chunk.buffers() if b is not None}

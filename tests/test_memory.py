@@ -140,3 +140,23 @@ def test_releasing_the_pool_follows_the_release_setting(monkeypatch):
     assert not memory.release_pool()
     monkeypatch.setenv(memory.ENV_SLACK, "lots")  # a bad setting: no release, no error in a read
     assert not memory.release_pool()
+
+
+def test_a_release_within_an_operation_leaves_the_floor_for_its_end(monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: trims.append(1))
+    monkeypatch.setattr(memory, "_floor", [None])
+    monkeypatch.setenv(memory.ENV_SLACK, "10")
+    assert memory.release_if_grown(resident=100 * MB)  # the end of an earlier operation: floor 100 MB
+    assert not memory.release_within(resident=108 * MB)  # within the slack
+    assert memory.release_within(resident=130 * MB)  # mid-way through a large one
+    assert memory._floor[0] == 100 * MB  # not raised to what the operation holds mid-way
+    assert memory.release_if_grown(resident=115 * MB)  # so its end still returns what it freed
+    monkeypatch.setattr(memory, "_floor", [None])
+    assert memory.release_within(resident=500 * MB)
+    assert memory._floor[0] is None  # never released at an operation's end: its first end releases
+    monkeypatch.setenv(memory.ENV_SLACK, "-1")  # off
+    assert not memory.release_within(resident=900 * MB)
+    monkeypatch.setenv(memory.ENV_SLACK, "lots")  # a bad setting is ignored mid-way too
+    assert not memory.release_within(resident=900 * MB)
+    assert len(trims) == 4

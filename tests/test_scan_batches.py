@@ -126,6 +126,27 @@ def test_groups_are_sized_by_decoded_rows_not_by_parquet(warehouse: str) -> None
     assert groups == [50_000] * 4  # one file per group, one batch per group
 
 
+def test_files_with_many_lineage_runs_weigh_their_join_too(warehouse: str) -> None:
+    """A file an update wrote (a lineage run per row) is weighed for the ASOF join of its rows with its runs, so its
+    group holds fewer rows than one of files appended whole; the rows streamed are the same."""
+    from lineage.read.batched_scan import decoded_bytes, scan_weight
+
+    t = lineage.create_table("shop.runs", SCHEMA, key=["id"], warehouse=warehouse)
+    n = 20_000
+    t.append(pa.table({"id": pa.array(range(n), pa.int64()), "name": pa.array([f"n{i}" for i in range(n)]),
+                       "amount": pa.array([1.0] * n)}))
+    t.update("id % 2 = 0", {"amount": "amount + 1"})  # a new file of every second row id: one run per row
+    ids = {f.name: f.field_id for f in t.iceberg.schema().fields}
+    files = t.state().live_files()
+    appended = next(f for f in files if len(f.lineage.row_ids.lengths) == 1)
+    updated = next(f for f in files if len(f.lineage.row_ids.lengths) > 1)
+    assert scan_weight(appended, t.arrow_schema, ids) == decoded_bytes(appended, t.arrow_schema, ids)
+    assert len(updated.lineage.row_ids.lengths) == n // 2
+    assert scan_weight(updated, t.arrow_schema, ids) >= 2 * decoded_bytes(updated, t.arrow_schema, ids) + n // 2 * 80
+    rows = sorted(r["_row_id"] for b in t.scan_batches(group_bytes=1) for r in b.to_pylist())
+    assert rows == sorted(t.scan().column("_row_id").to_pylist()) and len(rows) == n
+
+
 def test_groups_are_estimated_for_every_column_type(warehouse: str) -> None:
     """Booleans (bit-packed), decimals, dates and timestamps are estimated without error, and streamed."""
     import datetime as dt

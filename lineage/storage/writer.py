@@ -45,6 +45,9 @@ POSITION_DELETE_SCHEMA = pa.schema(
     ]
 )
 
+_DELETE_WRITE_SCHEMA = pa.schema([POSITION_DELETE_SCHEMA.field(0).with_type(pa.dictionary(pa.int32(), pa.string())),
+                                  POSITION_DELETE_SCHEMA.field(1)])
+
 # Hidden columns that carry lineage through partitioning; never written.
 _HIDDEN = HIDDEN_COLUMNS
 
@@ -272,12 +275,13 @@ def write_position_deletes(
         paths = np.concatenate([np.full(len(p), i) for i, (_, p) in enumerate(members)])
         names = [m[0].file_path for m in members]
         positions = np.concatenate([np.sort(p) for _, p in members]).astype(np.int64)
-        table = pa.Table.from_arrays(
-            [pa.DictionaryArray.from_arrays(pa.array(paths, pa.int32()), pa.array(names)).cast(pa.string()), pa.array(positions)],
-            schema=POSITION_DELETE_SCHEMA,
-        )
+        # The paths stay dictionary-encoded, as Parquet stores them: cast to strings first, a delete file of a million
+        # positions held ~100 MB of repeated paths. Without the Arrow schema in the footer the file is the same
+        # (a required string column, dictionary pages) and every reader reads plain strings.
+        path_dict = pa.DictionaryArray.from_arrays(pa.array(paths, pa.int32()), pa.array(names))
+        table = pa.Table.from_arrays([path_dict, pa.array(positions)], schema=_DELETE_WRITE_SCHEMA)
         sink = _io.BytesIO()
-        pq.write_table(table, sink, compression="zstd")
+        pq.write_table(table, sink, compression="zstd", store_schema=False)
         location = provider.new_data_location(f"{uuid.uuid4()}-deletes.parquet")
         size = write_bytes(iceberg.io, location, sink.getvalue())
         # kept as read back, so the next commit that merges this file's positions (lineage.storage.merged_deletes) reads nothing

@@ -25,6 +25,7 @@ import pyarrow as pa
 from index.key_index import KeyIndex, KeyIndexChange
 from lineage.context import TableContext
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
+from lineage.memory import release_within
 from lineage.state import LiveFile, TableState
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files
 from lineage.writes import grouped, key_checks
@@ -64,6 +65,7 @@ def chunked_upsert(
             del m, images
             if sum(t.nbytes for t in buffered) >= grouped.FLUSH_BYTES:
                 flush()
+            release_within()  # the chunk's lookup (NumPy, glibc's heap) freed: its pages go back before Arrow's grow
         deleted = 0
         if dkeys is not None and dkeys.num_rows:
             gone = index.lookup(dkeys)

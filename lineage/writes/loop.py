@@ -33,7 +33,7 @@ import lineage.duck as duck
 from lineage.commits.commit import CommitRequest, CommitResult, commit_change
 from lineage.context import TableContext
 from lineage.errors import CommitConflictError, InvalidArgumentError, VersionMovedError
-from lineage.memory import release_if_grown
+from lineage.memory import release_if_grown, release_within
 from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState
 from lineage.read.values import read_at
@@ -226,6 +226,7 @@ def _materialize_and_commit(
         written_index=plan.prewritten_index,
     )
 
+    release_within()  # what writing the files freed goes back before the commit builds its lineage and key index
     number = attempt.number  # not the attempt itself: it holds ``info``, and a cycle would keep the plan's arrays until a full GC
 
     def info(result: CommitResult) -> CommitInfo:
