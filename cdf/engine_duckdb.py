@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 import cdf.plan as plan
 import cdf.threads as threads
-from cdf.output import TIMESTAMP, change_schema, deleted_schema
+from cdf.output import TIMESTAMP, deleted_schema, encoded_change_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment, dictionary_values
 from lineage.arrays import stable_argsort, unique
@@ -199,7 +199,13 @@ def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
 
 def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str]) -> pa.Array:
     """``_changed_columns``: the pair's list on both rows of each update pair, null elsewhere."""
-    ncols = len(names)
+    offsets, null = _list_layout(n, pre, changed)
+    return pa.ListArray.from_arrays(offsets, _list_elements(changed, names), mask=null)
+
+
+def _list_layout(n: int, pre: np.ndarray, changed: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """The offsets and the null mask of :func:`_changed_lists` (a large feed builds them in its second thread)."""
+    ncols = changed.shape[1]
     # per pair, the number of changed columns (a uint8 matrix product is 5x faster than a sum over bools)
     counts = changed.view(np.uint8) @ np.ones(ncols, np.uint8) if ncols < 256 else changed.sum(axis=1)
     per_row = np.zeros(n, np.int32)
@@ -210,20 +216,24 @@ def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str
     offsets[0] = 0
     np.cumsum(per_row, out=offsets[1:])
     del per_row
-    # The column numbers of each pair's list, twice (pre-image row, then post-image row), in row order:
-    # a small-integer matrix of the pairs with -1 where a column did not change, read row by row.
+    null = np.ones(n, bool)
+    null[pre] = False
+    null[pre + 1] = False
+    return pa.array(offsets), pa.array(null)
+
+
+def _list_elements(changed: np.ndarray, names: list[str]) -> pa.Array:
+    """The elements of :func:`_changed_lists`, in row order: each pair's changed column numbers, twice (pre-image
+    row, then post-image row), as indices into the names (``cdf.output.CHANGED_COLUMNS_ENCODED``: no string copied)."""
+    ncols = len(names)
+    # a small-integer matrix of the pairs with -1 where a column did not change, read row by row
     small = np.int8 if ncols < 128 else np.int32
     numbered = np.where(changed, np.arange(ncols, dtype=small), np.array(-1, small))
     both = np.concatenate((numbered, numbered), axis=1).ravel()
     del numbered
     which = both[np.flatnonzero(both >= 0)]
     del both
-    # decoding a dictionary of the names costs a third of taking the strings by index
-    child = pa.DictionaryArray.from_arrays(pa.array(which), pa.array(names, pa.string())).cast(pa.string())
-    update = np.zeros(n, bool)
-    update[pre] = True
-    update[pre + 1] = True
-    return pa.ListArray.from_arrays(pa.array(offsets), child, mask=pa.array(~update))
+    return pa.DictionaryArray.from_arrays(pa.array(which.astype(np.int32, copy=False)), pa.array(names, pa.string()))
 
 
 def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
@@ -259,8 +269,8 @@ class _Shown:
 
 
 def _change_names(change: np.ndarray) -> pa.Array:
-    # decoding a dictionary of the four names costs a third of taking the strings by index
-    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _CHANGE_NAMES).cast(pa.string())
+    """``_change_type`` (cdf.output.CHANGE_TYPE_ENCODED): the change codes, as they are, indices into the four names."""
+    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _CHANGE_NAMES)
 
 
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
@@ -434,7 +444,8 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
 
     ``meta``: :func:`_meta` of ``sk`` and ``shown``, if already built (valid only if no pair is dropped
     here, so not in net mode); ``pool``: a worker that decodes the dictionary columns (and builds ``meta``
-    if not given) while this thread builds ``_changed_columns``; ``changed``: :func:`changed_matrix` of
+    if not given, and the offsets of ``_changed_columns``) while this thread builds the elements of
+    ``_changed_columns``; ``changed``: :func:`changed_matrix` of
     ``values``, if already computed.
     """
     pre = sk.preimages
@@ -450,14 +461,16 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
             pre = sk.preimages
             meta = None
 
-    def rest() -> tuple[pa.Table, list[pa.Array]]:
-        return decoded(values, data), (_meta(sk, shown, commit_ms) if meta is None else meta)
+    def rest() -> tuple[pa.Table, list[pa.Array], tuple[pa.Array, pa.Array]]:
+        built = _meta(sk, shown, commit_ms) if meta is None else meta
+        return decoded(values, data), built, _list_layout(len(sk), pre, changed)
 
     later = pool.submit(rest) if pool is not None else None
-    lists = _changed_lists(len(sk), pre, changed, data.names)
+    elements = _list_elements(changed, data.names)
+    values, meta, (offsets, null) = later.result() if later is not None else rest()
     del changed
-    values, meta = later.result() if later is not None else rest()
-    schema = change_schema(data, shown.purged is not None)
+    lists = pa.ListArray.from_arrays(offsets, elements, mask=null)
+    schema = encoded_change_schema(data, shown.purged is not None)
     return pa.Table.from_arrays(list(values.columns) + meta[:6] + [lists] + meta[6:], schema=schema)
 
 
