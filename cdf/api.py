@@ -89,6 +89,9 @@ def changes(
     ``_change_type``, ``_commit_version``, ``_commit_timestamp``, ``_row_id``,
     ``_row_created_at_version``, ``_row_last_updated_at_version`` and
     ``_changed_columns``. ``net=True`` collapses each row id to its overall effect.
+    In the pyarrow Table, ``_change_type`` is ``dictionary<int8, string>`` and
+    ``_changed_columns`` ``list<dictionary<int32, string>>`` (the same values;
+    :func:`cdf.decode_change_columns` gives ``string`` and ``list<string>``).
     """
     table = check_table(table)
     spark = _check_engine(engine, spark)

@@ -69,8 +69,9 @@ def encoded_change_schema(data: pa.Schema, purged: bool = False) -> pa.Schema:
     return schema
 
 
-def decode_change_columns(result: pa.Table) -> pa.Table:
-    """A feed of the embedded engine with its dictionary-encoded change columns decoded (the types of :func:`change_schema`)."""
+def decode_change_columns(result: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
+    """A feed of the embedded engine (or one batch of :func:`cdf.change_batches`) with ``_change_type`` as
+    ``string`` and ``_changed_columns`` as ``list<string>``, the types of the Spark engine's feed."""
     schema = result.schema
     for name, t in _ENCODED.items():
         i = schema.get_field_index(name)

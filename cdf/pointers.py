@@ -256,21 +256,23 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
 
 def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]], ids: RowRange | None = None) -> np.ndarray:
     """The flat positions (first flat position of the file + position) of every index entry (row ids in ``ids``) pointing
-    into one of the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image."""
+    into one of the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image.
+
+    A segment's entries are in (file, position) order, so each file's are one slice: only the slices of the
+    files in ``bases`` are read (most entries of a feed's segments point into files it does not read).
+    """
     out = []
     for seg in segments:
-        known = [bases.get(f, (-1, 0)) for f in seg.files]
-        first = np.array([k[0] for k in known], np.int64)
-        if not len(first) or int(first.max()) < 0:
+        hits = [(i, bases[f]) for i, f in enumerate(seg.files) if f in bases]
+        if not hits:
             continue
-        rows = np.array([k[1] for k in known], np.int64)
-        pos = seg.positions
-        hit = first[seg.file_index]
-        keep = (hit >= 0) & (pos < rows[seg.file_index])
-        if ids is not None:
-            keep &= in_rows(seg.row_ids, ids)
-        hit += pos
-        out.append(hit[keep])
+        bounds = np.searchsorted(seg.file_index, [b for i, _ in hits for b in (i, i + 1)])
+        for (_, (first, rows)), s, e in zip(hits, bounds[0::2].tolist(), bounds[1::2].tolist(), strict=True):
+            pos = seg.positions[s:e]
+            keep = pos < rows
+            if ids is not None:
+                keep &= in_rows(seg.row_ids[s:e], ids)
+            out.append(pos[keep] + first)
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
