@@ -199,9 +199,13 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     # Files rewritten row by row (updates keep each row's own created version) have runs of one row: nothing
     # to expand then. Else the runs are expanded, every array freed once used (runs may be as many as images).
     offsets = None
-    if n != len(length):
+    if n != len(length):  # image k of a run starting at image number s: the run's value - s + k (one ramp for all runs)
+        first = np.cumsum(length)
+        first -= length
+        flat -= first
+        rid -= first  # the concatenated columns are copies: changed in place
+        del first
         offsets = np.arange(n, dtype=np.int64)
-        offsets -= np.repeat(np.cumsum(length) - length, length)
         src, flat = np.repeat(src, length), np.repeat(flat, length)
         flat += offsets
     removed = _removed_flat(segments, bases, rows)
