@@ -70,10 +70,18 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
     n = len(source)
     if n == 0 or int(source.min()) >= 0:  # no captured values: no copy of the pointers
         return gather(files, source, loc, data, field_ids, cache)
-    from_files = np.flatnonzero(source >= 0)
+    negative = source < 0
+    ncap = int(np.count_nonzero(negative))
+    from_files: slice | np.ndarray
+    cap: slice | np.ndarray
+    if negative[n - ncap:].all():  # the captured images last (a per-version feed's pointers): slices, not gathers
+        from_files, cap = slice(0, n - ncap), slice(n - ncap, n)
+    else:
+        from_files, cap = np.flatnonzero(~negative), np.flatnonzero(negative)
+    del negative
     pieces: list[pa.Table] = []
-    rows = np.zeros(n, np.int64)
-    if len(from_files):
+    rows = np.empty(n, np.int64)  # every image is read from a file or from a segment
+    if ncap < n:
         got = gather(files, source[from_files], loc[from_files], data, field_ids, cache)
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
@@ -81,14 +89,14 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
     offset = sum(t.num_rows for t in pieces)
     # One pass groups the captured images by segment (a feed of 25 commits has 25 segments): the distinct
     # (segment, entry) keys in order, and each image's number among them, which is its row of the pieces.
-    cap = np.flatnonzero(source < 0)
     key = np.negative(source[cap], dtype=np.int64)
     key -= 1
     key <<= _ENTRY_BITS
     key |= loc[cap]
     if len(key) > 1 and not bool((key[1:] > key[:-1]).all()):  # a per-version feed's are in order already
         order = stable_argsort(key)
-        cap, key = cap[order], key[order]
+        cap = (np.arange(cap.start, cap.stop) if isinstance(cap, slice) else cap)[order]
+        key = key[order]
         del order
         first = np.empty(len(key), bool)
         first[0] = True
@@ -99,7 +107,7 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
         key = key[first]
         del first, number
     else:
-        rows[cap] = np.arange(offset, offset + len(cap))
+        rows[cap] = np.arange(offset, offset + ncap)
     del cap
     segment = key >> _ENTRY_BITS
     key &= (1 << _ENTRY_BITS) - 1
