@@ -213,9 +213,7 @@ def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str
 
 def _list_layout(n: int, pre: np.ndarray, changed: np.ndarray) -> tuple[pa.Array, pa.Array]:
     """The offsets and the null mask of :func:`_changed_lists` (a large feed builds them in its second thread)."""
-    ncols = changed.shape[1]
-    # per pair, the number of changed columns (a uint8 matrix product is 5x faster than a sum over bools)
-    counts = changed.view(np.uint8) @ np.ones(ncols, np.uint8) if ncols < 256 else changed.sum(axis=1)
+    counts = _pair_counts(changed)
     per_row = np.zeros(n, np.int32)
     per_row[pre] = counts
     per_row[pre + 1] = counts
@@ -230,18 +228,38 @@ def _list_layout(n: int, pre: np.ndarray, changed: np.ndarray) -> tuple[pa.Array
     return pa.array(offsets), pa.array(null)
 
 
+def _pair_counts(changed: np.ndarray) -> np.ndarray:
+    """Per pair, the number of changed columns (int64; a uint8 matrix product is 5x faster than a sum over bools)."""
+    ncols = changed.shape[1]
+    if ncols < 256:
+        return (changed.view(np.uint8) @ np.ones(ncols, np.uint8)).astype(np.int64)
+    return changed.sum(axis=1, dtype=np.int64)
+
+
 def _list_elements(changed: np.ndarray, names: list[str]) -> pa.Array:
     """The elements of :func:`_changed_lists`, in row order: each pair's changed column numbers, twice (pre-image
-    row, then post-image row), as indices into the names (``cdf.output.CHANGED_COLUMNS_ENCODED``: no string copied)."""
-    ncols = len(names)
-    # a small-integer matrix of the pairs with -1 where a column did not change, read row by row
-    small = np.int8 if ncols < 128 else np.int32
-    numbered = np.where(changed, np.arange(ncols, dtype=small), np.array(-1, small))
-    both = np.concatenate((numbered, numbered), axis=1).ravel()
-    del numbered
-    which = both[np.flatnonzero(both >= 0)]
-    del both
-    return pa.DictionaryArray.from_arrays(pa.array(which.astype(np.int32, copy=False)), pa.array(names, pa.string()))
+    row, then post-image row), as indices into the names (``cdf.output.CHANGED_COLUMNS_ENCODED``: no string copied).
+
+    Placed column by column: pair k's list starts at twice the changed columns of the pairs before it, and a
+    column's element goes after those of the earlier columns that changed in the pair, and again ``count`` later
+    (1M-row benchmark, 125,000 pairs of 5 columns: 2.8 ms, against 3.4 for reading a pairs-by-columns matrix).
+    """
+    ncols = changed.shape[1]
+    counts = _pair_counts(changed)
+    filled = np.cumsum(counts)  # each pair's next free element: its first one, then one more per changed column
+    filled -= counts
+    filled *= 2
+    elements = np.empty(int(filled[-1]) + 2 * int(counts[-1]) if len(counts) else 0, np.int32)
+    for j in range(ncols):
+        pairs = np.flatnonzero(changed[:, j])
+        if not len(pairs):
+            continue
+        at = filled[pairs]
+        elements[at] = j
+        at += counts[pairs]
+        elements[at] = j
+        filled[pairs] += 1
+    return pa.DictionaryArray.from_arrays(pa.array(elements), pa.array(names, pa.string()))
 
 
 def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
