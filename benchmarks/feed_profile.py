@@ -76,8 +76,8 @@ def reopen(system: str, root: str) -> object:
 
 
 PHASES = ("cdf.engine_duckdb:change_pointers", "cdf.engine_duckdb:_read_images", "cdf.plan:per_version", "cdf.engine_duckdb:_meta",
-          "cdf.engine_duckdb:take_rows", "cdf.engine_duckdb:changed_matrix", "cdf.engine_duckdb:_changed_lists",
-          "cdf.engine_duckdb:decoded", "cdf.engine_duckdb:_ordered_halves")
+          "cdf.engine_duckdb:take_rows", "cdf.engine_duckdb:changed_matrix", "cdf.engine_duckdb:_list_elements",
+          "cdf.engine_duckdb:_list_layout", "cdf.engine_duckdb:decoded", "cdf.engine_duckdb:_ordered_halves")
 
 
 def traced(events: list[tuple[str, int, float, float, float]]) -> None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import cdf.engine_duckdb as engine_duckdb
 import cdf.engine_spark as engine_spark
 import cdf.stream as stream
-from cdf.output import change_schema
+from cdf.output import encoded_change_schema
 from cdf.retention import resolve_range, window
 from cdf.stream import DEFAULT_BATCH_BYTES
 import lineage.spark as spark_io
@@ -89,6 +89,9 @@ def changes(
     ``_change_type``, ``_commit_version``, ``_commit_timestamp``, ``_row_id``,
     ``_row_created_at_version``, ``_row_last_updated_at_version`` and
     ``_changed_columns``. ``net=True`` collapses each row id to its overall effect.
+    In the pyarrow Table, ``_change_type`` is ``dictionary<int8, string>`` and
+    ``_changed_columns`` ``list<dictionary<int32, string>>`` (the same values;
+    :func:`cdf.decode_change_columns` gives ``string`` and ``list<string>``).
     """
     table = check_table(table)
     spark = _check_engine(engine, spark)
@@ -141,7 +144,7 @@ def change_batches(
 def feed_reader(state: TableState, a: int, b: int, data: pa.Schema, net: bool, batch_rows: int,
                 batch_bytes: int | None = DEFAULT_BATCH_BYTES) -> pa.RecordBatchReader:
     """:func:`change_batches` of a resolved range ``(a, b]`` of ``state``: planned now, values read part by part."""
-    schema = change_schema(data, bool(state.lineage.purged))
+    schema = encoded_change_schema(data, bool(state.lineage.purged))
     parts = stream.feed_parts(state, a, b, data, net, batch_rows, batch_bytes)  # the first group planned now
 
     def batches() -> Iterator[pa.RecordBatch]:

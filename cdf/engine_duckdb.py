@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 import cdf.plan as plan
 import cdf.threads as threads
-from cdf.output import TIMESTAMP, change_schema, deleted_schema
+from cdf.output import TIMESTAMP, deleted_schema, encoded_change_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment, dictionary_values
 from lineage.arrays import stable_argsort, unique
@@ -70,10 +70,18 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
     n = len(source)
     if n == 0 or int(source.min()) >= 0:  # no captured values: no copy of the pointers
         return gather(files, source, loc, data, field_ids, cache)
-    from_files = np.flatnonzero(source >= 0)
+    negative = source < 0
+    ncap = int(np.count_nonzero(negative))
+    from_files: slice | np.ndarray
+    cap: slice | np.ndarray
+    if negative[n - ncap:].all():  # the captured images last (a per-version feed's pointers): slices, not gathers
+        from_files, cap = slice(0, n - ncap), slice(n - ncap, n)
+    else:
+        from_files, cap = np.flatnonzero(~negative), np.flatnonzero(negative)
+    del negative
     pieces: list[pa.Table] = []
-    rows = np.zeros(n, np.int64)
-    if len(from_files):
+    rows = np.empty(n, np.int64)  # every image is read from a file or from a segment
+    if ncap < n:
         got = gather(files, source[from_files], loc[from_files], data, field_ids, cache)
         pieces.extend(got.pieces)
         rows[from_files] = got.rows
@@ -81,14 +89,14 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
     offset = sum(t.num_rows for t in pieces)
     # One pass groups the captured images by segment (a feed of 25 commits has 25 segments): the distinct
     # (segment, entry) keys in order, and each image's number among them, which is its row of the pieces.
-    cap = np.flatnonzero(source < 0)
     key = np.negative(source[cap], dtype=np.int64)
     key -= 1
     key <<= _ENTRY_BITS
     key |= loc[cap]
     if len(key) > 1 and not bool((key[1:] > key[:-1]).all()):  # a per-version feed's are in order already
         order = stable_argsort(key)
-        cap, key = cap[order], key[order]
+        cap = (np.arange(cap.start, cap.stop) if isinstance(cap, slice) else cap)[order]
+        key = key[order]
         del order
         first = np.empty(len(key), bool)
         first[0] = True
@@ -99,7 +107,7 @@ def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tu
         key = key[first]
         del first, number
     else:
-        rows[cap] = np.arange(offset, offset + len(cap))
+        rows[cap] = np.arange(offset, offset + ncap)
     del cap
     segment = key >> _ENTRY_BITS
     key &= (1 << _ENTRY_BITS) - 1
@@ -199,9 +207,13 @@ def changed_matrix(values: pa.Table, pre: np.ndarray) -> np.ndarray:
 
 def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str]) -> pa.Array:
     """``_changed_columns``: the pair's list on both rows of each update pair, null elsewhere."""
-    ncols = len(names)
-    # per pair, the number of changed columns (a uint8 matrix product is 5x faster than a sum over bools)
-    counts = changed.view(np.uint8) @ np.ones(ncols, np.uint8) if ncols < 256 else changed.sum(axis=1)
+    offsets, null = _list_layout(n, pre, changed)
+    return pa.ListArray.from_arrays(offsets, _list_elements(changed, names), mask=null)
+
+
+def _list_layout(n: int, pre: np.ndarray, changed: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """The offsets and the null mask of :func:`_changed_lists` (a large feed builds them in its second thread)."""
+    counts = _pair_counts(changed)
     per_row = np.zeros(n, np.int32)
     per_row[pre] = counts
     per_row[pre + 1] = counts
@@ -210,20 +222,44 @@ def _changed_lists(n: int, pre: np.ndarray, changed: np.ndarray, names: list[str
     offsets[0] = 0
     np.cumsum(per_row, out=offsets[1:])
     del per_row
-    # The column numbers of each pair's list, twice (pre-image row, then post-image row), in row order:
-    # a small-integer matrix of the pairs with -1 where a column did not change, read row by row.
-    small = np.int8 if ncols < 128 else np.int32
-    numbered = np.where(changed, np.arange(ncols, dtype=small), np.array(-1, small))
-    both = np.concatenate((numbered, numbered), axis=1).ravel()
-    del numbered
-    which = both[np.flatnonzero(both >= 0)]
-    del both
-    # decoding a dictionary of the names costs a third of taking the strings by index
-    child = pa.DictionaryArray.from_arrays(pa.array(which), pa.array(names, pa.string())).cast(pa.string())
-    update = np.zeros(n, bool)
-    update[pre] = True
-    update[pre + 1] = True
-    return pa.ListArray.from_arrays(pa.array(offsets), child, mask=pa.array(~update))
+    null = np.ones(n, bool)
+    null[pre] = False
+    null[pre + 1] = False
+    return pa.array(offsets), pa.array(null)
+
+
+def _pair_counts(changed: np.ndarray) -> np.ndarray:
+    """Per pair, the number of changed columns (int64; a uint8 matrix product is 5x faster than a sum over bools)."""
+    ncols = changed.shape[1]
+    if ncols < 256:
+        return (changed.view(np.uint8) @ np.ones(ncols, np.uint8)).astype(np.int64)
+    return changed.sum(axis=1, dtype=np.int64)
+
+
+def _list_elements(changed: np.ndarray, names: list[str]) -> pa.Array:
+    """The elements of :func:`_changed_lists`, in row order: each pair's changed column numbers, twice (pre-image
+    row, then post-image row), as indices into the names (``cdf.output.CHANGED_COLUMNS_ENCODED``: no string copied).
+
+    Placed column by column: pair k's list starts at twice the changed columns of the pairs before it, and a
+    column's element goes after those of the earlier columns that changed in the pair, and again ``count`` later
+    (1M-row benchmark, 125,000 pairs of 5 columns: 2.8 ms, against 3.4 for reading a pairs-by-columns matrix).
+    """
+    ncols = changed.shape[1]
+    counts = _pair_counts(changed)
+    filled = np.cumsum(counts)  # each pair's next free element: its first one, then one more per changed column
+    filled -= counts
+    filled *= 2
+    elements = np.empty(int(filled[-1]) + 2 * int(counts[-1]) if len(counts) else 0, np.int32)
+    for j in range(ncols):
+        pairs = np.flatnonzero(changed[:, j])
+        if not len(pairs):
+            continue
+        at = filled[pairs]
+        elements[at] = j
+        at += counts[pairs]
+        elements[at] = j
+        filled[pairs] += 1
+    return pa.DictionaryArray.from_arrays(pa.array(elements), pa.array(names, pa.string()))
 
 
 def _timestamps(commit_ms: dict[int, int], version: np.ndarray) -> pa.Array:
@@ -259,8 +295,8 @@ class _Shown:
 
 
 def _change_names(change: np.ndarray) -> pa.Array:
-    # decoding a dictionary of the four names costs a third of taking the strings by index
-    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _CHANGE_NAMES).cast(pa.string())
+    """``_change_type`` (cdf.output.CHANGE_TYPE_ENCODED): the change codes, as they are, indices into the four names."""
+    return pa.DictionaryArray.from_arrays(pa.array(change, pa.int8()), _CHANGE_NAMES)
 
 
 def changes(state: TableState, a: int, b: int, data: pa.Schema, net: bool) -> pa.Table:
@@ -434,7 +470,8 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
 
     ``meta``: :func:`_meta` of ``sk`` and ``shown``, if already built (valid only if no pair is dropped
     here, so not in net mode); ``pool``: a worker that decodes the dictionary columns (and builds ``meta``
-    if not given) while this thread builds ``_changed_columns``; ``changed``: :func:`changed_matrix` of
+    if not given, and the offsets of ``_changed_columns``) while this thread builds the elements of
+    ``_changed_columns``; ``changed``: :func:`changed_matrix` of
     ``values``, if already computed.
     """
     pre = sk.preimages
@@ -450,14 +487,16 @@ def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dic
             pre = sk.preimages
             meta = None
 
-    def rest() -> tuple[pa.Table, list[pa.Array]]:
-        return decoded(values, data), (_meta(sk, shown, commit_ms) if meta is None else meta)
+    def rest() -> tuple[pa.Table, list[pa.Array], tuple[pa.Array, pa.Array]]:
+        built = _meta(sk, shown, commit_ms) if meta is None else meta
+        return decoded(values, data), built, _list_layout(len(sk), pre, changed)
 
     later = pool.submit(rest) if pool is not None else None
-    lists = _changed_lists(len(sk), pre, changed, data.names)
+    elements = _list_elements(changed, data.names)
+    values, meta, (offsets, null) = later.result() if later is not None else rest()
     del changed
-    values, meta = later.result() if later is not None else rest()
-    schema = change_schema(data, shown.purged is not None)
+    lists = pa.ListArray.from_arrays(offsets, elements, mask=null)
+    schema = encoded_change_schema(data, shown.purged is not None)
     return pa.Table.from_arrays(list(values.columns) + meta[:6] + [lists] + meta[6:], schema=schema)
 
 

@@ -199,9 +199,13 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     # Files rewritten row by row (updates keep each row's own created version) have runs of one row: nothing
     # to expand then. Else the runs are expanded, every array freed once used (runs may be as many as images).
     offsets = None
-    if n != len(length):
+    if n != len(length):  # image k of a run starting at image number s: the run's value - s + k (one ramp for all runs)
+        first = np.cumsum(length)
+        first -= length
+        flat -= first
+        rid -= first  # the concatenated columns are copies: changed in place
+        del first
         offsets = np.arange(n, dtype=np.int64)
-        offsets -= np.repeat(np.cumsum(length) - length, length)
         src, flat = np.repeat(src, length), np.repeat(flat, length)
         flat += offsets
     removed = _removed_flat(segments, bases, rows)
@@ -256,21 +260,23 @@ def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
 
 def _removed_flat(segments: list[IndexSegment], bases: dict[str, tuple[int, int]], ids: RowRange | None = None) -> np.ndarray:
     """The flat positions (first flat position of the file + position) of every index entry (row ids in ``ids``) pointing
-    into one of the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image."""
+    into one of the files of ``bases`` (path -> first flat position, row count); entries past a file's rows name no image.
+
+    A segment's entries are in (file, position) order, so each file's are one slice: only the slices of the
+    files in ``bases`` are read (most entries of a feed's segments point into files it does not read).
+    """
     out = []
     for seg in segments:
-        known = [bases.get(f, (-1, 0)) for f in seg.files]
-        first = np.array([k[0] for k in known], np.int64)
-        if not len(first) or int(first.max()) < 0:
+        hits = [(i, bases[f]) for i, f in enumerate(seg.files) if f in bases]
+        if not hits:
             continue
-        rows = np.array([k[1] for k in known], np.int64)
-        pos = seg.positions
-        hit = first[seg.file_index]
-        keep = (hit >= 0) & (pos < rows[seg.file_index])
-        if ids is not None:
-            keep &= in_rows(seg.row_ids, ids)
-        hit += pos
-        out.append(hit[keep])
+        bounds = np.searchsorted(seg.file_index, [b for i, _ in hits for b in (i, i + 1)])
+        for (_, (first, rows)), s, e in zip(hits, bounds[0::2].tolist(), bounds[1::2].tolist(), strict=True):
+            pos = seg.positions[s:e]
+            keep = pos < rows
+            if ids is not None:
+                keep &= in_rows(seg.row_ids[s:e], ids)
+            out.append(pos[keep] + first)
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN
 
 import cdf.api as api
-from cdf.output import change_schema, deleted_schema
+from cdf.output import change_schema, decode_change_columns, deleted_schema
 from lineage.errors import InvalidArgumentError
 from lineage.table import Table
 
@@ -65,7 +65,7 @@ def register(con: duckdb.DuckDBPyConnection, table: Table, name: str | None = No
 
     def changes_udf(a: pa.ChunkedArray, b: pa.ChunkedArray, net: pa.ChunkedArray) -> pa.Array:
         to_version = _arg(b)
-        result = api.changes(table, _arg(a), to_version, net=bool(_arg(net)))
+        result = decode_change_columns(api.changes(table, _arg(a), to_version, net=bool(_arg(net))))  # the declared (plain) types
         return _as_list_array(result, len(a))
 
     def deleted_udf(since: pa.ChunkedArray, until: pa.ChunkedArray) -> pa.Array:

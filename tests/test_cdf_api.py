@@ -58,7 +58,14 @@ def test_output_columns_are_in_the_documented_order(history):
     out = cdf.changes(t, 0)
     assert out.column_names == SCHEMA.names + ["_change_type", "_commit_version", "_commit_timestamp", "_row_id",
                                                "_row_created_at_version", "_row_last_updated_at_version", "_changed_columns"]
-    assert out.schema.field("_changed_columns").type == pa.list_(pa.string())
+    # the two string-valued change columns are dictionary-encoded; decode_change_columns() gives the Spark engine's types
+    assert out.schema.field("_change_type").type == pa.dictionary(pa.int8(), pa.string())
+    assert out.schema.field("_changed_columns").type == pa.list_(pa.dictionary(pa.int32(), pa.string()))
+    decoded = cdf.decode_change_columns(out)
+    assert decoded.schema.field("_change_type").type == pa.string()
+    assert decoded.schema.field("_changed_columns").type == pa.list_(pa.string())
+    assert decoded.to_pylist() == out.to_pylist()
+    assert cdf.change_batches(t, 0).schema == out.schema
 
 
 def test_net_feed_collapses_each_row(history):
