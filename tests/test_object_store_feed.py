@@ -89,6 +89,7 @@ def test_the_feed_reads_the_chunks_of_the_row_groups_it_needs_in_one_wave(slow, 
     got = cdf.changes(reader, 1)
     counts = proxy.counts(log=True)
     key = ["_commit_version", "_change_type", "id"]
+    got, expected = cdf.decode_change_columns(got), cdf.decode_change_columns(expected)  # pyarrow sorts strings, not dictionaries
     assert got.sort_by([(k, "ascending") for k in key]).equals(expected.sort_by([(k, "ascending") for k in key]))
     assert got.num_rows == 9  # 4 updates (pre- and post-image) and an insert
     base_key = "/" + base.split("://", 1)[1]
