@@ -17,12 +17,15 @@ every group is a feed of its own (:mod:`cdf.groups`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import cdf.plan as plan
+from cdf.engine_duckdb import PartPlan
 from cdf.pointers import Pointers, PointerSources, RowRange, commit_timestamps
 from cdf.stream import DEFAULT_BATCH_BYTES, plan_pointers, read_parts
 from index.segment_rows import read_rows
@@ -75,11 +78,12 @@ class FeedSource:
 
 
 def group_reader(source: FeedSource, ranges: list[RowRange], a: int, b: int, data: pa.Schema, net: bool,
-                 width: int, out: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+                 width: int, out: Any, deleted: bool = False) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function: group numbers in (``ranges[k]``), the feed rows of those groups out, with :data:`AFTER`.
 
     ``width`` guesses the bytes of an output row, for the first part of a group; ``out`` is the Spark schema of
-    the rows (:func:`spark_schema`), whose Arrow types the rows are cast to.
+    the rows (:func:`spark_schema`), whose Arrow types the rows are cast to. ``deleted``: the rows are those of
+    ``deleted_rows`` instead (the per-version feed's deletes, :func:`deleted_columns`), without :data:`AFTER`.
     """
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -89,14 +93,33 @@ def group_reader(source: FeedSource, ranges: list[RowRange], a: int, b: int, dat
         for batch in batches:
             for k in batch.column(0).to_pylist():
                 feed = plan_pointers(source.pointers(a, b, ranges[int(k)]), a, b, data, net, source.field_ids)
+                if deleted:
+                    feed = only_deletes(feed)
                 for part in read_parts(feed, TASK_BATCH_ROWS, DEFAULT_BATCH_BYTES, width, False, whole=False):
-                    after = pc.is_in(part.column("_change_type"), pa.array(["insert", "update_postimage"])).cast(pa.int8())
-                    part = part.append_column(AFTER, after)
+                    if deleted:
+                        part = deleted_columns(part, data)
+                    else:
+                        after = pc.is_in(part.column("_change_type"), pa.array(["insert", "update_postimage"])).cast(pa.int8())
+                        part = part.append_column(AFTER, after)
                     yield from pa.Table.from_arrays([c.cast(f.type) for c, f in zip(part.columns, target, strict=True)],
                                                     schema=target).to_batches()
                 del feed
 
     return read
+
+
+def only_deletes(feed: PartPlan) -> PartPlan:
+    """The rows of a per-version ``feed`` that delete a row (what ``deleted_rows`` shows: rows updated live on)."""
+    keep = np.flatnonzero(feed.change == plan.DELETE)
+    return replace(feed, shown=feed.shown.select(keep), change=feed.change[keep], version=feed.version[keep])
+
+
+def deleted_columns(part: pa.Table, data: pa.Schema) -> pa.Table:
+    """Feed rows of deletes as ``deleted_rows`` rows: the data columns, the version and time of the delete, the lineage."""
+    renamed = {"_commit_version": "_row_deleted_at_version", "_commit_timestamp": "_row_deleted_at_timestamp"}
+    keep = [*data.names, "_commit_version", "_commit_timestamp", "_row_id", "_row_created_at_version",
+            "_row_last_updated_at_version", *(["_purged"] if "_purged" in part.column_names else [])]
+    return part.select(keep).rename_columns([renamed.get(n, n) for n in keep])
 
 
 def spark_schema(schema: pa.Schema) -> Any:
