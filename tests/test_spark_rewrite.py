@@ -302,3 +302,26 @@ def test_executors_group_delete_files_as_the_table_says(spark, warehouse, granul
     assert (a.deleted, a.delete_files_added) == (b.deleted, b.delete_files_added) == (20, files)
     _same(embedded, on_spark)
     assert _rows(cdf.deleted_rows(on_spark)) == _rows(cdf.deleted_rows(embedded))
+
+
+def test_an_update_task_writes_its_new_images_in_bounded_pieces(spark, warehouse, monkeypatch) -> None:
+    """Each task writes its new images as data files whenever the flush size of them is held (the embedded engine's rule
+    for large updates), instead of the job's last task writing every image: more files, the same rows, ids and feed."""
+    import lineage.writes.spark_onepass as onepass
+
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], warehouse=warehouse) for n in ("embedded", "spark")]
+    for t in tables:
+        for start in range(0, 1200, 300):
+            t.append(_batch(start, 300))  # four data files, dealt to the session's tasks
+    embedded, on_spark = tables
+    embedded.update("id % 4 = 0", {"name": "'x'"})
+    whole = on_spark.update("id % 4 = 0", {"name": "'x'"}, engine="spark", spark=spark)  # held whole: one file, as embedded
+    assert whole.data_files_added == 1
+    a = embedded.update("id % 2 = 0", {"amount": "amount + 1"})
+    monkeypatch.setattr(onepass, "FLUSH_BYTES", 1)  # travels with the job: every batch a task matches is written at once
+    b = on_spark.update("id % 2 = 0", {"amount": "amount + 1"}, engine="spark", spark=spark)
+    assert (a.committed, a.updated) == (b.committed, b.updated) == (True, 600)
+    assert b.data_files_added > 1
+    _same(embedded, on_spark)
+    for net in (False, True):
+        assert _rows(cdf.changes(on_spark, 0, net=net)) == _rows(cdf.changes(embedded, 0, net=net))
