@@ -46,6 +46,7 @@ import lineage.spark as spark_io
 import lineage.spark_match as spark_match
 import lineage.storage.files as store
 import lineage.storage.spark_read as spark_read
+import lineage.writes.spark_scratch as spark_scratch
 from lineage.columns import HIDDEN_ROW_ID
 from lineage.context import TableContext
 from lineage.state import LiveFile, TableState
@@ -94,13 +95,18 @@ def remove_in_one_pass(spark: Any, table: TableContext, state: TableState, files
     removal = removal_context(table, state, files, key, capture)
     tasks = spark_match.deal(spark_match.slices(files, _WHOLE_FILE), session.sparkContext.defaultParallelism)
     job = OnePass(removal, spec, tasks, _deferred(files, removal, table.iceberg.metadata.default_spec_id), images, key,
-                  removal.index_path.removesuffix("-deleted-rows.parquet"), FLUSH_BYTES)
+                  removal.prefix, FLUSH_BYTES)
     ids = session.range(0, len(tasks), 1, numPartitions=len(tasks))
-    rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
-    if not rows:
-        return RemovedOnSpark(), []
-    last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key)
-    finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
+    try:
+        rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
+        if not rows:
+            return RemovedOnSpark(), []
+        ledgers = sorted({p for r in rows if r["__ledgers"] for p in r["__ledgers"].split("\n")})
+        last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key, ledgers)
+        finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
+    except BaseException:
+        spark_scratch.discard(table.iceberg.io, job.scratch)  # the write fails: what its tasks wrote goes with it
+        raise
     later = {r["__path"]: r["__deletes"] for r in finished if r["__path"] is not None}  # one per deferred group
     rows = [{**r.asDict(), "__deletes": later.get(r["__path"], r["__deletes"])} for r in rows]
     segment = [(r["__size"], r["__images"]) for r in finished if r["__size"] is not None][0]
@@ -117,6 +123,7 @@ class _Finish:
     scratch: list[str]
     images: list[str]  # the new images' scratch files (an update)
     key: list[str]
+    ledgers: list[str]  # the tasks' ledgers (:mod:`lineage.writes.spark_scratch`), deleted with the scratch files
 
 
 def _deferred(files: Sequence[LiveFile], removal: RemovalContext, default_spec: int) -> dict[str, int]:
@@ -148,7 +155,8 @@ def _match_and_write(job: OnePass) -> Callable[[Iterator[pa.RecordBatch]], Itera
 def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
     ctx = job.removal
     target = ctx.target()
-    images = _ImageFlush(target, job.key, job.flush_bytes) if job.images is not None else None
+    ledger = spark_scratch.Ledger(target.io, job.scratch)
+    images = _ImageFlush(target, job.key, job.flush_bytes, ledger) if job.images is not None else None
     parts = []
     for batch in spark_match.evaluate_files([p.file for p in job.tasks[number]], job.spec):
         if images is not None:  # the new images leave the task's memory in bounded pieces; the rest is a few dozen bytes a row
@@ -168,7 +176,11 @@ def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
     matched = [(paths.dictionary[int(ids[s])].as_py(), found.slice(s, e - s)) for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
     keys = write_keys(ctx, target, found, number)
     direct = [(path, m.column("__pos").to_numpy()) for path, m in matched if path not in job.deferred]
-    deletes = pickle.dumps(write_deletes(ctx, target, direct, "file")) if direct else None
+    deletes = None
+    if direct:
+        new_deletes = write_deletes(ctx, target, direct, "file")
+        ledger.wrote([d.file_path for d in new_deletes[0]])
+        deletes = pickle.dumps(new_deletes)
     later = [path in job.deferred for path, _ in matched]
     scratch = pa.table({"__path": [path for path, _ in matched], "__index": [index_blob(removed_of(ctx, path, m)) for path, m in matched],
                         "__group": pa.array([job.deferred.get(path) for path, _ in matched], pa.int32()),
@@ -185,8 +197,9 @@ def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
         written = pickle.dumps(images.written) if images.written else None
     for (path, m), d in zip(matched, later, strict=True):
         yield {"__path": path, "__images": m.num_rows, "__deletes": None if d else deletes, "__keys": keys, "__scratch": scratch_path,
-               "__new": images_path, "__written": written}
+               "__new": images_path, "__written": written, "__ledgers": "\n".join(ledger.paths) or None}
         written = None  # the task's data files travel once
+        ledger.paths = []
         if not d:
             deletes = None  # the task's delete files travel once
 
@@ -200,8 +213,8 @@ class _ImageFlush:
     sorted by row id), so a task holds at most that much of them whatever it matches; :meth:`rest` is what is
     left at the end, which the job's last task writes with the other tasks' remainders."""
 
-    def __init__(self, target: Any, key: list[str], flush_bytes: int) -> None:
-        self.target, self.key, self.flush_bytes = target, key, flush_bytes
+    def __init__(self, target: Any, key: list[str], flush_bytes: int, ledger: spark_scratch.Ledger) -> None:
+        self.target, self.key, self.flush_bytes, self.ledger = target, key, flush_bytes, ledger
         self.held: list[pa.Table] = []
         self.bytes = 0
         self.written: list[WrittenFile] = []
@@ -213,7 +226,9 @@ class _ImageFlush:
         if self.bytes >= self.flush_bytes:
             new = pa.concat_tables(self.held).sort_by(HIDDEN_ROW_ID)
             self.held, self.bytes = [], 0
-            self.written.extend(spark_io.written_files(self.target, new, self.target.metadata, self.key))
+            files = list(spark_io.written_files(self.target, new, self.target.metadata, self.key))
+            self.ledger.wrote([w.data_file.file_path for w in files])
+            self.written.extend(files)
 
     def rest(self) -> pa.Table | None:
         """The images held and not written."""
@@ -246,15 +261,19 @@ def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.R
             if f["__group"] is not None:
                 groups.setdefault(f["__group"], []).append(f)
         out = []
+        ledger = spark_scratch.Ledger(target.io, ctx.prefix)
         for members in groups.values():
             written = write_deletes(ctx, target, [(m["__path"], np.frombuffer(m["__positions"], np.int64)) for m in members], ctx.granularity)
+            ledger.wrote([d.file_path for d in written[0]])
             out.append({"__path": members[0]["__path"], "__deletes": pickle.dumps(written)})
         size, images = write_segment(ctx, target.io, [f["__index"] for f in files])
         out.append({"__size": size, "__images": images})
         if last.images:
             new = pa.concat_tables([_read_arrow(target.io, p) for p in last.images]).sort_by(HIDDEN_ROW_ID)
-            out.extend({"__data": pickle.dumps(w)} for w in spark_io.written_files(target, new, target.metadata, last.key))
-        store.delete_many(last.scratch + last.images)
+            data = list(spark_io.written_files(target, new, target.metadata, last.key))
+            ledger.wrote([w.data_file.file_path for w in data])
+            out.extend({"__data": pickle.dumps(w)} for w in data)
+        store.delete_many(last.scratch + last.images + last.ledgers + ledger.paths)
         yield pa.RecordBatch.from_pylist(out, schema=_FINISHED_ARROW)
 
     return run
@@ -262,8 +281,8 @@ def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.R
 
 # a task's record: a data file it touched, and the task's scratch files (index rows; new images)
 _RECORD_ARROW = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__keys", pa.string()),
-                           ("__scratch", pa.string()), ("__new", pa.string()), ("__written", pa.binary())])
-_RECORD = "__path string, __images long, __deletes binary, __keys string, __scratch string, __new string, __written binary"
+                           ("__scratch", pa.string()), ("__new", pa.string()), ("__written", pa.binary()), ("__ledgers", pa.string())])
+_RECORD = "__path string, __images long, __deletes binary, __keys string, __scratch string, __new string, __written binary, __ledgers string"
 # a task's scratch file: per data file touched, its index segment row and, when its delete file's scope is the last task's to decide,
 # its group and positions
 _SCRATCH = pa.schema([("__path", pa.string()), ("__index", pa.binary()), ("__group", pa.int32()), ("__positions", pa.binary())])
