@@ -196,3 +196,25 @@ def test_spark_feed_matches_columns_by_field_id_after_a_rename(spark, warehouse,
         assert rows(theirs.cast(ours.schema)) == rows(ours), net
     scanned = t.to_spark(spark).toArrow()  # Spark's scan reads the older file by field id too
     assert rows(scanned.cast(t.scan().schema)) == rows(t.scan())
+
+
+def test_the_spark_scan_sends_segment_paths_not_lineage_runs(spark, warehouse, monkeypatch):
+    """The driver sends the scan's tasks each file without its lineage runs (the task reads the file's lineage segment),
+    and the rows, row ids and lineage columns are the embedded scan's, files an update wrote (a run per row) included."""
+    import lineage.spark_match as spark_match
+
+    t = lineage.create_table("s.scan", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(pa.table({"id": list(range(40)), "name": ["a"] * 40, "amount": [float(i) for i in range(40)]}, schema=SCHEMA))
+    t.update("id % 3 = 0", {"amount": "amount + 1"})
+    t.delete("id % 5 = 0")
+    sent = []
+    original = spark_match.matches
+
+    def spy(session, files, spec):
+        sent.extend(files)
+        return original(session, files, spec)
+
+    monkeypatch.setattr(spark_match, "matches", spy)
+    got = t.to_spark(spark).toArrow()
+    assert sent and all(f.lineage is None for f in sent)
+    assert rows(got) == rows(t.scan())
