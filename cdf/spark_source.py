@@ -10,13 +10,16 @@ Register it once per session with :func:`cdf.spark.register_source`, then::
 **Offsets are table versions.** The offset after a micro-batch is the last
 version it covers (``{"version": v}`` in Spark's offset log), and the batch
 over ``(start, end]`` is exactly the per-version feed ``cdf.changes(table,
-start, end)``: the same pointers and plan (:func:`cdf.stream.plan_parts`),
-cut into parts of at most ``rowsPerPartition`` rows (update pairs whole),
-one Spark task each. The driver's planner ships each part's pointers (no
-row values); executors read the values with the embedded engine's reader
-(:func:`cdf.engine_duckdb.read_part`: the row groups holding the images,
-columns matched by field id, or the values an index segment captured, read
-again by path). A range of an immutable history is deterministic, so a
+start, end)``, in its order. The driver plans no row: it cuts the batch
+into units by the commit log's counts (:func:`cdf.spark_groups.stream_units`:
+consecutive versions together while they hold at most ``rowsPerPartition``
+images, a larger version alone in equal ranges of row ids) and sends each
+Spark task one unit and the paths of the metadata it needs (index
+segments, lineage segments, live files: :class:`cdf.spark_groups.FeedSource`).
+The task builds the unit's pointers and plan with the embedded engine's
+code and reads the values with its reader, in parts of at most
+``rowsPerPartition`` rows (update pairs whole), so neither the driver nor a
+task holds the pointers of the whole batch. A range of an immutable history is deterministic, so a
 micro-batch replayed after a crash is the same rows, which is what Spark's
 checkpoint needs for exactly-once delivery into an idempotent sink.
 
@@ -47,9 +50,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, ReadMaxRows, SupportsTriggerAvailableNow
 
+import cdf.groups as groups
 from cdf.api import DEFAULT_BATCH_ROWS, data_schema
-from cdf.engine_duckdb import PartPlan, read_part
-from cdf.stream import plan_parts
+from cdf.groups import Unit
+from cdf.spark_groups import FeedSource, cast_to, stream_units, unit_parts
+from cdf.stream import row_bytes
 from cdf.follow import next_end
 from cdf.output import change_schema
 from cdf.retention import resolve_range, timestamp_ms, version_at, window
@@ -160,15 +165,20 @@ def feed_struct(table: Table, state: TableState, columns: tuple[str, ...] | None
 
 
 class ChangeFeedPartition(InputPartition):
-    """One part of a micro-batch: its pointers and plan (no values) and how to open the index segments it reads."""
+    """One part of a micro-batch: a unit of the feed (versions ``(lo, hi]``, a range of row ids) and where its
+    metadata is, by path (:class:`cdf.spark_groups.FeedSource`); the task plans and reads it."""
 
-    def __init__(self, part: PartPlan, io_properties: dict[str, str]) -> None:
+    def __init__(self, source: FeedSource, unit: Unit, data: pa.Schema, batch_rows: int, width: int) -> None:
         super().__init__(None)
-        self.part = part
-        self.io_properties = io_properties
+        self.source = source
+        self.unit = unit
+        self.data = data
+        self.batch_rows = batch_rows
+        self.width = width
 
     def __repr__(self) -> str:
-        return f"ChangeFeedPartition(versions {self.part.a + 1}..{self.part.b}, {len(self.part)} rows)"
+        rows = "" if self.unit.rows is None else f", row ids {self.unit.rows[0]}..{self.unit.rows[1]}"
+        return f"ChangeFeedPartition(versions {self.unit.lo + 1}..{self.unit.hi}{rows})"
 
 
 class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -263,33 +273,26 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                             "that fell out of the retention window cannot go on: start a new one (a new checkpoint)") from exc
         data = data_schema(table, self.options.columns)
         try:
-            parts = plan_parts(state, a, b, data, False, self.options.rows_per_partition)
+            groups.check_files(state, a, b)  # a lost file fails the batch here, as planning it whole would
+            source = FeedSource.of(state, a, b)
+            width, _ = row_bytes(state, data, 0)
+            units = stream_units(state, a, b, self.options.rows_per_partition)
         finally:
             release_if_grown()
-        io = dict(state.iceberg.io.properties)
-        return [ChangeFeedPartition(p.without_captured_values(), io) for p in parts]
+        return [ChangeFeedPartition(source, unit, data, self.options.rows_per_partition, width) for unit in units]
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the source keeps no state of its own between batches."""
 
     # ------------------------------------------------------------ executor side
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The rows of one part, as Arrow batches of the stream's schema (runs on an executor)."""
-        from pyiceberg.io import load_file_io
+        """The rows of one part, as Arrow batches of the stream's schema (runs on an executor, which plans the part)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from index.deleted_rows import read_index
-
         assert isinstance(partition, ChangeFeedPartition)
-        props = partition.io_properties
-
-        def load(path: str) -> Any:
-            return read_index(load_file_io(props, path), path, with_values=True)
-
-        rows = read_part(partition.part.with_captured_values(load))
         target = to_arrow_schema(self.schema, timezone="UTC")
-        rows = rows.select(target.names)
-        yield from pa.Table.from_arrays([c.cast(f.type) for c, f in zip(rows.columns, target, strict=True)], schema=target).to_batches()
+        for rows in unit_parts(partition.source, partition.unit, partition.data, False, partition.batch_rows, partition.width):
+            yield from cast_to(rows.select(target.names), target).to_batches()
 
 
 def _version_before(state: TableState, ts: int | str | None) -> int:

@@ -1,9 +1,10 @@
 """Spark integration: scans with lineage, and writes of Spark DataFrames.
 
-Executors do all row work: they read the Parquet files (``_metadata.file_path``
-and ``_metadata.row_index`` give positions), and they write new data files
-with this library's own writer inside ``mapInArrow``. The driver handles only
-metadata: file lists, lineage runs, summaries of what executors removed
+Executors do all row work: they read the data files with the embedded
+engine's live view (:func:`live_rows`, :mod:`lineage.spark_match`: positions,
+deletes and lineage as embedded), and they write new data files with this
+library's own writer inside ``mapInArrow``. The driver handles only
+metadata: file lists, lineage segment paths, summaries of what executors removed
 (:mod:`lineage.writes.spark_removed`), and the descriptors of written files,
 then stamps lineage and commits one Iceberg snapshot, exactly like the Python
 path.
@@ -14,35 +15,26 @@ interpreter (``spark.pyspark.python``) or install the package on the workers.
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 
 from lineage.context import TableContext
-from lineage.errors import InvalidArgumentError, KeyViolationError, LineageMetadataError
+from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.storage.fileio import local_path
-from lineage.storage.rle import combined_breakpoints, encode_sequence, encode_values
+from lineage.storage.rle import encode_sequence, encode_values
 from lineage.iceberg.schema import arrow_schema, conform, projection_field_ids
 import lineage.storage.files as store
-import lineage.storage.spark_read as spark_read
 import lineage.spark_match as spark_match
 from lineage.state import LiveFile, TableState
-from lineage.read.values import file_columns, layout
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 import lineage.iceberg.v3_metadata as v3_metadata
-from lineage.sql.predicate import Predicate
-from lineage.storage.deletes import is_puffin, vector_table
+from lineage.sql.predicate import Predicate, quote_ident
 from lineage.storage.writer import WrittenFile, write_data_files
-
-
-# Data file locations as position delete files store them: plain paths or file: URIs (not percent-encoded).
-_NORMALIZE = r"^file:(//)?"
 
 
 def is_spark_dataframe(data: object) -> bool:
@@ -71,162 +63,31 @@ def column(name: str) -> Any:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def file_index(spark: Any, df: Any, paths: list[str], numbers: list[int] | None = None) -> Any:
-    """A small DataFrame naming each file ``df`` reads: ``__uri``, ``__path`` and ``__file``.
-
-    ``df`` is a Spark read of ``paths``. Spark names a file by its URI, which
-    it percent-encodes (``_metadata.file_path`` is ``file:/my%20lake/a.parquet``
-    for ``/my lake/a.parquet``), so rows are matched to the table's paths
-    through Spark's own listing (``inputFiles()``, no job) decoded once per
-    file here, not by rewriting the URI on every row. ``__path`` is the
-    file's local path as :func:`~lineage.storage.fileio.local_path` gives it and
-    ``__file`` its index in ``paths`` (or ``numbers[index]``).
-    """
-    wanted: dict[str, int] = {}
-    for i, p in enumerate(paths):
-        wanted.setdefault(os.path.normpath(local_path(p)), i)
-    uris, locals_, ids = [], [], []
-    found = set()
-    for uri in df.inputFiles():
-        parsed = urlparse(uri)
-        i = wanted.get(os.path.normpath(unquote(parsed.path)))
-        if i is None:
-            raise LineageMetadataError(f"Spark lists the file {uri!r}, which is none of the {len(paths)} files it was asked to read")
-        found.add(i)
-        # the listing says file:///x where _metadata.file_path says file:/x: both spellings map to the file
-        spellings = {uri} if parsed.netloc else {uri, f"{parsed.scheme}:{parsed.path}", f"{parsed.scheme}://{parsed.path}"}
-        for spelling in sorted(spellings):
-            uris.append(spelling)
-            locals_.append(local_path(paths[i]))
-            ids.append(i if numbers is None else numbers[i])
-    if len(found) != len(wanted):
-        raise LineageMetadataError(f"Spark lists {len(found)} of the {len(wanted)} files it was asked to read")
-    return spark.createDataFrame(pa.table({"__uri": pa.array(uris, pa.string()), "__path": pa.array(locals_, pa.string()),
-                                           "__file": pa.array(ids, pa.int32())}))
-
-
-def read_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[str, int] | None = None) -> Any:
-    """Rows of ``paths`` (``schema``'s columns) with ``__path`` (local path), ``__file`` (index in ``paths``) and ``__pos`` (row index).
-
-    With ``field_ids`` (the table's schema evolved: :func:`lineage.iceberg.schema.projection_field_ids`)
-    columns are matched by Iceberg field id, as the embedded engine does: files
-    are grouped by the names their footers give the columns (one group per
-    schema the table had), a column a file lacks reads as null, and older
-    types are cast to the current ones.
-    """
-    from pyspark.sql import functions as F
-
-    if any(store.is_remote(p) for p in paths):  # executors read through pyarrow: no hadoop-aws on the cluster
-        return remote_files(spark, paths, schema, field_ids)
-    groups: dict[tuple[str | None, ...], list[int]] = {}
-    for i, p in enumerate(paths):
-        sources = tuple(schema.names) if field_ids is None else tuple(file_columns(layout(local_path(p)).arrow, schema, field_ids))
-        groups.setdefault(sources, []).append(i)
-    types = spark.createDataFrame(schema.empty_table()).schema if field_ids is not None else None
-    out = None
-    for sources, members in groups.items():
-        group = [paths[i] for i in members]
-        # recursiveFileLookup disables partition inference from directory names like id_bucket=3.
-        df = spark.read.option("recursiveFileLookup", "true").parquet(*[local_path(p) for p in group])
-        if types is None:
-            cols = [column(c) for c in schema.names]
-        else:
-            cols = [(column(src) if src is not None else F.lit(None)).cast(types[c].dataType).alias(c)
-                    for c, src in zip(schema.names, sources, strict=True)]
-        rows = df.select(*cols, F.col("_metadata.file_path").alias("__uri"), F.col("_metadata.row_index").alias("__pos"))
-        rows = rows.join(F.broadcast(file_index(spark, df, group, members)), "__uri").drop("__uri")
-        out = rows if out is None else out.unionByName(rows)
-    return out
-
-
-def remote_files(spark: Any, paths: list[str], schema: pa.Schema, field_ids: dict[str, int] | None = None) -> Any:
-    """:func:`read_files` of files on an object store: Spark's Python workers read them (:mod:`lineage.storage.spark_read`)."""
-    from pyspark.sql import functions as F
-
-    sources = [file_columns(layout(local_path(p)).arrow, schema, field_ids) if field_ids is not None else list(schema.names)
-               for p in paths]
-    rows = spark_read.read_files(spark, paths, schema, sources)
-    names = spark.createDataFrame(pa.table({"__file": pa.array(range(len(paths)), pa.int32()),
-                                            "__path": pa.array([local_path(p) for p in paths], pa.string())}))
-    return rows.join(F.broadcast(names), "__file")
-
-
 def live_rows(spark: Any, state: TableState, columns: list[str], files: list[LiveFile] | None = None) -> Any:
-    """Live images with lineage (and ``__path``/``__pos``) as a Spark DataFrame."""
-    from pyspark.sql import functions as F
+    """Live images with lineage (and ``__path``/``__pos``) as a Spark DataFrame, read by executors.
 
+    The tasks of :func:`lineage.spark_match.matches` read the files: each
+    builds the embedded engine's live view over its slice of a file (columns
+    matched by field id, the file's deletes and deletion vectors applied, the
+    lineage columns from the file's runs) with nothing to filter. The driver
+    sends each file's descriptor and the path of the lineage segment that
+    holds its runs, not the runs: a task reads the segment itself (once per
+    Python worker), so the files an update or upsert wrote, with up to one
+    run per row, cost the driver nothing.
+    """
     files = state.live_files() if files is None else files
-    if not files:
-        schema = pa.schema(
-            [state_field for state_field in arrow_schema_of(state) if state_field.name in columns]
-            + [pa.field(n, pa.int64()) for n in ("_row_id", "_row_created_at_version", "_row_last_updated_at_version", "__pos")]
-            + [pa.field("__path", pa.string())]
-        )
-        return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
     table_schema = arrow_schema_of(state)
-    rows = read_files(spark, [f.path for f in files], pa.schema([table_schema.field(c) for c in columns]),
-                      projection_field_ids(state.iceberg.metadata))
-
-    deletes = sorted({local_path(d) for f in files for d in f.delete_paths if not is_puffin(d)})
-    vectors = sorted({d for f in files for d in f.delete_paths if is_puffin(d)})  # Iceberg v3 deletion vectors (small: read here)
-    if deletes or vectors:
-        found = None
-        if deletes:
-            found = (spark_read.read_files(spark, deletes, pa.schema([("file_path", pa.string()), ("pos", pa.int64())]))
-                     if any(store.is_remote(d) for d in deletes) else spark.read.parquet(*deletes))
-        if vectors:
-            dv = spark.createDataFrame(vector_table(vectors))
-            found = dv if found is None else found.select("file_path", "pos").unionByName(dv)
-        dels = found.select(
-            F.regexp_replace(F.col("file_path"), _NORMALIZE, "").alias("__dpath"), F.col("pos").alias("__dpos")
-        )
-        rows = rows.join(dels, (rows["__path"] == dels["__dpath"]) & (rows["__pos"] == dels["__dpos"]), "left_anti")
-
-    single, multi = [], []
-    for f in files:
-        pos, rid, created, updated = combined_breakpoints(f.lineage.row_ids, f.lineage.created, f.lineage.updated)
-        ends = np.append(pos[1:], f.lineage.record_count)
-        entry = (local_path(f.path), pos, ends - pos, rid, created, updated)
-        (single if len(pos) == 1 else multi).append(entry)
-
-    def runs_table(entries: list[tuple]) -> pa.Table:
-        return pa.table({"__rpath": pa.array([p for e in entries for p in [e[0]] * len(e[1])], pa.string()), **runs_columns(entries)})
-
-    def runs_columns(entries: list[tuple]) -> dict[str, np.ndarray]:
-        return {
-            "pos_start": np.concatenate([e[1] for e in entries]),
-            "length": np.concatenate([e[2] for e in entries]),
-            "row_id_start": np.concatenate([e[3] for e in entries]),
-            "created": np.concatenate([e[4] for e in entries]),
-            "updated": np.concatenate([e[5] for e in entries]),
-        }
-
-    lineage_cols = [
-        (F.col("row_id_start") + F.col("__pos") - F.col("pos_start")).alias("_row_id"),
-        F.col("created").alias("_row_created_at_version"),
-        F.col("updated").alias("_row_last_updated_at_version"),
-    ]
-    out = []
-    if single:
-        runs = F.broadcast(spark.createDataFrame(runs_table(single)))
-        out.append(rows.join(runs, rows["__path"] == runs["__rpath"]).select(*[column(c) for c in columns], *lineage_cols, "__path", "__pos"))
-    if multi:
-        # Files an update or upsert wrote have up to one run per row: the runs name their file by number, not by path
-        # (a path per run made the driver's table, and its copy on the way to the JVM, several times larger).
-        numbers = F.broadcast(spark.createDataFrame(pa.table({"__mpath": [e[0] for e in multi], "__fno": np.arange(len(multi), dtype=np.int32)})))
-        ids = np.repeat(np.arange(len(multi), dtype=np.int32), [len(e[1]) for e in multi])
-        runs = (
-            spark.createDataFrame(pa.table({"__rfno": ids, **runs_columns(multi)}))
-            .withColumn("__i", F.explode(F.sequence(F.lit(0).cast("long"), F.col("length") - 1)))
-            .withColumn("__ppos", F.col("pos_start") + F.col("__i"))
-        )
-        numbered = rows.join(numbers, rows["__path"] == numbers["__mpath"])
-        joined = numbered.join(runs, (numbered["__fno"] == runs["__rfno"]) & (numbered["__pos"] == runs["__ppos"]))
-        out.append(joined.select(*[column(c) for c in columns], *lineage_cols, "__path", "__pos"))
-    result = out[0]
-    for other in out[1:]:
-        result = result.unionByName(other)
-    return result
+    schema = pa.schema([table_schema.field(c) for c in columns])
+    lineage = [pa.field(n, pa.int64()) for n in ("_row_id", "_row_created_at_version", "_row_last_updated_at_version")]
+    out = pa.schema(list(schema) + lineage + [pa.field("__path", pa.string()), pa.field("__pos", pa.int64())])
+    segment_of = state.files().segment_of if files else {}
+    slim = [replace(f, lineage=None) if f.path in segment_of else f for f in files]  # type: ignore[arg-type]
+    source = spark_match.LineageSource(dict(state.iceberg.io.properties), state.iceberg.metadata.location,
+                                       {f.path: segment_of[f.path] for f in files if f.path in segment_of})
+    select = ", ".join([*(quote_ident(c) for c in columns), "_row_id", "_row_created_at_version", "_row_last_updated_at_version",
+                        "__path", "__pos"])
+    spec = spark_match.MatchPass(schema, projection_field_ids(state.iceberg.metadata), "TRUE", False, select, out, source)
+    return spark_match.matches(spark, slim, spec)
 
 
 def arrow_schema_of(state: TableState) -> pa.Schema:

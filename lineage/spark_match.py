@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ import pyarrow as pa
 import lineage.duck as duck
 import lineage.storage.spark_read as spark_read
 from lineage.read.scan import register_live_view
+from lineage.errors import LineageMetadataError
 from lineage.sql.predicate import Predicate
 from lineage.state import LiveFile
 from lineage.storage.fileio import local_path
@@ -63,6 +64,47 @@ class MatchPass:
     exact_floats: bool
     select: str
     out: pa.Schema
+    lineage: LineageSource | None = None  # where a task reads the lineage of files sent without it
+
+
+@dataclass(frozen=True)
+class LineageSource:
+    """Where the tasks of a pass read the lineage of the files the driver sends without it: each file's lineage
+    segment, by path (:meth:`lineage.state.TableState.files`), read once per Python worker (segments are cached)."""
+
+    io_properties: dict[str, str]
+    location: str
+    segment_of: dict[str, str]  # data file location -> the lineage segment holding its lineage
+
+    def attach(self, f: LiveFile) -> LiveFile:
+        """``f`` with its lineage (read here when the driver left it out)."""
+        if f.lineage is not None:
+            return f
+        from pyiceberg.io import load_file_io
+
+        import lineage.storage.files as store
+
+        store.register(self.location, self.io_properties)
+        seg = self.segment_of[f.path]
+        found = _segment_index(load_file_io(self.io_properties, self.location), seg).get(f.path)
+        if found is None:
+            raise LineageMetadataError(f"lineage segment {seg} does not describe the data file {f.path}")
+        return replace(f, lineage=found)
+
+
+_INDEXED: dict[str, dict[str, Any]] = {}  # a worker's lineage segments by file path, the last few it read
+
+
+def _segment_index(io: Any, segment: str) -> dict[str, Any]:
+    """The lineage of ``segment``'s files by path (read through the segment cache; indexed once per worker)."""
+    from lineage.storage.metadata import read_segment
+
+    got = _INDEXED.get(segment)
+    if got is None:
+        if len(_INDEXED) >= 16:
+            _INDEXED.pop(next(iter(_INDEXED)))
+        got = _INDEXED[segment] = {fl.file_path: fl for fl in read_segment(io, segment)}
+    return got
 
 
 def slices(files: Sequence[LiveFile], slice_rows: int | None = None) -> list[FileSlice]:
@@ -70,7 +112,7 @@ def slices(files: Sequence[LiveFile], slice_rows: int | None = None) -> list[Fil
     slice_rows = SLICE_ROWS if slice_rows is None else slice_rows
     out = []
     for f in files:
-        rows = int(f.lineage.record_count)
+        rows = int(f.data_file.record_count)
         out.extend(FileSlice(f, start, min(rows, start + slice_rows)) for start in range(0, max(rows, 1), slice_rows))
     return out
 
@@ -130,6 +172,8 @@ def open_slice(task: FileSlice, spec: MatchPass) -> Any:
 
 def open_files(files: Sequence[LiveFile], spec: MatchPass) -> Any:
     """A sealed DuckDB connection whose view ``__live`` holds the live rows of ``files`` (``__file_id``: the index in ``files``)."""
+    if spec.lineage is not None:
+        files = [spec.lineage.attach(f) for f in files]
     con = duck.connect(isolated=True)
     try:
         con.execute("SET threads = 1")  # one core per Spark task: the task slots are the parallelism
@@ -161,7 +205,7 @@ def evaluate_files(files: Sequence[LiveFile], spec: MatchPass) -> Iterator[pa.Re
 
 def slice_sql(task: FileSlice, spec: MatchPass) -> str:
     """The query of the pass over ``task``'s slice, on a connection from :func:`open_slice`."""
-    whole = task.start == 0 and task.end >= task.file.lineage.record_count
+    whole = task.start == 0 and task.end >= task.file.data_file.record_count
     within = "" if whole else f"{POS} >= {int(task.start)} AND {POS} < {int(task.end)} AND "
     path = "'" + local_path(task.file.path).replace("'", "''") + "'"
     return f"SELECT {spec.select} FROM (SELECT *, {path} AS {PATH} FROM __live) live WHERE {within}({spec.where})"

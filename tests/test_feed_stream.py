@@ -172,6 +172,37 @@ def test_options_are_checked() -> None:
             parse(options)
 
 
+def test_micro_batch_partitions_name_units_and_tasks_plan_them(spark, warehouse: str, monkeypatch) -> None:
+    """The driver's partitions of a micro-batch hold no pointer (it builds none); read one after the other, as a task
+    reads them, they are the per-version feed row for row, a version larger than rowsPerPartition cut by row ids."""
+    import cdf.engine_duckdb
+    import cdf.pointers
+    import cdf.stream
+    from cdf.spark_source import ChangeFeedSource
+
+    t = lineage.create_table("s.units", SCHEMA, key=["id"], warehouse=warehouse, properties={CAPTURE: "true"})
+    _history(t)
+    t.append(_rows(list(range(100, 140)), "b"))  # 9: 40 images, cut into ranges of row ids
+    t.update("id >= 120", {"amount": "amount + 1"})  # 10
+    source = ChangeFeedSource({"table": t.name, "warehouse": warehouse, "startingVersion": "2", "rowsPerPartition": "8"})
+    reader = source.streamReader(source.schema())
+
+    def planned_on_driver(*args, **kwargs):
+        raise AssertionError("the driver planned the micro-batch's pointers")
+
+    with monkeypatch.context() as m:
+        for module in (cdf.pointers, cdf.engine_duckdb, cdf.stream):
+            m.setattr(module, "change_pointers", planned_on_driver)
+        m.setattr(cdf.pointers.PointerSources, "pointers", planned_on_driver)
+        parts = reader.partitions({"version": 1}, {"version": 10})
+    units = [p.unit for p in parts]
+    # the log's images per version 2-10: 6, 1, 3, 8, 0, 2, 1, 40, 40; consecutive versions together up to 8
+    assert [(u.lo, u.hi) for u in units if u.rows is None] == [(1, 3), (3, 4), (4, 6), (6, 8)]
+    assert [(u.lo, u.hi) for u in units if u.rows is not None] == [(8, 9)] * 5 + [(9, 10)] * 5  # 40 images: 5 row-id ranges
+    assert all(not hasattr(p, "part") for p in parts)
+    _same([pa.Table.from_batches([b for p in parts for b in reader.read(p)])], cdf.changes(t, 1, 10))
+
+
 def _emitted(out: str) -> tuple[list[pa.Table], dict[int, list[pa.Table]]]:
     """The sink's batches in batch order, and the replays of each replayed batch."""
     first: dict[int, pa.Table] = {}

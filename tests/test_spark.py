@@ -68,11 +68,25 @@ def test_spark_and_duckdb_agree(spark, tmp_path, seed, partition_by, capture, fo
 
 
 def test_spark_feed_never_collects_rows(spark, warehouse, monkeypatch):
-    """Building the Spark feed runs no Spark action: the driver ships metadata, executors do the rest."""
+    """Building the Spark feed and deleted_rows runs no Spark action, and the driver builds no pointer: it ships
+    metadata paths and row-id ranges, executors (other processes, which this test's patches do not reach) plan and read."""
     from pyspark.sql import DataFrame
+
+    import cdf.engine_duckdb
+    import cdf.stream
+    import cdf.pointers
 
     t = lineage.create_table("s.lazy", SCHEMA, key=["id"], warehouse=warehouse)
     _random_history(t, 3)
+    expected = rows(cdf.deleted_rows(t))
+
+    def planned_on_driver(*args, **kwargs):
+        raise AssertionError("the driver planned the feed's pointers")
+
+    monkeypatch.setattr(cdf.pointers, "change_pointers", planned_on_driver)
+    monkeypatch.setattr(cdf.pointers.PointerSources, "pointers", planned_on_driver)
+    monkeypatch.setattr(cdf.engine_duckdb, "change_pointers", planned_on_driver)
+    monkeypatch.setattr(cdf.stream, "change_pointers", planned_on_driver)
     actions = []
     for name in ("collect", "toArrow", "toPandas", "take", "count", "toLocalIterator"):
         original = getattr(DataFrame, name)
@@ -84,8 +98,10 @@ def test_spark_feed_never_collects_rows(spark, warehouse, monkeypatch):
         monkeypatch.setattr(DataFrame, name, spy)
     df = cdf.changes(t, 0, engine="spark", spark=spark)
     net = cdf.changes(t, 0, net=True, engine="spark", spark=spark)
+    deleted = cdf.deleted_rows(t, engine="spark", spark=spark)
     assert actions == []
     assert df.count() >= net.count()
+    assert expected and rows(deleted.toArrow()) == expected
 
 
 def test_writes_from_spark_keep_row_ids_and_interop(spark, warehouse):
@@ -180,3 +196,25 @@ def test_spark_feed_matches_columns_by_field_id_after_a_rename(spark, warehouse,
         assert rows(theirs.cast(ours.schema)) == rows(ours), net
     scanned = t.to_spark(spark).toArrow()  # Spark's scan reads the older file by field id too
     assert rows(scanned.cast(t.scan().schema)) == rows(t.scan())
+
+
+def test_the_spark_scan_sends_segment_paths_not_lineage_runs(spark, warehouse, monkeypatch):
+    """The driver sends the scan's tasks each file without its lineage runs (the task reads the file's lineage segment),
+    and the rows, row ids and lineage columns are the embedded scan's, files an update wrote (a run per row) included."""
+    import lineage.spark_match as spark_match
+
+    t = lineage.create_table("s.scan", SCHEMA, key=["id"], warehouse=warehouse)
+    t.append(pa.table({"id": list(range(40)), "name": ["a"] * 40, "amount": [float(i) for i in range(40)]}, schema=SCHEMA))
+    t.update("id % 3 = 0", {"amount": "amount + 1"})
+    t.delete("id % 5 = 0")
+    sent = []
+    original = spark_match.matches
+
+    def spy(session, files, spec):
+        sent.extend(files)
+        return original(session, files, spec)
+
+    monkeypatch.setattr(spark_match, "matches", spy)
+    got = t.to_spark(spark).toArrow()
+    assert sent and all(f.lineage is None for f in sent)
+    assert rows(got) == rows(t.scan())

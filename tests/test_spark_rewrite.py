@@ -302,3 +302,51 @@ def test_executors_group_delete_files_as_the_table_says(spark, warehouse, granul
     assert (a.deleted, a.delete_files_added) == (b.deleted, b.delete_files_added) == (20, files)
     _same(embedded, on_spark)
     assert _rows(cdf.deleted_rows(on_spark)) == _rows(cdf.deleted_rows(embedded))
+
+
+def test_an_update_task_writes_its_new_images_in_bounded_pieces(spark, warehouse, monkeypatch) -> None:
+    """Each task writes its new images as data files whenever the flush size of them is held (the embedded engine's rule
+    for large updates), instead of the job's last task writing every image: more files, the same rows, ids and feed."""
+    import lineage.writes.spark_onepass as onepass
+
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], warehouse=warehouse) for n in ("embedded", "spark")]
+    for t in tables:
+        for start in range(0, 1200, 300):
+            t.append(_batch(start, 300))  # four data files, dealt to the session's tasks
+    embedded, on_spark = tables
+    embedded.update("id % 4 = 0", {"name": "'x'"})
+    whole = on_spark.update("id % 4 = 0", {"name": "'x'"}, engine="spark", spark=spark)  # held whole: one file, as embedded
+    assert whole.data_files_added == 1
+    a = embedded.update("id % 2 = 0", {"amount": "amount + 1"})
+    monkeypatch.setattr(onepass, "FLUSH_BYTES", 1)  # travels with the job: every batch a task matches is written at once
+    b = on_spark.update("id % 2 = 0", {"amount": "amount + 1"}, engine="spark", spark=spark)
+    assert (a.committed, a.updated) == (b.committed, b.updated) == (True, 600)
+    assert b.data_files_added > 1
+    _same(embedded, on_spark)
+    for net in (False, True):
+        assert _rows(cdf.changes(on_spark, 0, net=net)) == _rows(cdf.changes(embedded, 0, net=net))
+
+
+def test_a_failed_spark_write_leaves_no_file_and_a_successful_one_no_scratch(spark, warehouse) -> None:
+    """The update's last task fails (a NULL for a required column): the files its first job's tasks wrote (delete files,
+    removed keys, index rows, images) are deleted with the job, and the table is untouched. After writes that succeed,
+    no scratch file or ledger is left."""
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("qty", pa.int64(), False), ("name", pa.string())])
+    t = lineage.create_table("s.fails", schema, key=["id"], warehouse=warehouse)
+    for start in range(0, 1200, 300):
+        t.append(pa.table({"id": range(start, start + 300), "qty": range(start, start + 300), "name": ["a"] * 300}, schema=schema))
+    root = os.path.join(warehouse, "s", "fails")
+
+    def files() -> list[str]:
+        return sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+
+    before, version = files(), t.version
+    with pytest.raises(Exception, match="qty"):  # noqa: PT011 - Spark wraps the task's error
+        t.update("id % 2 = 0", {"qty": "CASE WHEN id < 900 THEN qty + 1 ELSE NULL END"}, engine="spark", spark=spark)
+    assert files() == before and t.refresh().version == version
+    assert t.update("id % 2 = 0", {"qty": "qty + 1"}, engine="spark", spark=spark).updated == 600
+    t.upsert(spark.createDataFrame(pa.table({"id": [1, 5000], "qty": [7, 8], "name": ["u", "n"]}, schema=schema)))
+    assert t.delete("id % 3 = 0", engine="spark", spark=spark).deleted > 0
+    left = [f for f in files() if f.endswith(("-wrote.json", "-rows.arrow", "-images.arrow", "-removed-keys.parquet"))]
+    assert left == []
+    assert t.count() == 1201 - 400

@@ -15,11 +15,15 @@ same Python task that found them, which writes, for its data files:
 Nothing is shuffled and nothing the size of the matched rows reaches the
 driver. Each task writes its files' index rows (and the positions of a
 delete file whose scope depends on what every task matched) to a scratch
-file beside the index segment; a second job of one task reads the scratch
+file beside the index segment. An update's task writes its new images as
+data files itself each time it holds 16 MB of them (the embedded engine's
+rule for large updates, :data:`lineage.writes.grouped.FLUSH_BYTES`; sorted
+by row id, so their lineage compresses into runs) and leaves what is left
+at its end in a scratch file. A second job of one task reads the scratch
 files back, writes those partition-scoped delete files, the commit's single
-index segment and the new images as data files (sorted by row id, so their
-lineage compresses into runs; as many files as the embedded engine writes),
-and deletes the scratch files. The driver runs two Spark jobs and collects
+index segment and the tasks' remaining images as data files (for a small
+update, as many files as the embedded engine writes), and deletes the
+scratch files. The driver runs two Spark jobs and collects
 one record per data file touched, one per partition-scoped delete file, one
 per data file written and one for the segment; its own work is planning and
 the commit. Both jobs run on ``mapInArrow``, whose Python workers the
@@ -42,11 +46,13 @@ import lineage.spark as spark_io
 import lineage.spark_match as spark_match
 import lineage.storage.files as store
 import lineage.storage.spark_read as spark_read
+import lineage.writes.spark_scratch as spark_scratch
 from lineage.columns import HIDDEN_ROW_ID
 from lineage.context import TableContext
 from lineage.state import LiveFile, TableState
 from lineage.storage.fileio import local_path, write_bytes
 from lineage.storage.writer import WrittenFile, spec_id_of
+from lineage.writes.grouped import FLUSH_BYTES
 from lineage.writes.spark_removed import (
     RemovalContext, RemovedOnSpark, assemble, index_blob, removal_context, removed_of, write_deletes, write_keys, write_segment,
 )
@@ -70,6 +76,7 @@ class OnePass:
     images: list[str] | None
     key: list[str]
     scratch: str  # prefix of the tasks' scratch files (beside the index segment)
+    flush_bytes: int = FLUSH_BYTES  # new images a task holds before it writes them as data files
 
 
 def remove_in_one_pass(spark: Any, table: TableContext, state: TableState, files: list[LiveFile], spec: spark_match.MatchPass,
@@ -88,17 +95,23 @@ def remove_in_one_pass(spark: Any, table: TableContext, state: TableState, files
     removal = removal_context(table, state, files, key, capture)
     tasks = spark_match.deal(spark_match.slices(files, _WHOLE_FILE), session.sparkContext.defaultParallelism)
     job = OnePass(removal, spec, tasks, _deferred(files, removal, table.iceberg.metadata.default_spec_id), images, key,
-                  removal.index_path.removesuffix("-deleted-rows.parquet"))
+                  removal.prefix, FLUSH_BYTES)
     ids = session.range(0, len(tasks), 1, numPartitions=len(tasks))
-    rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
-    if not rows:
-        return RemovedOnSpark(), []
-    last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key)
-    finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
+    try:
+        rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
+        if not rows:
+            return RemovedOnSpark(), []
+        ledgers = sorted({p for r in rows if r["__ledgers"] for p in r["__ledgers"].split("\n")})
+        last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key, ledgers)
+        finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
+    except BaseException:
+        spark_scratch.discard(table.iceberg.io, job.scratch)  # the write fails: what its tasks wrote goes with it
+        raise
     later = {r["__path"]: r["__deletes"] for r in finished if r["__path"] is not None}  # one per deferred group
     rows = [{**r.asDict(), "__deletes": later.get(r["__path"], r["__deletes"])} for r in rows]
     segment = [(r["__size"], r["__images"]) for r in finished if r["__size"] is not None][0]
-    written = [pickle.loads(r["__data"]) for r in finished if r["__data"] is not None]
+    written = [w for r in rows if r["__written"] is not None for w in pickle.loads(r["__written"])]  # the tasks' flushes
+    written += [pickle.loads(r["__data"]) for r in finished if r["__data"] is not None]
     return assemble(removal, table.iceberg.io, key, rows, *segment), written
 
 
@@ -110,6 +123,7 @@ class _Finish:
     scratch: list[str]
     images: list[str]  # the new images' scratch files (an update)
     key: list[str]
+    ledgers: list[str]  # the tasks' ledgers (:mod:`lineage.writes.spark_scratch`), deleted with the scratch files
 
 
 def _deferred(files: Sequence[LiveFile], removal: RemovalContext, default_spec: int) -> dict[str, int]:
@@ -139,20 +153,34 @@ def _match_and_write(job: OnePass) -> Callable[[Iterator[pa.RecordBatch]], Itera
 
 
 def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
-    found = pa.Table.from_batches(list(spark_match.evaluate_files([p.file for p in job.tasks[number]], job.spec)), schema=job.spec.out)
-    if not found.num_rows:
+    ctx = job.removal
+    target = ctx.target()
+    ledger = spark_scratch.Ledger(target.io, job.scratch)
+    images = _ImageFlush(target, job.key, job.flush_bytes, ledger) if job.images is not None else None
+    parts = []
+    for batch in spark_match.evaluate_files([p.file for p in job.tasks[number]], job.spec):
+        if images is not None:  # the new images leave the task's memory in bounded pieces; the rest is a few dozen bytes a row
+            got = pa.Table.from_batches([batch])
+            images.add(got.select(job.images))
+            parts.extend(got.drop_columns([c for c in job.images if c not in _KEEP]).to_batches())
+        else:
+            parts.append(batch)
+    if not parts:
         return
+    found = pa.Table.from_batches(parts)
+    del parts
     found = found.sort_by([("__path", "ascending"), ("__pos", "ascending")])
     paths = found.column("__path").combine_chunks().dictionary_encode()
     ids = paths.indices.to_numpy()
     bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), len(ids)]
     matched = [(paths.dictionary[int(ids[s])].as_py(), found.slice(s, e - s)) for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
-    ctx = job.removal
-    target = ctx.target()
-    rows = found
-    keys = write_keys(ctx, target, rows, number)
+    keys = write_keys(ctx, target, found, number)
     direct = [(path, m.column("__pos").to_numpy()) for path, m in matched if path not in job.deferred]
-    deletes = pickle.dumps(write_deletes(ctx, target, direct, "file")) if direct else None
+    deletes = None
+    if direct:
+        new_deletes = write_deletes(ctx, target, direct, "file")
+        ledger.wrote([d.file_path for d in new_deletes[0]])
+        deletes = pickle.dumps(new_deletes)
     later = [path in job.deferred for path, _ in matched]
     scratch = pa.table({"__path": [path for path, _ in matched], "__index": [index_blob(removed_of(ctx, path, m)) for path, m in matched],
                         "__group": pa.array([job.deferred.get(path) for path, _ in matched], pa.int32()),
@@ -160,15 +188,51 @@ def _task(job: OnePass, number: int) -> Iterator[dict[str, Any]]:
                                         for (_, m), d in zip(matched, later, strict=True)]}, schema=_SCRATCH)
     scratch_path = f"{job.scratch}-{uuid.uuid4()}-rows.arrow"  # named per attempt: a task run again writes anew
     _write_arrow(target.io, scratch_path, scratch)
-    images_path = None
-    if job.images is not None:  # the new images: the last task writes them all, as many files as the embedded engine would
-        images_path = f"{job.scratch}-{uuid.uuid4()}-images.arrow"
-        _write_arrow(target.io, images_path, rows.select(job.images))
+    images_path, written = None, None
+    if images is not None:
+        rest = images.rest()
+        if rest is not None and rest.num_rows:  # the last task writes the tasks' remainders together, as the embedded engine would
+            images_path = f"{job.scratch}-{uuid.uuid4()}-images.arrow"
+            _write_arrow(target.io, images_path, rest)
+        written = pickle.dumps(images.written) if images.written else None
     for (path, m), d in zip(matched, later, strict=True):
         yield {"__path": path, "__images": m.num_rows, "__deletes": None if d else deletes, "__keys": keys, "__scratch": scratch_path,
-               "__new": images_path}
+               "__new": images_path, "__written": written, "__ledgers": "\n".join(ledger.paths) or None}
+        written = None  # the task's data files travel once
+        ledger.paths = []
         if not d:
             deletes = None  # the task's delete files travel once
+
+
+_KEEP = {"__path", "__pos"}  # columns of the matches the removal needs even when an update's images name them too
+
+
+class _ImageFlush:
+    """An update task's new images, written as data files each time :data:`lineage.writes.grouped.FLUSH_BYTES` of them
+    are held (the embedded engine's rule for an update of many rows: data files of up to 16 MB of images each,
+    sorted by row id), so a task holds at most that much of them whatever it matches; :meth:`rest` is what is
+    left at the end, which the job's last task writes with the other tasks' remainders."""
+
+    def __init__(self, target: Any, key: list[str], flush_bytes: int, ledger: spark_scratch.Ledger) -> None:
+        self.target, self.key, self.flush_bytes, self.ledger = target, key, flush_bytes, ledger
+        self.held: list[pa.Table] = []
+        self.bytes = 0
+        self.written: list[WrittenFile] = []
+
+    def add(self, images: pa.Table) -> None:
+        """Hold ``images``; write what is held once it reaches the flush size."""
+        self.held.append(images)
+        self.bytes += images.nbytes
+        if self.bytes >= self.flush_bytes:
+            new = pa.concat_tables(self.held).sort_by(HIDDEN_ROW_ID)
+            self.held, self.bytes = [], 0
+            files = list(spark_io.written_files(self.target, new, self.target.metadata, self.key))
+            self.ledger.wrote([w.data_file.file_path for w in files])
+            self.written.extend(files)
+
+    def rest(self) -> pa.Table | None:
+        """The images held and not written."""
+        return pa.concat_tables(self.held) if self.held else None
 
 
 def _write_arrow(io: Any, path: str, table: pa.Table) -> None:
@@ -197,15 +261,19 @@ def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.R
             if f["__group"] is not None:
                 groups.setdefault(f["__group"], []).append(f)
         out = []
+        ledger = spark_scratch.Ledger(target.io, ctx.prefix)
         for members in groups.values():
             written = write_deletes(ctx, target, [(m["__path"], np.frombuffer(m["__positions"], np.int64)) for m in members], ctx.granularity)
+            ledger.wrote([d.file_path for d in written[0]])
             out.append({"__path": members[0]["__path"], "__deletes": pickle.dumps(written)})
         size, images = write_segment(ctx, target.io, [f["__index"] for f in files])
         out.append({"__size": size, "__images": images})
         if last.images:
             new = pa.concat_tables([_read_arrow(target.io, p) for p in last.images]).sort_by(HIDDEN_ROW_ID)
-            out.extend({"__data": pickle.dumps(w)} for w in spark_io.written_files(target, new, target.metadata, last.key))
-        store.delete_many(last.scratch + last.images)
+            data = list(spark_io.written_files(target, new, target.metadata, last.key))
+            ledger.wrote([w.data_file.file_path for w in data])
+            out.extend({"__data": pickle.dumps(w)} for w in data)
+        store.delete_many(last.scratch + last.images + last.ledgers + ledger.paths)
         yield pa.RecordBatch.from_pylist(out, schema=_FINISHED_ARROW)
 
     return run
@@ -213,8 +281,8 @@ def _finish(last: _Finish) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.R
 
 # a task's record: a data file it touched, and the task's scratch files (index rows; new images)
 _RECORD_ARROW = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__keys", pa.string()),
-                           ("__scratch", pa.string()), ("__new", pa.string())])
-_RECORD = "__path string, __images long, __deletes binary, __keys string, __scratch string, __new string"
+                           ("__scratch", pa.string()), ("__new", pa.string()), ("__written", pa.binary()), ("__ledgers", pa.string())])
+_RECORD = "__path string, __images long, __deletes binary, __keys string, __scratch string, __new string, __written binary, __ledgers string"
 # a task's scratch file: per data file touched, its index segment row and, when its delete file's scope is the last task's to decide,
 # its group and positions
 _SCRATCH = pa.schema([("__path", pa.string()), ("__index", pa.binary()), ("__group", pa.int32()), ("__positions", pa.binary())])

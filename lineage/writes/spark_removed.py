@@ -47,6 +47,7 @@ from index.deleted_rows import RemovedImages, WrittenIndex, captured_values, ind
 import lineage.iceberg.v3_metadata as v3_metadata
 import lineage.spark as spark_io
 import lineage.storage.files as store
+import lineage.writes.spark_scratch as spark_scratch
 from lineage.context import TableContext
 from lineage.properties import delete_granularity
 from lineage.state import LiveFile, TableState
@@ -60,7 +61,8 @@ POINTER_COLUMNS = ["__path", "__pos", "_row_id", "_row_created_at_version", "_ro
 KEY_PREFIX = "__old_key_"  # the removed images' key values, one column per key column
 OLD_PREFIX = "__old_"  # their data columns' values (pre-image capture), one column per data column
 
-_SUMMARY = "__path string, __images long, __deletes binary, __index binary, __keys string"
+_INDEX_SUFFIX = "-deleted-rows.parquet"  # the index segment's name is the job's prefix (its scratch files') and this
+_SUMMARY = "__path string, __images long, __deletes binary, __index binary, __keys string, __ledgers string"
 
 
 @dataclass
@@ -106,12 +108,16 @@ def write_removed(table: TableContext, state: TableState, files: list[LiveFile],
     ordered = keyed.repartition(tasks, "__group").sortWithinPartitions("__group", "__path", "__pos")
     summaries = ordered.mapInArrow(_file_writer(context), _SUMMARY).persist()
     try:
-        rows = summaries.select("__path", "__images", "__deletes", "__keys").collect()  # one row per data file touched
+        rows = summaries.select("__path", "__images", "__deletes", "__keys", "__ledgers").collect()  # one row per data file touched
         if not rows:
             return RemovedOnSpark()
         written = summaries.select("__index").coalesce(1).mapInArrow(_segment_writer(context), "size long, images long").collect()
+    except BaseException:
+        spark_scratch.discard(table.iceberg.io, context.prefix)  # nothing is committed
+        raise
     finally:
         summaries.unpersist()
+    store.delete_many(sorted({p for r in rows if r["__ledgers"] for p in r["__ledgers"].split("\n")}))
     return assemble(context, table.iceberg.io, key, rows, written[0]["size"], written[0]["images"])
 
 
@@ -126,7 +132,7 @@ def removal_context(table: TableContext, state: TableState, files: list[LiveFile
         v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, version, granularity, limit,
         {store.local_path(f.path): f.data_file for f in files}, table.arrow_schema, field_ids, len(key), capture, scratch if key else None,
         current={store.local_path(f.path): tuple(f.deletes) for f in files}, vectors=ice.metadata.format_version >= 3,
-        index_path=f"{scratch}-deleted-rows.parquet",
+        index_path=f"{scratch}{_INDEX_SUFFIX}",
     )
 
 
@@ -170,6 +176,11 @@ class RemovalContext:
     vectors: bool = False  # Iceberg v3: deletion vectors, one per data file
     index_path: str = ""  # where the commit's index segment goes
 
+    @property
+    def prefix(self) -> str:
+        """The job's prefix: its scratch files, ledgers (:mod:`lineage.writes.spark_scratch`) and index segment are named from it."""
+        return self.index_path.removesuffix(_INDEX_SUFFIX)
+
     def target(self) -> Any:
         from pyiceberg.table.metadata import TableMetadataUtil
 
@@ -195,18 +206,23 @@ def _file_writer(ctx: RemovalContext) -> Callable[[Iterator[pa.RecordBatch]], It
         group_of = data.column("__group").to_numpy()
         positions = data.column("__pos").to_numpy().astype(np.int64)
         keys_path = write_keys(ctx, target, data, TaskContext.get().partitionId())
+        ledger = spark_scratch.Ledger(target.io, ctx.prefix)
         by_group: dict[int, list[tuple[int, int]]] = {}
         for s, e in zip(bounds[:-1], bounds[1:], strict=True):
             by_group.setdefault(int(group_of[s]), []).append((s, e))
-        out_schema = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__index", pa.binary()), ("__keys", pa.string())])
+        out_schema = pa.schema([("__path", pa.string()), ("__images", pa.int64()), ("__deletes", pa.binary()), ("__index", pa.binary()),
+                                ("__keys", pa.string()), ("__ledgers", pa.string())])
         for spans in by_group.values():
             written = write_deletes(ctx, target, [(paths[ids[s]], positions[s:e]) for s, e in spans], ctx.granularity)
+            ledger.wrote([d.file_path for d in written[0]])
             for n, (s, e) in enumerate(spans):
                 yield pa.RecordBatch.from_pydict(
                     {"__path": [paths[ids[s]]], "__images": [e - s], "__deletes": [pickle.dumps(written) if n == 0 else None],
-                     "__index": [index_blob(removed_of(ctx, paths[ids[s]], data.slice(s, e - s)))], "__keys": [keys_path]},
+                     "__index": [index_blob(removed_of(ctx, paths[ids[s]], data.slice(s, e - s)))], "__keys": [keys_path],
+                     "__ledgers": ["\n".join(ledger.paths) or None]},
                     schema=out_schema,
                 )
+                ledger.paths = []
 
     return run
 
