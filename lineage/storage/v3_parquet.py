@@ -21,17 +21,18 @@ import io
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import ParquetFormatWriter
-from pyiceberg.manifest import DataFile
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table import WriteTask
 
 from lineage.storage.lineage_columns import ROW_ID_NAME
+
+if TYPE_CHECKING:  # pyiceberg's writer modules load pyarrow.dataset: imported when a file is written
+    from pyiceberg.io import FileIO
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import WriteTask
+    from pyiceberg.table.metadata import TableMetadata
 
 ROW_ID_ENCODING = "DELTA_BINARY_PACKED"
 
@@ -69,21 +70,31 @@ def writer_options(schema: pa.Schema) -> dict[str, Any]:
     return {"use_dictionary": [p for p in paths if p != ROW_ID_NAME], "column_encoding": {ROW_ID_NAME: ROW_ID_ENCODING}}
 
 
-class _RowIdDeltaWriter(ParquetFormatWriter):
+def _row_id_delta_writer() -> type:
     """pyiceberg's Parquet writer (the table's compression, page and row group settings) with :func:`writer_options`."""
+    global _WRITER
+    if _WRITER is None:
+        from pyiceberg.io.pyarrow import ParquetFormatWriter
 
-    def write(self, table: pa.Table) -> None:
-        """Write ``table`` (the first call opens the file with the options of its schema)."""
-        if getattr(self, "_writer", None) is None:
-            self._parquet_writer_kwargs = {**self._parquet_writer_kwargs, **writer_options(table.schema)}
-        super().write(table)
+        class RowIdDeltaWriter(ParquetFormatWriter):
+            def write(self, table: pa.Table) -> None:
+                """Write ``table`` (the first call opens the file with the options of its schema)."""
+                if getattr(self, "_writer", None) is None:
+                    self._parquet_writer_kwargs = {**self._parquet_writer_kwargs, **writer_options(table.schema)}
+                super().write(table)
+
+        _WRITER = RowIdDeltaWriter
+    return _WRITER
+
+
+_WRITER: type | None = None
 
 
 def write_native_files(file_io: FileIO, metadata: TableMetadata, tasks: Iterable[WriteTask]) -> list[DataFile]:
     """Write each task as one Parquet data file of ``metadata``'s table (its current schema: the table's columns and
     the row lineage fields) and return their entries: pyiceberg's ``write_file``, ``_row_id`` delta-encoded."""
     from pyiceberg.io.pyarrow import ParquetFormatModel, _to_requested_schema, sanitize_column_names
-    from pyiceberg.manifest import DataFileContent, FileFormat
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE
     from pyiceberg.table.locations import load_location_provider
     from pyiceberg.typedef import Record
@@ -105,7 +116,7 @@ def write_native_files(file_io: FileIO, metadata: TableMetadata, tasks: Iterable
         path = provider.new_data_location(data_file_name=task.generate_data_file_filename(model.file_extension()),
                                           partition_key=task.partition_key)
         out = file_io.new_output(path)
-        writer = _RowIdDeltaWriter(out, file_schema, metadata.properties)
+        writer = _row_id_delta_writer()(out, file_schema, metadata.properties)
         with writer:
             writer.write(pa.Table.from_batches(batches))
         statistics = writer.result()
