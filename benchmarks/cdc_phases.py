@@ -35,7 +35,7 @@ PHASES = (
     "lineage.storage.merged_deletes:write_merged_deletes",
     "lineage.storage.writer:write_data_files",
     "lineage.writes.small_files:rewrite_kept",
-    "lineage.writes.small_files:fold_untouched",
+    "lineage.writes.small_files:untouched_fold",
     "index.key_index:_merged",
     "index.key_index:file_entries",
     "lineage.commits.producer:LineageSnapshotProducer._carried_manifests",

@@ -111,3 +111,18 @@ def _record(started: str, load: tuple[float, float] = (0.2, 0.4)) -> dict:
         "steps": [], "results": {"percent": 1.0, "views": {"agg": "", "sums": "", "proj": ""}, "rounds": rounds},
     }
 
+
+
+def test_every_phase_the_change_stream_profile_times_exists() -> None:
+    """`cdc.py --phases` wraps functions by name: a renamed function must fail here, not in a benchmark run."""
+    import importlib
+
+    import cdc_phases
+
+    for spec in cdc_phases.PHASES:
+        module_name, name = spec.split(":")
+        target = importlib.import_module(module_name)
+        for part in name.split("."):
+            assert hasattr(target, part), f"{spec}: {module_name} has no {name}"
+            target = getattr(target, part)
+        assert callable(target), spec
