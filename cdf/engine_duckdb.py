@@ -18,9 +18,8 @@ the views over it live in DuckDB (:mod:`cdf.views`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +30,7 @@ import cdf.threads as threads
 from cdf.output import TIMESTAMP, deleted_schema, encoded_change_schema
 from cdf.pointers import Pointers, change_pointers
 from index.deleted_rows import IndexSegment, dictionary_values
-from lineage.arrays import stable_argsort, unique
+from lineage.arrays import stable_argsort
 from lineage.errors import LostFileError
 from lineage.state import TableState
 from lineage.read.values import Gathered, decoded, gather, take_rows
@@ -399,24 +398,6 @@ class PartPlan:
 
     def __len__(self) -> int:
         return len(self.change)
-
-    def without_captured_values(self) -> PartPlan:
-        """The same part with every captured index segment reduced to its path (to ship it: values are read again by path)."""
-        stubs = tuple(_segment_stub(seg) for seg in self.shown.captured)
-        return replace(self, shown=replace(self.shown, captured=stubs))
-
-    def with_captured_values(self, load: Callable[[str], IndexSegment]) -> PartPlan:
-        """The part with the captured segments its rows read loaded again by ``load(path)`` (see :meth:`without_captured_values`)."""
-        used = {int(-k - 1) for k in unique(self.shown.source[self.shown.source < 0])}
-        if not used:
-            return self
-        segments = tuple(load(seg.path) if i in used else seg for i, seg in enumerate(self.shown.captured))
-        return replace(self, shown=replace(self.shown, captured=segments))
-
-
-def _segment_stub(seg: IndexSegment) -> IndexSegment:
-    empty = np.zeros(0, np.int64)
-    return IndexSegment(seg.path, (), np.zeros(0, np.int32), empty, empty, empty, empty, empty, None, seg.captured)
 
 
 def read_part(part: PartPlan, cache: bool = True) -> pa.Table:
