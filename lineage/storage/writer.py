@@ -153,12 +153,12 @@ def write_copy(
 
     metadata = iceberg.metadata
     schema = metadata.schema()
-    if lineage is not None and lineage_columns.writes_lineage_columns(metadata):
+    native = lineage is not None and lineage_columns.writes_lineage_columns(metadata)
+    if native:
         data = lineage_columns.with_lineage_columns(data, *lineage)
-        schema, metadata = lineage_columns.write_schema(schema), lineage_columns.write_metadata(metadata)
+        schema = lineage_columns.write_schema(schema)
     task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=data.to_batches(), partition_key=None)
-    (df,) = _native_files(bound(iceberg.io), iceberg.metadata, [task]) if lineage is not None and lineage_columns.writes_lineage_columns(
-        iceberg.metadata) else list(write_file(bound(iceberg.io), metadata, iter([task])))
+    (df,) = _native_files(bound(iceberg.io), metadata, [task]) if native else list(write_file(bound(iceberg.io), metadata, iter([task])))
     df = lineage_columns.without_lineage_stats(df)
     return restamped(df, df.content, template.partition, None, spec_id_of(template, iceberg.metadata.default_spec_id))
 
