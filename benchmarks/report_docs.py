@@ -4,6 +4,8 @@
   the newest ``cdc.py`` record that ran both;
 * ``cdc-v3``: the change stream on Iceberg v2 and v3 side by side (and the time per phase of a commit, when the
   record has it), from the newest ``cdc.py`` record that ran both;
+* ``run-v3``: the ``run.py`` workload on Iceberg v2 and v3 side by side, from the newest ``run.py`` record of each
+  scale that ran both;
 * ``append-overhead`` (table) and ``append-overhead-summary`` (one paragraph): ``append_overhead.py``;
 * ``stream-upkeep``: ``stream_upkeep.py``, a change stream with and without ``maintain()``;
 * ``reconcile``: ``reconcile.py``, reconciling one foreign Spark UPDATE against our own upsert of it.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from report_base import Records, fmt_s, latest_per_scale, load_words, md_table, missing, provenance, rows_label, section
+from report_base import EVEN, Records, fmt_s, latest_per_scale, load_words, md_table, missing, provenance, rows_label, section
 
 
 def _ms(v: float | None) -> str:
@@ -106,6 +108,38 @@ def _cdc_v3(records: Records) -> str:
         out += ["", "Mean wall time per commit of each phase (`--phases`: the phase's calls on the committing thread, including what it waits for):", "",
                 md_table(["phase", "v2 ms", "v3 ms"], prow)]
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- run.py: the feed on v2 against v3
+RUN_V3_COMMAND = "python benchmarks/run.py --systems lineage,lineage-capture,pyiceberg,delta,ducklake,lance,lineage-v3 --publish"
+RUN_V3_GROUPS = ("all writes", "cdf (a) all", "cdf (b) last 5", "cdf (c) net")
+
+
+def _ran_v3(d: dict[str, Any]) -> bool:
+    t = d["results"]["summary"]["time_s"]
+    return all(t[g].get("lineage") is not None and t[g].get("lineage-v3") is not None for g in RUN_V3_GROUPS)
+
+
+@section("run-v3")
+def _run_v3(records: Records) -> str:
+    docs = [d for d in (records.latest("run", where=_ran_v3, scale=s) for s in sorted({d["scale"] for d in records.select("run", where=_ran_v3)})) if d]
+    if not docs:
+        return missing("run.py with lineage and lineage-v3", RUN_V3_COMMAND)
+    out = []
+    for doc in docs:
+        s, scale = doc["results"]["summary"], rows_label(doc["scale"])
+        t, size = s["time_s"], s["table_bytes"]
+        rows = [[g, fmt_s(t[g]["lineage"]), fmt_s(t[g]["lineage-v3"]), f"{t[g]['lineage-v3'] / t[g]['lineage']:.2f}x"] for g in RUN_V3_GROUPS]
+        rows.append(["table on disk at the end, MB", f"{size['lineage'] / 1e6:,.1f}", f"{size['lineage-v3'] / 1e6:,.1f}",
+                     f"{size['lineage-v3'] / size['lineage']:.2f}x"])
+        slower = [g for g in RUN_V3_GROUPS[1:] if t[g]["lineage-v3"] > EVEN * t[g]["lineage"]]
+        verdict = (f"On v3 the feed was slower than on v2 by more than {EVEN - 1:.0%} on {', '.join(slower)}"
+                   if slower else f"On v3 no feed was slower than on v2 by more than {EVEN - 1:.0%}")
+        bigger = size["lineage-v3"] / size["lineage"]
+        out += [provenance(doc), "", f"The workload of `benchmarks/run.py` at {scale} rows, seconds (ratio: v3 over v2):", "",
+                md_table(["step", "v2", "v3", "v3/v2"], rows), "",
+                f"{verdict}; the v3 table took {bigger:.2f}x the bytes of the v2 table.", ""]
+    return "\n".join(out).rstrip()
 
 
 # --------------------------------------------------------------------------- append_overhead.py
