@@ -109,6 +109,18 @@ class Lineage(System):
     def final(self) -> pa.Table:
         return self.t.scan(columns=["id", "amount"])
 
+    def live_bytes(self) -> int:
+        """Bytes of the data and delete files the current snapshot reads (a deletion vector counts its blob only)."""
+        from lineage.storage.manifests_v3 import content_range
+
+        data, deletes = 0, {}
+        for f in self.t.state().live_files():
+            data += f.data_file.file_size_in_bytes
+            for d in f.deletes:
+                blob = content_range(d)
+                deletes[(d.file_path, blob)] = blob[1] if blob else d.file_size_in_bytes
+        return data + sum(deletes.values())
+
     def versions(self) -> dict[str, str]:
         import duckdb
         import pyiceberg
