@@ -10,9 +10,14 @@ show.
 
 from __future__ import annotations
 
+import os
+import types
+
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lineage
 import lineage.storage.puts as puts
@@ -130,8 +135,6 @@ def test_chunks_fetched_ahead_give_the_feed_read_chunk_by_chunk(s3, monkeypatch,
     column; the chunks fetched ahead in 97-byte pieces, no two requests merged, within a budget that leaves some chunks
     to the reader; ``short``: every ranged GET of the fetch answers one byte short. The feed must equal the one read
     with nothing fetched ahead (one GET per chunk)."""
-    import types
-
     from pyiceberg.types import StringType
 
     import lineage.decoded_cache as decoded_cache
@@ -178,3 +181,40 @@ def test_chunks_fetched_ahead_give_the_feed_read_chunk_by_chunk(s3, monkeypatch,
     for g, e in zip(got, expected, strict=True):
         assert g.equals(e), (g.to_pylist(), e.to_pylist())
     assert expected[0].num_rows > 40 and expected[0].column("note").null_count < expected[0].num_rows
+
+
+@settings(max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "100")), deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_held_ranges_serve_exactly_the_bytes_fetched(data) -> None:
+    """Against the object's bytes: ranges coalesced with any gap and piece size, each request answered in full or short
+    (a reply may end early), read back at any ``[start, end)``: :func:`s3_ranges.held` gives exactly those bytes when
+    the replies cover them, and None otherwise."""
+    from unittest import mock
+
+    size = data.draw(st.integers(1, 400), label="size")
+    body = bytes((i * 7 + 3) % 256 for i in range(size))
+    wanted = data.draw(st.lists(st.tuples(st.integers(0, size), st.integers(0, size)).map(sorted).map(tuple), max_size=6),
+                       label="ranges")
+    gap = data.draw(st.integers(0, 50), label="gap")
+    piece = data.draw(st.integers(1, 120), label="piece")
+    short = data.draw(st.dictionaries(st.integers(0, size), st.integers(1, 60), max_size=4), label="short replies")
+    covered = np.zeros(size, bool)
+
+    def get_range(location: str, settings: object, byte_range: str) -> tuple[bytes, int]:
+        start, last = (int(x) for x in byte_range.split("-"))
+        end = max(start, last + 1 - short.get(start, 0))
+        covered[start:end] = True
+        return body[start:end], size
+
+    fake = types.SimpleNamespace(get_range=get_range, parallel_reads=lambda: 4)
+    location = "s3://bucket/held-property"
+    with mock.patch.object(s3_ranges, "s3_get", fake), mock.patch.object(s3_ranges, "GAP_BYTES", gap), \
+            mock.patch.object(s3_ranges, "PIECE_BYTES", piece), s3_ranges.holding({location: wanted}, lambda _: None):
+        for _ in range(8):
+            start, end = sorted(data.draw(st.tuples(st.integers(0, size), st.integers(0, size)), label="read"))
+            got = s3_ranges.held(location, start, end)
+            if start < end and covered[start:end].all():
+                assert got == body[start:end]
+            else:
+                assert got is None or (got == b"" and start == end)
+    assert s3_ranges.held(location, 0, 1) is None  # nothing is kept after the block
