@@ -266,7 +266,7 @@ def test_lookups_sliced_at_every_boundary_equal_one_pass(warehouse, monkeypatch,
     deleted or never written, and (``collisions``) a hash narrowed to 6 bits."""
     with key_hash_mask(mask) if mask is not None else nullcontext():
         t = lineage.create_table("s.sliced", pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())]), key=["id"],
-                                 warehouse=warehouse, properties={"lineage.key-index.merge.min-segments": "100"})
+                                 warehouse=warehouse)
         t.append(pa.table({"id": np.arange(300), "v": ["a"] * 300}))
         t.delete("id % 7 = 0")
         t.upsert(pa.table({"id": np.arange(290, 320), "v": ["b"] * 30}))
