@@ -56,7 +56,7 @@ SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.flo
 PROPS = {"commit.retry.num-retries": "2"}  # "refused-repeatedly" gives up after 3 attempts
 
 
-def _batch(ids: range, name: str = "a", amount: float = 1.0) -> pa.Table:
+def _batch(ids: range | list[int], name: str = "a", amount: float = 1.0) -> pa.Table:
     return pa.table({"id": list(ids), "name": [f"{name}{i % 3}" for i in ids], "amount": [amount + i for i in ids]}, schema=SCHEMA)
 
 
@@ -88,6 +88,22 @@ def _compacted(wh: str) -> None:
     t = _base(wh)
     t.compact(target_file_size_bytes=1 << 30)
     t.expire_snapshots(retain_last=1)  # the old file is in no snapshot now, only pinned by the index: re-home can copy out
+
+
+def _small_files(wh: str) -> None:
+    """18 one-row files (one append, a tiny target file size), the row of one deleted: an upsert of two keys folds
+    untouched small files' rows into the data files of its new images and insert (v2: the faulty catalog wraps
+    pyiceberg's, which commits no v3 metadata)."""
+    t = lineage.create_table(NAME, SCHEMA, key=["id"], warehouse=wh,
+                             properties={**PROPS, "lineage.write.fold.min-files": "2", "write.target-file-size-bytes": "64"})
+    t.append(_batch(range(18)))
+    t.delete("id = 7")
+
+
+def _folding_upsert(t: lineage.Table, cat: Any) -> lineage.CommitInfo:
+    info = t.upsert(_batch([1, 2, 40], "f", 7.0))
+    assert info.data_files_removed >= 3, info  # the small files it folds leave
+    return info
 
 
 def _view(cat: Any) -> cdf.mv.MaterializedView:
@@ -122,6 +138,7 @@ PATHS: dict[str, Path] = {
     "merge": Path(
         lambda t, c: t.merge(UPSERT, pa.table({"id": [1, 2]}), properties={"lineage.user.batch": "b1"}, expected_version=t.version)
     ),
+    "upsert-fold": Path(_folding_upsert, build=_small_files),
     "compact": Path(lambda t, c: t.compact(target_file_size_bytes=1 << 30), rerunnable=True),
     "rewrite-deletes": Path(lambda t, c: t.rewrite_deletes(), rerunnable=True),
     "rehome": Path(lambda t, c: t.rehome(max_live_fraction=1.0), build=_compacted, rerunnable=True),

@@ -174,9 +174,14 @@ def test_file_groups_cut_consecutive_files_by_rows() -> None:
     assert grouped.file_groups([F(n) for n in (3, 3, 5, 1, 1, 9)], 6) == [[0, 1], [2, 3], [4], [5]]
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 7, 40], ids=["chunk-default", "chunk-1", "chunk-7", "chunk-file"])
 @pytest.mark.parametrize("budget", [1 << 10, 1 << 30], ids=["spilled", "in-memory"])
 @pytest.mark.parametrize("with_base", [True, False], ids=["delta", "first-segment"])
-def test_bounded_delta_is_the_in_memory_delta_byte_for_byte(warehouse: str, tmp_path, budget: int, with_base: bool) -> None:  # noqa: ANN001
+def test_bounded_delta_is_the_in_memory_delta_byte_for_byte(warehouse: str, tmp_path, monkeypatch, budget: int, with_base: bool,  # noqa: ANN001
+                                                            chunk: int | None) -> None:
+    """``chunk``: entries and tombstones turned into records that many at a time (a file's rows cut at every boundary)."""
+    if chunk is not None:
+        monkeypatch.setattr(key_delta, "CHUNK_ROWS", chunk)
     t = _table(warehouse, "shop.orders", v3=False, capture=False)
     state = t.state()
     index = KeyIndex.open(state)

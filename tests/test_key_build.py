@@ -11,6 +11,7 @@ deleted and written again (several images of one key, one of them live).
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 import tempfile
 
 import numpy as np
@@ -256,3 +257,31 @@ def test_a_large_lookup_releases_the_pages_it_mapped(tmp_path, monkeypatch):
     assert sliced.equals(whole) and sliced.num_rows == 300_000
     assert sliced.column("_row_id").to_pylist() == keys[::-1].tolist()
     assert _mapped_kib(path) < os.path.getsize(path) // 8192  # under an eighth of the file
+
+
+@pytest.mark.parametrize("mask", [None, np.uint64(0x3F)], ids=["hashes", "collisions"])
+def test_lookups_sliced_at_every_boundary_equal_one_pass(warehouse, monkeypatch, mask):
+    """Lookups cut into slices of 4 probes (an index of 300 entries in three segments: base, deletes' tombstones, an
+    upsert's delta) give the one-pass answer for 3, 4, 5, 8 and 9 keys, with keys repeated across a slice boundary, keys
+    deleted or never written, and (``collisions``) a hash narrowed to 6 bits."""
+    with key_hash_mask(mask) if mask is not None else nullcontext():
+        t = lineage.create_table("s.sliced", pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())]), key=["id"],
+                                 warehouse=warehouse)
+        t.append(pa.table({"id": np.arange(300), "v": ["a"] * 300}))
+        t.delete("id % 7 = 0")
+        t.upsert(pa.table({"id": np.arange(290, 320), "v": ["b"] * 30}))
+        index = KeyIndex.open(t.state())
+        assert len(index.segments) >= 2 and index.entries > 4 * 64
+        rng = np.random.default_rng(3)
+        for n in (3, 4, 5, 8, 9):
+            for _ in range(4):
+                probe = pa.table({"id": rng.choice(np.arange(-5, 330), n)})
+                probe = pa.table({"id": np.concatenate([probe["id"].to_numpy(), [7, 7, 291]])[:n]})  # repeats, a tombstone
+                monkeypatch.setattr(key_index, "LOOKUP_SLICE", 10**9)
+                whole = index.lookup(probe)
+                monkeypatch.setattr(key_index, "LOOKUP_SLICE", 4)
+                sliced = index.lookup(probe)
+                assert sliced.equals(whole)
+                ids = probe["id"].to_pylist()
+                live = [i for i in ids if 0 <= i < 320 and (i % 7 or i >= 290)]
+                assert sliced.column("id").to_pylist() == live

@@ -154,6 +154,17 @@ _FAMILIES = (
 
 
 def _family(t: pa.DataType) -> str:
+    # Nested values by the families of their items (DuckDB returns list<l: string> for a large_list<element:
+    # large_string> column, a change feed's _changed_columns is a list of dictionary-encoded strings).
+    if pa.types.is_dictionary(t):
+        return _family(t.value_type)
+    if pa.types.is_map(t):
+        return f"map<{_family(t.key_type)}, {_family(t.item_type)}>"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return f"list<{_family(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{f.name}: {_family(f.type)}" for f in t) + ">"
     for name, test in _FAMILIES:
         if test(t):
             return name
