@@ -340,7 +340,7 @@ def test_changes_are_written_batch_by_batch_and_equal_the_api(wh, tmp_path):
 
 
 def test_changes_and_deleted_rows(wh):
-    (feed, net, cols, by_time, reversed_, unknown, retention, kept_ok, deleted, deleted_range, no_from, bad_ts) = run_many(
+    (feed, net, cols, by_time, reversed_, unknown, retention, kept_ok, deleted, deleted_range, no_from, bad_ts, epoch, abbreviated) = run_many(
         ("--warehouse", wh, "-f", "json", "changes", "shop.orders", "1", "4"),
         ("--warehouse", wh, "-f", "json", "changes", "shop.orders", "0", "--net"),
         ("--warehouse", wh, "-f", "csv", "changes", "shop.orders", "1", "--columns", "amount"),
@@ -364,6 +364,8 @@ def test_changes_and_deleted_rows(wh):
         ("--warehouse", wh, "-f", "json", "deleted-rows", "shop.orders", "--since", "3", "--until", "4"),
         ("--warehouse", wh, "changes", "shop.orders"),
         ("--warehouse", wh, "changes", "shop.orders", "--from-timestamp", "yesterday"),
+        ("--warehouse", wh, "-f", "json", "changes", "shop.orders", "--from-timestamp", "0"),
+        ("--warehouse", wh, "changes", "shop.orders", "--from", "0"),
     )
     events = json.loads(ok(feed).stdout)
     assert [(e["id"], e["_change_type"], e["_commit_version"], e["_changed_columns"]) for e in events] == [
@@ -392,6 +394,9 @@ def test_changes_and_deleted_rows(wh):
     assert json.loads(ok(deleted_range).stdout) == []
     fails(no_from, 2, "FROM")
     fails(bad_ts, 2, "--from-timestamp")
+    # a bare number is epoch milliseconds: 0 is before the first commit, so every change (not "0 ago", which is now)
+    assert len(json.loads(ok(epoch).stdout)) == 9
+    fails(abbreviated, 2, "--from")  # not taken for --from-timestamp
 
 
 # ---------------------------------------------------------------- writes and maintenance

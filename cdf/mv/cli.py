@@ -15,7 +15,7 @@ from lineage.errors import LineageError
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cdf.mv refresh NAME --warehouse PATH [--full] [--engine duckdb|spark] [--json]``."""
-    parser = argparse.ArgumentParser(prog="python -m cdf.mv", description="Materialized views over lineage tables.")
+    parser = argparse.ArgumentParser(prog="python -m cdf.mv", description="Materialized views over lineage tables.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("refresh", help="refresh a view from its source's change feed (exactly once; safe to run from cron)")
     p.add_argument("name", help="the view, namespace.table")

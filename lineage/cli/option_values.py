@@ -222,7 +222,7 @@ def parse_columns(value: str | None) -> list[str] | None:
 def parse_timestamp(value: str, what: str) -> object:
     """A timestamp for the change feed: ISO-8601, epoch milliseconds, or a duration ago (``2h`` = two hours ago)."""
     text = value.strip()
-    if re.fullmatch(r"\d{10,}", text):
+    if re.fullmatch(r"\d+", text):  # a bare number is epoch milliseconds (a duration ago needs its unit: 2h)
         return int(text)
     try:
         ts = _dt.datetime.fromisoformat(text)

@@ -91,13 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Operate row-lineage Iceberg tables: inspect, read the change feed, maintain, verify.",
         epilog="Exit codes: 0 ok, 1 failure, 2 bad usage. Global options may also follow the subcommand.",
+        allow_abbrev=False,  # `--from 0` must not be taken for `--from-timestamp 0`
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
     _add_globals(parser, sub=False)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def sub(name: str, func: Callable[[Context], int], help: str, parent: Any = subs) -> argparse.ArgumentParser:
-        p = parent.add_parser(name, help=help, description=help)
+        p = parent.add_parser(name, help=help, description=help, allow_abbrev=False)
         _add_globals(p, sub=True)
         p.set_defaults(func=func)
         return p
