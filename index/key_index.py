@@ -409,6 +409,14 @@ class KeyIndexChange:
     written_keys: dict[str, pa.Table] = field(default_factory=dict)
     tombstones: pa.Table | None = None
 
+    @classmethod
+    def of_removal(cls, removed_keys: pa.Table | None, *, rewritten: bool, index: KeyIndex | None = None) -> KeyIndexChange:
+        """The change of a commit removing the images whose keys are ``removed_keys``: a delete's removed keys
+        are its tombstones; with ``rewritten`` (an update of no key column, an upsert) the commit writes every
+        removed key again and none is. Knowing them, the commit builds a large delta in bounded memory."""
+        tombstones = None if removed_keys is None else removed_keys.schema.empty_table() if rewritten else removed_keys
+        return cls(removed_keys=removed_keys, index=index, tombstones=tombstones)
+
 
 def next_key_index(
     state: TableState,

@@ -240,6 +240,51 @@ def test_spark_upserts_by_key_index_lookup_or_join_match_the_embedded_engine(spa
     assert verify(on_spark).ok
 
 
+@pytest.mark.parametrize("strategy", ["lookup", "join"])
+def test_spark_writes_build_the_key_index_delta_in_bounded_memory_as_embedded(spark, warehouse, monkeypatch, strategy) -> None:
+    # Spark's delete, update and upsert name their tombstones (a delete's removed keys; none for an update or an upsert),
+    # so a large delta is built by index.key_delta's bounded build (every delta that names them, with SPOOL_ROWS=0):
+    # the same live entries as the embedded engine's, and an index that verify() finds equal to the live rows.
+    from index import key_delta
+    from index.key_index import KeyIndex
+    from lineage.maintenance import verify
+    from lineage.writes import spark as spark_writes
+
+    spooled = []
+    real = key_delta.spooled_delta
+    monkeypatch.setattr(key_delta, "SPOOL_ROWS", 0)
+    monkeypatch.setattr(key_delta, "spooled_delta", lambda *a, **k: spooled.append(1) or real(*a, **k))
+    tables = [lineage.create_table(f"s.{n}", SCHEMA, key=["id"], warehouse=warehouse) for n in ("embedded", "spark")]
+    for t in tables:
+        t.append(_batch(0, 30))
+        t.append(_batch(30, 30))
+    embedded, on_spark = tables
+
+    def on_spark_spooled(write) -> int:
+        before = len(spooled)
+        write()
+        return len(spooled) - before
+
+    embedded.delete("id % 4 = 0")
+    assert on_spark_spooled(lambda: on_spark.delete("id % 4 = 0", engine="spark", spark=spark)) == 1
+    embedded.update("id % 3 = 0", {"amount": "amount + 1"})
+    assert on_spark_spooled(lambda: on_spark.update("id % 3 = 0", {"amount": "amount + 1"}, engine="spark", spark=spark)) == 1
+    batch = _batch(50, 20)  # 8 live keys, 2 deleted ones, 10 new ones
+    a = embedded.upsert(batch, mode="merge-on-read")
+    got = []
+    assert on_spark_spooled(lambda: got.append(spark_writes.upsert(on_spark._context, spark.createDataFrame(batch), "merge-on-read", strategy))) == 1
+    b = got[0]
+    assert (a.updated, a.inserted) == (b.updated, b.inserted) == (8, 12)
+
+    def entries(t: lineage.Table) -> list[dict]:
+        live = KeyIndex.open(t.state()).live_entries()
+        return live.select(["id", "_row_created_at_version", "_row_last_updated_at_version"]).sort_by("id").to_pylist()
+
+    assert entries(on_spark) == entries(embedded)
+    assert _without_new_row_ids(on_spark.scan(), b.version) == _without_new_row_ids(embedded.scan(), a.version)
+    assert verify(on_spark).ok, verify(on_spark).problems
+
+
 def test_the_upsert_strategy_follows_the_documented_threshold() -> None:
     from lineage.writes.spark_upsert import LOOKUP_MAX_FRACTION, LOOKUP_MAX_ROWS, choose_strategy
 

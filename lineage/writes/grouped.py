@@ -188,9 +188,7 @@ def grouped_plan(
     change = None
     if query.key:
         keys = pa.concat_tables(out.keys).rename_columns(table.key) if out.keys else None
-        # a delete's removed keys are its tombstones; an update (of no key column) writes every removed key again
-        tombstones = None if keys is None else keys.schema.empty_table() if query.images else keys
-        change = KeyIndexChange(removed_keys=keys, tombstones=tombstones)
+        change = KeyIndexChange.of_removal(keys, rewritten=bool(query.images))
     counts = {"updated": out.removed} if query.images else {"deleted": out.removed}
     return Plan(operation, prewritten=out.written, prewritten_deletes=out.delete_files, prewritten_index=written_index,
                 prewritten_replaced=list(out.replaced.values()), key_index=change, **counts)

@@ -106,7 +106,7 @@ def _match_pass(state: TableState, pred: Any, select: str, out: pa.Schema) -> sp
 
 def _plan(operation: str, removed: RemovedOnSpark, key: list[str], **counts: Any) -> Plan:
     """The write loop's plan for images executors removed (delete files and index segment already written)."""
-    change = KeyIndexChange(removed_keys=removed.removed_keys) if key else None
+    change = KeyIndexChange.of_removal(removed.removed_keys, rewritten=operation == "update") if key else None
     return Plan(operation, prewritten_deletes=removed.delete_files, prewritten_index=removed.index, prewritten_replaced=removed.replaced,
                 key_index=change, **counts)
 

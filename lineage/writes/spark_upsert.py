@@ -89,7 +89,7 @@ def _by_lookup(table: TableContext, index: KeyIndex, files: list[LiveFile], batc
     written = _write(table, images.coalesce(max(1, hits.num_rows // ROWS_PER_FILE)).sortWithinPartitions(HIDDEN_ROW_ID), hits.num_rows)
     inserted, new = _inserts(table, b.join(F.broadcast(found), cond, "left_anti"))
     return Plan("upsert", files=files, removed=removed_pointers(files, hits), prewritten=written + new, updated=hits.num_rows,
-                inserted=inserted, key_index=KeyIndexChange(removed_keys=hits.select(key), index=index))
+                inserted=inserted, key_index=KeyIndexChange.of_removal(hits.select(key), rewritten=True, index=index))
 
 
 def _by_join(table: TableContext, state: TableState, files: list[LiveFile], batch: Any, indexed: bool) -> Plan:
@@ -120,7 +120,7 @@ def _by_join(table: TableContext, state: TableState, files: list[LiveFile], batc
     finally:
         matched.unpersist()
     inserted, new = _inserts(table, b.join(live, cond, "left_anti"))
-    change = KeyIndexChange(removed_keys=removed.removed_keys) if indexed else None
+    change = KeyIndexChange.of_removal(removed.removed_keys, rewritten=True) if indexed else None
     return Plan("upsert", prewritten_deletes=removed.delete_files, prewritten_index=removed.index, prewritten_replaced=removed.replaced,
                 prewritten=written + new,
                 updated=removed.images, inserted=inserted, key_index=change)
