@@ -7,10 +7,11 @@ than ``base-fraction`` of the base's entries, or there are more than
 ``max-segments``, everything merges into a new base. Writers do merges of at
 most ``writer-merge-limit`` records; maintenance does the rest.
 
-A merge into a new base too large for one writer is *sliced* (:func:`writer_slice`):
-each writer commit merges every segment older than the slicing's first piece
+A merge into a new base that the segment count forces (``max-segments``) but
+that is too large for one writer is *sliced* (:func:`writer_slice`), where it was
+done whole in one commit: each writer commit merges every segment older than the slicing's first piece
 over one range of the key hashes into a base *piece* (a segment that holds
-every live key of its hash range), at most :data:`SLICE_ENTRIES` records a
+every live key of its hash range), about :data:`SLICE_ENTRIES` records a
 commit; the piece covering the last range retires the segments it merged, and
 the pieces are the new base. Meanwhile deltas go on arriving after the pieces
 and merging in tiers, so a lookup touches the base (one piece per key), at
@@ -33,7 +34,7 @@ PROP_MAX_SEGMENTS = KEY_INDEX_MAX_SEGMENTS
 
 WRITER, MAINTENANCE, FULL = "writer", "maintenance", "full"
 HASHES = 1 << 64  # the end of the last hash range
-SLICE_ENTRIES = 1 << 16  # records a writer merges per commit into a piece of a sliced base merge (at most the writer limit)
+SLICE_ENTRIES = 1 << 18  # records a writer merges per commit into a piece of a sliced base merge (at most the writer limit)
 MAX_PIECES = 1 << 10
 
 
@@ -145,7 +146,8 @@ def _slice_entries(policy: MergePolicy) -> int:
 
 def writer_slice(segs: Sequence[SegmentInfo], policy: MergePolicy) -> Slice | None:
     """The piece a writer merges in its commit, after :func:`next_merge` has nothing more: the next one of a slicing in
-    progress, or the first of a new one when the base is due for a merge larger than the writer limit."""
+    progress, or the first of a new one when the index has more than ``max-segments`` segments (the base's pieces
+    counting as one) and merging them whole is past the writer limit."""
     slicing = open_slicing(segs)
     if slicing is not None:
         start, stop = slicing
@@ -155,8 +157,8 @@ def writer_slice(segs: Sequence[SegmentInfo], policy: MergePolicy) -> Slice | No
     base = base_end(segs)
     if len(segs) <= base or not _slice_entries(policy):
         return None
-    base_entries, rest = sum(s.entries for s in segs[:base]), sum(s.entries for s in segs[base:])
-    if rest <= policy.base_fraction * base_entries and len(segs) - base + 1 <= policy.max_segments:
+    if len(segs) - base + 1 <= policy.max_segments:  # a base merely due by base-fraction is left to maintenance
         return None
+    base_entries, rest = sum(s.entries for s in segs[:base]), sum(s.entries for s in segs[base:])
     pieces = min(MAX_PIECES, 1 << max(0, -(-(base_entries + rest) // _slice_entries(policy)) - 1).bit_length())
     return Slice(len(segs), len(segs), 0, HASHES // pieces)

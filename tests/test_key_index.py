@@ -359,7 +359,7 @@ def _check_history(history: list[dict], fanout: int, mode: str, writer_limit: in
 def test_sliced_merge_makes_a_base_of_pieces(tmp_path):
     """A writer over its merge limit slices the merge into a new base: one piece per commit, each holding the live keys
     of its hash range; the last piece retires the inputs; pieces keep their range through a file; lookups stay right."""
-    policy = MergePolicy(fanout=8, base_fraction=0.25, writer_limit=50, max_segments=32)
+    policy = MergePolicy(fanout=8, base_fraction=0.25, writer_limit=50, max_segments=4)
     model = {k: k for k in range(200)}
     segments = [make_segment(ID, entries({"id": list(model)}, list(model.values())), level=0, base=True)]
     probe = pa.table({"id": pa.array(range(-1, 260), pa.int64())})
@@ -436,9 +436,11 @@ def test_merge_policy():
     assert next_merge(infos("B1000", "3:300", "2:90"), p, MAINTENANCE) is None  # 390 < 500
     assert next_merge(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p, WRITER) is None  # over max-segments: sliced
     assert writer_slice(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p) == Slice(6, 6, 0, HASHES // 16)  # 1005 / 100
+    assert writer_slice(infos("B1000", "3:1", "2:1", "1:1", "0:1"), p) is None  # within max-segments
     assert next_merge(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p, MAINTENANCE) == (0, 0)  # over max-segments: forced
     assert writer_slice(infos("B1000", "2:90", "2:90", "2:90"), p) is None  # a base not due for a merge
-    assert writer_slice(infos("B100", "1:30", "0:30"), p) == Slice(3, 3, 0, HASHES // 2)  # 160 over the limit: two pieces
+    assert writer_slice(infos("B100", "1:30", "0:30"), p) is None  # due by base-fraction only: left to maintenance
+    assert writer_slice(infos("B100", "3:30", "2:30", "2:1", "1:1", "0:1"), p) == Slice(6, 6, 0, HASHES // 2)  # 164: two pieces
     half = [SegmentInfo(0, True, 80, (0, HASHES // 2))]
     assert writer_slice(infos("B100", "1:30", "0:30") + half + infos("0:5"), p) == Slice(3, 4, HASHES // 2, HASHES)
     assert next_merge(infos("B100", "1:30", "0:30") + half + infos("0:5", "0:5", "0:5"), p, WRITER) == (4, 1)  # tail only
@@ -446,8 +448,10 @@ def test_merge_policy():
     pieces = [SegmentInfo(0, True, 50, (0, HASHES // 2)), SegmentInfo(0, True, 50, (HASHES // 2, HASHES))]
     assert base_end(pieces + infos("0:5")) == 2
     assert next_merge(pieces + infos("0:5"), p, WRITER) is None  # 5 < half of the 100 in the pieces
-    assert next_merge(pieces + infos("0:60"), p, WRITER) is None  # due, but 160 over the limit: sliced
-    assert writer_slice(pieces + infos("0:60"), p) == Slice(3, 3, 0, HASHES // 2)
+    assert next_merge(pieces + infos("0:60"), p, WRITER) is None  # due, but 160 over the limit
+    assert writer_slice(pieces + infos("0:60"), p) is None
+    over = pieces + infos("3:1", "2:1", "1:1", "0:1", "0:1")  # the two pieces count as one segment
+    assert next_merge(over, p, WRITER) is None and writer_slice(over, p) == Slice(7, 7, 0, HASHES // 2)
     assert next_merge(infos("0:10", "0:10", "0:10"), p, WRITER) == (0, 0)  # reaches the oldest: a base
     assert next_merge(infos("0:50", "0:30"), p, WRITER) == (0, 0)  # the oldest stands for the base
     assert next_merge(infos("B10"), p, FULL) is None
