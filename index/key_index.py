@@ -62,7 +62,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 
 from index.key_hash import hash_name, key_hash
-from index.key_merge_policy import WRITER, MergePolicy, SegmentInfo, next_merge
+from index.key_merge_policy import HASHES, WRITER, MergePolicy, SegmentInfo, next_merge, writer_slice
 from index.key_segment import (
     CREATED,
     FILE_PATH,
@@ -146,8 +146,9 @@ def defers_build(index: KeyIndex, iceberg: IcebergTable, rows: int) -> bool:
     return limit > 0 and rows >= limit
 
 
-def _info(s: Segment) -> SegmentInfo:
-    return SegmentInfo(s.level, s.base, s.entries)
+def segment_info(s: Segment) -> SegmentInfo:
+    """What the merge policy knows of ``s``."""
+    return SegmentInfo(s.level, s.base, s.entries, s.hash_range)
 
 
 # ---------------------------------------------------------------- the index
@@ -298,14 +299,25 @@ class KeyIndex:
         for seg in reversed(self.segments):
             if not len(unresolved):
                 break
-            rows, records = seg.probe(hashes, keys, unresolved)
-            if not len(rows):
+            probes = unresolved
+            if seg.hash_range is not None:  # a base piece answers for its hash range only, and for all of it
+                lo, hi = seg.hash_range
+                ordered = hashes[unresolved]  # ascending: the probes go in hash order
+                end = len(ordered) if hi >= HASHES else int(np.searchsorted(ordered, np.uint64(hi)))
+                probes = unresolved[int(np.searchsorted(ordered, np.uint64(lo))) : end]
+                if not len(probes):
+                    continue
+            rows, records = seg.probe(hashes, keys, probes)
+            if len(rows):
+                live = ~seg.dead(records)
+                if live.any():
+                    hit = rows[live]
+                    parts.append(seg.take(records[live], keys.take(pa.array(hit))).append_column(INPUT, pa.array(hit, pa.int64())))
+                resolved[rows] = True
+            if seg.hash_range is not None:
+                resolved[probes] = True  # absent from the piece: no live image (older segments hold nothing newer)
+            elif not len(rows):
                 continue
-            live = ~seg.dead(records)
-            if live.any():
-                hit = rows[live]
-                parts.append(seg.take(records[live], keys.take(pa.array(hit))).append_column(INPUT, pa.array(hit, pa.int64())))
-            resolved[rows] = True
             unresolved = unresolved[~resolved[unresolved]]
         return parts
 
@@ -454,7 +466,7 @@ def next_key_index(
         raise LineageMetadataError(
             f"internal: the commit removes {removed_images} image(s) but names the keys of {0 if removed is None else removed.num_rows}"
         )
-    segments = [s for s in index.segments if s.entries]  # an empty segment holds nothing to merge
+    segments = [s for s in index.segments if _kept(s)]
     if moves and key_delta.spools(written, change.tombstones):  # many keys: built in bounded memory
         delta = key_delta.spooled_delta(io, index, written, delete_files, change.written_keys, change.tombstones, base=not segments)
         if delta is not None and delta.entries:
@@ -471,14 +483,16 @@ def next_key_index(
             segments.append(delta)
     policy = MergePolicy.of(state.iceberg.metadata.properties)
     props = state.iceberg.metadata.properties
-    while (step := next_merge([_info(s) for s in segments], policy, change.merge)) is not None:
+    while (step := next_merge([segment_info(s) for s in segments], policy, change.merge)) is not None:
         start, level = step
         segments[start:] = [_merged(props, segments[start:], base=start == 0, level=level)]
+    if change.merge == WRITER and (piece := writer_slice([segment_info(s) for s in segments], policy)) is not None:
+        segments = key_merge.sliced(segments, piece)  # a bounded step of a merge into a new base
     if change.merge != WRITER:  # maintenance rewrites segments of older formats (writers' cost stays O(change))
         segments = [_rewritten(props, s) if s.format_version < SEGMENT_FORMAT_VERSION else s for s in segments]
     size = 0
     location = state.iceberg.metadata.location
-    segments = [s for s in segments if s.entries]  # an empty index is no segment at all
+    segments = [s for s in segments if _kept(s)]  # an empty index is no segment at all
     for i, seg in enumerate(segments):
         if seg.path is None:
             name = f"{tag}-{i}" if tag is not None else f"{version:09d}-{uuid.uuid4()}"
@@ -488,6 +502,11 @@ def next_key_index(
             segments[i] = with_path(seg, path)
             remember_written(segments[i])
     return tuple(s.path for s in segments if s.path), size
+
+
+def _kept(segment: Segment) -> bool:
+    """Whether ``segment`` stays in the list: it holds a record, or it is a base piece (whose range must stay covered)."""
+    return segment.entries > 0 or segment.hash_range is not None
 
 
 def _merged(props: Mapping[str, str], segments: Sequence[Segment], *, base: bool, level: int) -> Segment:

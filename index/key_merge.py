@@ -13,15 +13,21 @@ in-memory merge writes (byte for byte when the hash gives the keys back).
 
 Memory: one range of the inputs at a time (about ``chunk_rows`` records)
 plus the build's budget, whatever the segments' sizes.
+
+:func:`sliced` does one step of a writer's sliced merge
+(:func:`index.key_merge_policy.writer_slice`): the same merge over one hash
+range only, giving a base piece.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from index.key_build import EntryChunk, spooled_base
+from index.key_merge_policy import HASHES, Slice
 from index.key_packed import PackedStore
 from index.key_segment import Segment, entry_schema, make_segment, merge_segments
 from index.key_store import CREATED, INT_ENTRIES, POS, UPDATED, ArrayStore, Store
@@ -69,6 +75,27 @@ def _run(store: Store, first: int, stop: int, where: np.ndarray, paths: list[str
     file = np.where(file >= 0, where[np.maximum(file, 0)], -1)
     return ArrayStore(store.hashes_at(records), file, paths, {c: ints[c].astype(np.int64, copy=False) for c in INT_ENTRIES},
                       store.stored_keys(records))
+
+
+def sliced(segments: Sequence[Segment], step: Slice) -> list[Segment]:
+    """``segments`` (oldest first) after ``step``: the piece of ``segments[:step.inputs]`` merged over hashes
+    ``[step.lo, step.hi)`` (tombstones dropped, per key the newest record) inserted at ``step.at``; a piece that
+    reaches the last hash retires the inputs, and the pieces before it are the base."""
+    parts = [restricted(s, step.lo, step.hi) for s in segments[: step.inputs]]
+    piece = replace(merge_segments(parts, base=True, level=0), hash_range=(step.lo, step.hi))
+    out = [*segments[: step.at], piece, *segments[step.at :]]
+    return out[step.inputs :] if step.hi == HASHES else out
+
+
+def restricted(segment: Segment, lo: int, hi: int) -> Segment:
+    """The records of ``segment`` whose hash is in ``[lo, hi)``, decoded into memory (the same level and flags)."""
+    store = segment.store
+    first = first_record(store, lo) if lo else 0
+    stop = store.n if hi >= HASHES else first_record(store, hi)
+    records = np.arange(first, stop, dtype=np.int64)
+    file, ints = store.fields(records)
+    kept = ArrayStore(store.hashes_at(records), file, list(store.files), ints, store.stored_keys(records))
+    return Segment(kept, segment.key, segment.level, segment.base, segment.hash)
 
 
 def first_record(store: Store, h: int) -> int:

@@ -30,6 +30,7 @@ pages, never the whole file.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -46,6 +47,10 @@ MAGIC = b"KEYINDEX"
 _ALIGN = 64
 _BUCKET = 5  # log2 of the records per hash prefix (a directory entry per 32 records: 1 bit per key)
 _FIELDS = ("hash", "file", *INT_ENTRIES)
+# Segments of at most this many records keep their hashes decoded after a first lookup (8 bytes a record): a lookup
+# then costs two binary searches over them, where the in-place search decodes a lane per step of each probe. Deltas
+# and tiers are this small; a large base is searched in place (its pages touched per probe, never all of it).
+DECODED_HASHES = 1 << 18
 
 
 def _bits(x: int) -> int:
@@ -334,11 +339,17 @@ class PackedStore:
         p = self.layout.prefix_bits
         return (self._buckets(records) << np.uint64(64 - p)) | low if p else low
 
+    @functools.cached_property
+    def _decoded(self) -> np.ndarray:
+        return self.hashes()
+
     def match(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Records with the wanted hashes: a binary search among the ~32 records of each wanted prefix."""
         p = self.layout.prefix_bits
         if not len(wanted) or not self.n:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if self.n <= DECODED_HASHES:
+            return match_sorted(self._decoded, wanted)
         if len(wanted) > self.n // 64:  # a large part of the segment: one decode of every hash
             return match_sorted(self.hashes(), wanted)
         buckets = (wanted >> np.uint64(64 - p)).astype(np.int64) if p else np.zeros(len(wanted), np.int64)

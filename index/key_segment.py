@@ -120,6 +120,7 @@ class Segment:
     path: str | None = None
     format_version: int = SEGMENT_FORMAT_VERSION
     mapping: mmap.mmap | None = field(default=None, repr=False, compare=False)  # the local file's memory map
+    hash_range: tuple[int, int] | None = None  # a base *piece*: every live key hashing into [lo, hi) as of its place (see key_slices)
 
     def release(self) -> None:
         """Drop the pages of the memory-mapped file from this process's resident memory (they stay in the page
@@ -443,6 +444,8 @@ def write_key_segment(fileio: FileIO, path: str, segment: Segment, version: int,
         "key-index.base": "true" if segment.base else "false",
         "key-index.version": str(version),
     }
+    if segment.hash_range is not None:  # readers that do not know the field stay right: a piece is a segment like any other
+        meta["key-index.range"] = f"{segment.hash_range[0]},{segment.hash_range[1]}"
     parts: Iterable[bytes | memoryview]
     if format_version == SEGMENT_FORMAT_VERSION and isinstance(segment.store, SpooledStore):  # a bounded build: copied
         parts = segment.store.parts(meta)
@@ -522,9 +525,19 @@ def _open_packed(buf: pa.Buffer, path: str) -> Segment:
         if store.keys is None and not hash_is_injective([k.type for k in key]) and header["key-index.hash"] == hash_name():
             raise ValueError("the keys are neither stored nor recoverable from the hash")
         return Segment(store, key, int(str(header["key-index.level"])), header["key-index.base"] == "true", str(header["key-index.hash"]),
-                       path, int(meta["lineage.format-version"]))
+                       path, int(meta["lineage.format-version"]), hash_range=_range(header.get("key-index.range")))
     except Exception as exc:
         raise LineageMetadataError(f"key index segment {path} has damaged content ({exc!r}); rebuild it with `lineage reindex TABLE`") from None
+
+
+def _range(value: object) -> tuple[int, int] | None:
+    """A piece's hash range from its header (``"lo,hi"``), None for any other segment."""
+    if value is None:
+        return None
+    lo, hi = (int(x) for x in str(value).split(","))
+    if not 0 <= lo < hi <= 1 << 64:
+        raise ValueError(f"hash range {value!r} is empty or outside the 64-bit hashes")
+    return lo, hi
 
 
 def check_segment_format(meta: dict[str, str], path: str) -> None:

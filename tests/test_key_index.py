@@ -22,8 +22,9 @@ import lineage  # noqa: F401  (imports the package in dependency order)
 from conftest import key_hash_mask
 from index import key_hash as kh
 from index import key_segment
-from index.key_index import KeyIndex
-from index.key_merge_policy import FULL, MAINTENANCE, WRITER, MergePolicy, SegmentInfo, next_merge
+from index.key_index import KeyIndex, segment_info
+from index.key_merge import sliced
+from index.key_merge_policy import FULL, HASHES, MAINTENANCE, WRITER, MergePolicy, SegmentInfo, Slice, base_end, next_merge, writer_slice
 from index.key_segment import (
     SEGMENT_FORMAT_VERSION,
     KeyField,
@@ -313,31 +314,82 @@ def _delta_segment(delta: dict, level: int = 0) -> Segment:
 deltas = st.lists(st.dictionaries(st.integers(0, 60), st.one_of(st.none(), st.integers(0, 10**6)), max_size=12), min_size=1, max_size=25)
 
 
-@settings(max_examples=40, deadline=None)
-@given(deltas, st.integers(1, 4), st.sampled_from([WRITER, MAINTENANCE, FULL]), st.booleans())
-def test_lookups_after_merges_match_a_dict(history, fanout, mode, tiny_hash):
-    """Random deltas merged by the policy: lookups equal a dict model (with a 2-bit hash: every key collides)."""
+@settings(max_examples=60, deadline=None)
+@given(deltas, st.integers(1, 4), st.sampled_from([WRITER, MAINTENANCE, FULL]), st.booleans(), st.sampled_from([40, 8, 3]),
+       st.sampled_from([WRITER, MAINTENANCE, FULL]))
+def test_lookups_after_merges_match_a_dict(history, fanout, mode, tiny_hash, writer_limit, finish):
+    """Random deltas merged by the policy (writers slicing merges past their limit into base pieces): lookups equal a
+    dict model (with a 2-bit hash: every key collides); a merge in another mode at the end keeps them equal."""
     with key_hash_mask(np.uint64(3) if tiny_hash else kh._FULL):
-        _check_history(history, fanout, mode)
+        _check_history(history, fanout, mode, writer_limit, finish)
 
 
-def _check_history(history: list[dict], fanout: int, mode: str) -> None:
-    policy = MergePolicy(fanout=fanout, base_fraction=0.5, writer_limit=40, max_segments=6)
+def _check_history(history: list[dict], fanout: int, mode: str, writer_limit: int = 40, finish: str | None = None) -> None:
+    policy = MergePolicy(fanout=fanout, base_fraction=0.5, writer_limit=writer_limit, max_segments=6)
     model: dict[int, int] = {}
     segments: list[Segment] = []
-    for delta in history:
-        _apply(model, delta)
-        if delta:
-            segments.append(_delta_segment(delta))
-        while (step := next_merge([SegmentInfo(s.level, s.base, s.entries) for s in segments], policy, mode)) is not None:
+    probe = pa.table({"id": pa.array(range(-1, 62), pa.int64())})
+
+    def merge(mode: str) -> None:
+        while (step := next_merge([segment_info(s) for s in segments], policy, mode)) is not None:
             start, level = step
             segments[start:] = [merge_segments(segments[start:], base=start == 0, level=level)]
             if start == 0:
                 assert not segments[0].tombstones.any()
-        assert len(segments) <= max(policy.max_segments, 1) + 1
+        if mode == WRITER and (piece := writer_slice([segment_info(s) for s in segments], policy)) is not None:
+            before = sum(s.entries for s in segments[: piece.inputs])
+            assert before <= policy.writer_limit or piece.hi - piece.lo < HASHES  # a piece, not the whole merge
+            segments[:] = sliced(segments, piece)
+
+    for delta in history:
+        _apply(model, delta)
+        if delta:
+            segments.append(_delta_segment(delta))
+        merge(mode)
+        infos = [segment_info(s) for s in segments]
+        tail = len(segments) - base_end(infos)
+        assert tail <= max(policy.max_segments, 1) + len(history) if mode == WRITER else tail < policy.max_segments + 1
         if segments:
-            probe = pa.table({"id": pa.array(range(-1, 62), pa.int64())})
             assert lookup_segments(segments, probe) == {(k,): v for k, v in model.items()}
+    if finish is not None and segments:
+        merge(finish)
+        assert lookup_segments(segments, probe) == {(k,): v for k, v in model.items()}
+
+
+def test_sliced_merge_makes_a_base_of_pieces(tmp_path):
+    """A writer over its merge limit slices the merge into a new base: one piece per commit, each holding the live keys
+    of its hash range; the last piece retires the inputs; pieces keep their range through a file; lookups stay right."""
+    policy = MergePolicy(fanout=8, base_fraction=0.25, writer_limit=50, max_segments=4)
+    model = {k: k for k in range(200)}
+    segments = [make_segment(ID, entries({"id": list(model)}, list(model.values())), level=0, base=True)]
+    probe = pa.table({"id": pa.array(range(-1, 260), pa.int64())})
+    commits = 0
+    while commits < 40:
+        delta = {200 + commits: 1000 + commits, commits: None, commits + 50: 2000 + commits}
+        _apply(model, delta)
+        segments.append(_delta_segment(delta))
+        piece = writer_slice([segment_info(s) for s in segments], policy)
+        if piece is not None:
+            assert piece.hi - piece.lo == HASHES // 8  # 200-odd records in slices of at most 50: 8 pieces
+            segments = sliced(segments, piece)
+        commits += 1
+        assert lookup_segments(segments, probe) == {(k,): v for k, v in model.items()}
+    ranged = [s for s in segments if s.hash_range is not None]
+    assert ranged and ranged[0].hash_range[0] == 0
+    assert base_end([segment_info(s) for s in segments]) >= 8  # a finished slicing: the pieces are the base
+    assert not any(s.tombstones.any() for s in ranged)
+    io = PyArrowFileIO()
+    back = []
+    for i, s in enumerate(segments):
+        path = str(tmp_path / f"{i}-keys.kix")
+        write_key_segment(io, path, s, 1)
+        back.append(read_key_segment(io, path))
+    assert [s.hash_range for s in back] == [s.hash_range for s in segments]
+    assert lookup_segments(back, probe) == {(k,): v for k, v in model.items()}
+    empty = sliced([make_segment(ID, entries({"id": []}, []), level=0, base=True)], Slice(1, 1, 0, HASHES // 2))[-1]
+    path = str(tmp_path / "empty-keys.kix")
+    write_key_segment(io, path, empty, 1)
+    assert read_key_segment(io, path).hash_range == (0, HASHES // 2) and read_key_segment(io, path).entries == 0
 
 
 def test_collisions_never_mix_keys(monkeypatch):
@@ -382,7 +434,24 @@ def test_merge_policy():
     assert next_merge(infos("B100", "1:30", "0:30"), p, WRITER) is None  # 160 over the writer limit
     assert next_merge(infos("B1000", "3:300", "2:90"), p, WRITER) is None
     assert next_merge(infos("B1000", "3:300", "2:90"), p, MAINTENANCE) is None  # 390 < 500
-    assert next_merge(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p, WRITER) == (0, 0)  # over max-segments: forced
+    assert next_merge(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p, WRITER) is None  # over max-segments: sliced
+    assert writer_slice(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p) == Slice(6, 6, 0, HASHES // 16)  # 1005 / 100
+    assert writer_slice(infos("B1000", "3:1", "2:1", "1:1", "0:1"), p) is None  # within max-segments
+    assert next_merge(infos("B1000", "4:1", "3:1", "2:1", "1:1", "0:1"), p, MAINTENANCE) == (0, 0)  # over max-segments: forced
+    assert writer_slice(infos("B1000", "2:90", "2:90", "2:90"), p) is None  # a base not due for a merge
+    assert writer_slice(infos("B100", "1:30", "0:30"), p) is None  # due by base-fraction only: left to maintenance
+    assert writer_slice(infos("B100", "3:30", "2:30", "2:1", "1:1", "0:1"), p) == Slice(6, 6, 0, HASHES // 2)  # 164: two pieces
+    half = [SegmentInfo(0, True, 80, (0, HASHES // 2))]
+    assert writer_slice(infos("B100", "1:30", "0:30") + half + infos("0:5"), p) == Slice(3, 4, HASHES // 2, HASHES)
+    assert next_merge(infos("B100", "1:30", "0:30") + half + infos("0:5", "0:5", "0:5"), p, WRITER) == (4, 1)  # tail only
+    assert next_merge(infos("B100", "1:30", "0:30") + half + infos("0:5"), p, MAINTENANCE) == (0, 0)
+    pieces = [SegmentInfo(0, True, 50, (0, HASHES // 2)), SegmentInfo(0, True, 50, (HASHES // 2, HASHES))]
+    assert base_end(pieces + infos("0:5")) == 2
+    assert next_merge(pieces + infos("0:5"), p, WRITER) is None  # 5 < half of the 100 in the pieces
+    assert next_merge(pieces + infos("0:60"), p, WRITER) is None  # due, but 160 over the limit
+    assert writer_slice(pieces + infos("0:60"), p) is None
+    over = pieces + infos("3:1", "2:1", "1:1", "0:1", "0:1")  # the two pieces count as one segment
+    assert next_merge(over, p, WRITER) is None and writer_slice(over, p) == Slice(7, 7, 0, HASHES // 2)
     assert next_merge(infos("0:10", "0:10", "0:10"), p, WRITER) == (0, 0)  # reaches the oldest: a base
     assert next_merge(infos("0:50", "0:30"), p, WRITER) == (0, 0)  # the oldest stands for the base
     assert next_merge(infos("B10"), p, FULL) is None

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
-from index.key_index import KeyIndex, KeyIndexChange, index_enabled
-from index.key_merge_policy import FULL, MAINTENANCE, MergePolicy, SegmentInfo, next_merge
+from index.key_index import KeyIndex, KeyIndexChange, index_enabled, segment_info
+from index.key_merge_policy import FULL, MAINTENANCE, MergePolicy, next_merge
 from index.key_segment import ENTRY_COLUMNS
 from lineage.commits.commit import CommitRequest
 from lineage.context import HasContext, TableContext, context_of
@@ -76,7 +76,7 @@ def merge_key_index(table: TableContext | HasContext, full: bool = False, dry_ru
                 return None, True
             raise KeyViolationError(f"the live rows of {table.name} hold duplicate keys; the key index cannot be built")
         policy = MergePolicy.of(state.iceberg.metadata.properties)
-        infos = [SegmentInfo(s.level, s.base, s.entries) for s in index.segments]
+        infos = [segment_info(s) for s in index.segments]
         return index, index.pending or index.outdated or next_merge(infos, policy, mode) is not None
 
     if dry_run:
