@@ -208,6 +208,48 @@ def make(system: str, endpoint: str, bucket: str, work: str) -> Any:
 
 
 # --------------------------------------------------------------------------- measurement
+# What a request's object is, from its path: Iceberg's files, this project's lineage and index files, the peers'.
+OBJECT_KINDS = (
+    ("-deletes.parquet", "position-deletes"), ("-dv.puffin", "deletion-vectors"), (".puffin", "deletion-vectors"),
+    (".metadata.json", "table-metadata"), ("/snap-", "manifest-list"), ("-merged-segment.parquet", "lineage-merged-segment"),
+    ("-segment.parquet", "lineage-segment"), ("-list.json", "lineage-list"), ("-log.json", "lineage-log-chunk"),
+    ("-deleted-rows.parquet", "deleted-rows-index"), ("-keys.kix", "key-index"), ("-keys.arrow", "key-index"),
+    (".avro", "manifest"), ("/_delta_log/", "delta-log"), (".parquet", "data"),
+)
+
+
+def object_kind(kind: str, path: str) -> str:
+    """``METHOD object-kind`` of one logged request (``LIST`` and bucket-level requests have no object)."""
+    if kind == "LIST":
+        return "LIST"
+    name = path.split("?", 1)[0]
+    return f"{kind} " + next((label for suffix, label in OBJECT_KINDS if suffix in name), "other")
+
+
+def commit_breakdown(logs: list[list[list]]) -> dict[str, Any]:
+    """Requests per commit by object kind: the total over all commits, how many commits sent each number of
+    requests, and each commit above the median with what it sent (so an outlier names its extra objects)."""
+    per_commit = []
+    for log in logs:
+        kinds: dict[str, int] = {}
+        for entry in log:
+            k = object_kind(entry[0], entry[1])
+            kinds[k] = kinds.get(k, 0) + 1
+        per_commit.append(kinds)
+    totals: dict[str, int] = {}
+    histogram: dict[str, int] = {}
+    for kinds in per_commit:
+        for k, n in kinds.items():
+            totals[k] = totals.get(k, 0) + n
+        n = str(sum(kinds.values()))
+        histogram[n] = histogram.get(n, 0) + 1
+    median = statistics.median(sum(k.values()) for k in per_commit) if per_commit else 0
+    above = [{"commit": i + 1, "requests": sum(k.values()), "objects": dict(sorted(k.items()))}
+             for i, k in enumerate(per_commit) if sum(k.values()) > median]
+    return {"by_object": dict(sorted(totals.items())), "commits_by_requests": dict(sorted(histogram.items(), key=lambda x: int(x[0]))),
+            "typical": dict(sorted(per_commit[-1].items())) if per_commit else {}, "above_median": above[:40]}
+
+
 def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     bucket = server.new_bucket()
@@ -218,7 +260,7 @@ def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Nam
         t0 = time.perf_counter()
         t.load(rows(np.arange(args.rows), rng))
         out: dict[str, Any] = {"load": {"seconds": round(time.perf_counter() - t0, 3), **proxy.counts()}}
-        times, requests = [], []
+        times, requests, logs = [], [], []
         next_id = args.rows
         for _ in range(min(args.commits, SLOW_PEER_COMMITS.get(system, args.commits))):
             updated = rng.choice(args.rows, 5, replace=False)
@@ -228,13 +270,16 @@ def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Nam
             t0 = time.perf_counter()
             t.upsert(batch)
             times.append(time.perf_counter() - t0)
-            requests.append(proxy.counts())
+            counts = proxy.counts(log=True)
+            logs.append(counts.pop("log"))
+            requests.append(counts)
         ms = sorted(x * 1000 for x in times)
         out["small_upsert"] = {
             "commits": len(ms), "p50_ms": round(statistics.median(ms), 1), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 1),
             "requests_per_commit_median": statistics.median(r["total"] for r in requests),
             "requests_per_commit_max": max(r["total"] for r in requests),
             "requests_by_kind_last": requests[-1]["requests"],
+            "requests_per_commit": commit_breakdown(logs),
         }
         for last in FEEDS if "feed" in args.steps else ():
             proxy.reset()
