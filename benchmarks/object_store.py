@@ -12,7 +12,9 @@ system runs on the same proxy, each in a bucket of its own, in this process one 
 - ``pyiceberg``: pyiceberg's own upsert (no change feed).
 
 Per system: a table of ``--rows`` rows loaded in one commit; ``--commits`` small upserts (5 updates, 5 inserts)
-by one long-lived writer, each timed (p50, p99) with its requests counted; the change feed of the last 5 and the
+by one long-lived writer, each timed (p50, p99) with its requests counted, also by object (``requests_per_commit``:
+requests by method and object kind over all commits, how many commits sent each number of requests, and each commit
+above the median with the objects it sent, so an outlier names what it wrote or read); the change feed of the last 5 and the
 last 25 of those commits (time, bytes read, rows returned, and the bytes of the rows returned); a full scan.
 The reads are measured as a reader in another process would make them: ours drops the objects and footers the
 writer holds in memory, DuckLake's connection turns DuckDB's external file cache off.
