@@ -258,3 +258,51 @@ def test_a_delete_file_past_the_merge_limit_is_kept_and_new_positions_go_apart(w
     assert sizes == [[3], [6], [3, 6], [6, 6], [3, 6, 6], [6, 6, 6]]
     assert sorted(t.scan(columns=["id"]).column("id").to_pylist()) == list(range(18, BASE))
     assert_interop(t)
+
+
+def _live_deletes(t: lineage.Table) -> dict[str, list[str]]:
+    """Live delete file -> the data files it names (sorted)."""
+    from lineage.storage.deletes import read_position_deletes
+
+    return {p: sorted(read_position_deletes(p)) for p in _delete_paths(t)}
+
+
+@pytest.mark.parametrize("granularity", [None, "file"])
+def test_a_commit_deleting_from_several_data_files_writes_one_delete_file(warehouse: str, granularity: str | None) -> None:
+    """Granularity unset: one delete file per commit (and partition), which takes in our earlier ones of those data
+    files, whatever files they name; set to ``file``: one per data file, as Iceberg's writers do."""
+    props = {"lineage.write.fold.max-rows": "0", **({"write.delete.granularity": granularity} if granularity else {})}
+    t = lineage.create_table("db.t", SCHEMA, key=["id"], warehouse=warehouse, properties=props)
+    t.append(_base())
+    model = {r["id"]: r for r in _base().to_pylist()}
+
+    def upsert(ids: list[int], tag: str) -> lineage.CommitInfo:
+        batch = pa.table({"id": ids, "name": [tag] * len(ids), "amount": [float(len(tag))] * len(ids)}, schema=SCHEMA)
+        model.update({r["id"]: r for r in batch.to_pylist()})
+        return t.upsert(batch)
+
+    upsert([1, 2, 5000, 5001], "a")  # deletes from the base file
+    small = {f.path for f in t.state().live_files() if f.data_file.record_count == 4}
+    info = upsert([3, 5000], "bb")  # deletes from the base file and the small one
+    snap = t.iceberg.current_snapshot()
+    deletes = _live_deletes(t)
+    base_path = next(f.path for f in t.state().live_files() if f.data_file.record_count == BASE)
+    if granularity is None:
+        assert snap.summary["added-delete-files"] == "1" and snap.summary["removed-delete-files"] == "1", snap.summary
+        assert list(deletes.values()) == [sorted([base_path, *small])]
+    else:
+        assert snap.summary["added-delete-files"] == "2", snap.summary
+        assert sorted(deletes.values()) == sorted([[base_path], sorted(small)])
+    assert snap.summary["total-position-deletes"] == "4" and info.updated == 2
+    upsert([4], "ccc")  # the base file alone: its delete file (the one of both, granularity unset) is merged in
+    snap = t.iceberg.current_snapshot()
+    assert snap.summary["total-position-deletes"] == "5"
+    assert len(_live_deletes(t)) == (1 if granularity is None else 2)
+    got = {r["id"]: r for r in t.scan(columns=["id", "name", "amount"]).to_pylist()}
+    assert got == model
+    feed = [(r["id"], r["_change_type"]) for r in cdf.changes(t, t.version - 2, t.version).to_pylist()]
+    assert sorted(feed) == sorted([(3, "update_preimage"), (3, "update_postimage"), (5000, "update_preimage"),
+                                   (5000, "update_postimage"), (4, "update_preimage"), (4, "update_postimage")])
+    fresh = lineage.open_table("db.t", warehouse=warehouse)  # planned from the manifests
+    assert {r["id"]: r for r in fresh.scan(columns=["id", "name", "amount"]).to_pylist()} == model
+    assert_interop(t)
