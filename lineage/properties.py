@@ -147,10 +147,8 @@ MERGE_MODE = _define("write.merge.mode", "choice", MERGE_ON_READ, "How `upsert`,
                      _WRITES, choices=WRITE_MODES, owner="iceberg")
 DELETE_GRANULARITY = _define(
     "write.delete.granularity", "choice", None,
-    "Scope of position delete files: `file` or `partition`; unset: a write of the embedded engine with "
-    "`lineage.write.delete.merge` on writes one delete file per partition it deletes from (one object per commit); "
-    "otherwise file-scoped, except a partition in which one commit deletes from more data files than "
-    "`lineage.write.delete.file-scoped-limit`.", _WRITES,
+    "Scope of position delete files: `file` or `partition`; unset: file-scoped, except a partition in which one commit "
+    "deletes from more data files than `lineage.write.delete.file-scoped-limit`.", _WRITES,
     choices=("file", "partition"), owner="iceberg")
 FILE_SCOPED_LIMIT = _define(
     "lineage.write.delete.file-scoped-limit", "int", 16,
@@ -160,9 +158,7 @@ DELETE_MERGE = _define(
     "lineage.write.delete.merge", "bool", True,
     "On Iceberg v2, a merge-on-read write that deletes from a data file which already has a file-scoped position "
     "delete file written by this library writes one file with the union and removes the old one in the same snapshot "
-    "(as a deletion vector is replaced on v3), so a stream of small commits keeps one delete file per data file; with "
-    "`write.delete.granularity` unset, the embedded engine's write takes in every delete file of ours of the data "
-    "files it deletes from (whatever data files they name) and writes one per partition; "
+    "(as a deletion vector is replaced on v3), so a stream of small commits keeps one delete file per data file; "
     "false: one more delete file per commit and data file (readers then open them all), e.g. when files gather "
     "millions of deleted rows that each commit would rewrite, or another engine rewrites delete files concurrently.",
     _WRITES)

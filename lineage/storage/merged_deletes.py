@@ -21,17 +21,6 @@ which is how reconciliation reads any snapshot's position deletes
 (:func:`lineage.reconcile.images.derive_images`), and this library's own
 commits record their removed images in the deleted-rows index, not by reading
 delete files. The table property ``lineage.write.delete.merge`` turns it off.
-
-A commit that deletes from several data files of a partition (an upsert whose
-keys live in the large file and in a small one) writes them one delete file
-when the table leaves ``write.delete.granularity`` unset
-(:func:`write_merged_deletes` with ``per_partition``): Iceberg v2 lets a
-position delete file cover any data files of its partition, so a commit
-writes one delete file per partition it deletes from, as it writes one Puffin
-file of deletion vectors on v3. That file also takes in the positions of our
-delete files that apply to those data files (any of ours, whatever files they
-cover, up to ``lineage.write.delete.merge.max-rows`` positions in all), which
-leave the snapshot with it.
 """
 
 from __future__ import annotations
@@ -41,31 +30,27 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
 import lineage.properties as props
-from lineage.storage.deletes import is_puffin, positions_for, read_position_deletes, referenced_data_path
+from lineage.storage.deletes import is_puffin, positions_for, referenced_data_path
 from lineage.storage.deletion_vectors import VectorTarget, merge_positions, write_vectors
-from lineage.storage.writer import spec_id_of, write_position_deletes
+from lineage.storage.writer import write_position_deletes
 
 # The name :func:`lineage.storage.writer.write_position_deletes` gives a delete file: a random UUID and "-deletes".
 # Spark names its delete files "<partition>-<task>-<uuid>-<n>-deletes.parquet", which this does not match.
 _OWN_NAME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-deletes\.parquet")
 
 
-def is_own(delete_file: DataFile) -> bool:
-    """Whether ``delete_file`` is a Parquet position delete file this library wrote (for one data file or several)."""
+def is_own_file_scoped(delete_file: DataFile, data_path: str) -> bool:
+    """Whether ``delete_file`` is a Parquet position delete file this library wrote for ``data_path`` alone."""
     return (
         delete_file.content == DataFileContent.POSITION_DELETES
         and not is_puffin(delete_file.file_path)
+        and referenced_data_path(delete_file) == data_path
         and _OWN_NAME.fullmatch(posixpath.basename(delete_file.file_path)) is not None
     )
-
-
-def is_own_file_scoped(delete_file: DataFile, data_path: str) -> bool:
-    """Whether ``delete_file`` is a Parquet position delete file this library wrote for ``data_path`` alone."""
-    return is_own(delete_file) and referenced_data_path(delete_file) == data_path
 
 
 def replaceable(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
@@ -74,7 +59,7 @@ def replaceable(data_path: str, current: Sequence[DataFile]) -> list[DataFile]:
 
 
 def write_merged_deletes(
-    iceberg: IcebergTable, targets: Sequence[VectorTarget], granularity: str | None = None, per_partition: bool = False
+    iceberg: IcebergTable, targets: Sequence[VectorTarget], granularity: str | None = None
 ) -> tuple[list[DataFile], list[DataFile]]:
     """Write the position deletes of ``targets`` on a v2 table; return the new delete files and the ones they replace.
 
@@ -87,17 +72,13 @@ def write_merged_deletes(
     by ``write.delete.granularity`` as before (a partition-scoped file may then
     hold a replaced file's positions: still the same rows deleted), or by
     ``granularity`` when given (Spark tasks write the file-scoped ones of a
-    partition-scoped table themselves). With ``per_partition`` (a commit's
-    deletes written at once) and the granularity unset, one file per
-    partition (see the module docstring).
+    partition-scoped table themselves).
     """
     properties = iceberg.metadata.properties
     configured, limit = props.delete_granularity(properties)
     granularity = granularity or configured
     merge = bool(props.read(properties, props.DELETE_MERGE))
     most = int(props.read(properties, props.DELETE_MERGE_MAX_ROWS))
-    if per_partition and merge and granularity == "auto":
-        return _one_per_partition(iceberg, targets, most)
     pairs: list[tuple[DataFile, np.ndarray]] = []
     replaced: list[DataFile] = []
     for t in targets:
@@ -111,47 +92,11 @@ def write_merged_deletes(
     return write_position_deletes(iceberg, pairs, granularity, file_scoped_limit=limit), replaced
 
 
-def _one_per_partition(iceberg: IcebergTable, targets: Sequence[VectorTarget], most: int) -> tuple[list[DataFile], list[DataFile]]:
-    """One position delete file per partition of ``targets``, holding their new positions and those of the delete
-    files of ours that apply to them (smallest first, at most ``most`` positions in all); and those files."""
-    positions: dict[str, np.ndarray] = {}
-    data_files: dict[str, DataFile] = {}
-    for t in targets:
-        if len(t.positions):
-            positions[t.data_file.file_path] = np.unique(np.asarray(t.positions, np.int64))
-            data_files[t.data_file.file_path] = t.data_file
-    if not positions:
-        return [], []
-    candidates = {d.file_path: d for t in targets if len(t.positions) for d in t.current if is_own(d) and d.record_count <= most}
-    replaced: list[DataFile] = []
-    total = 0
-    for d in sorted(candidates.values(), key=lambda d: (d.record_count, d.file_path)):
-        if total + d.record_count > most:
-            break
-        total += d.record_count
-        replaced.append(d)
-        for path, old in read_position_deletes(d.file_path).items():
-            positions[path] = merge_positions(old, positions[path]) if path in positions else old
-            # a data file only the replaced file names (the commit does not delete from it): in that file's partition
-            data_files.setdefault(path, _stand_in(path, d, spec_id_of(d, iceberg.metadata.default_spec_id)))
-    pairs = [(data_files[p], positions[p]) for p in sorted(positions)]
-    return write_position_deletes(iceberg, pairs, "partition"), replaced
-
-
-def _stand_in(path: str, delete_file: DataFile, spec_id: int) -> DataFile:
-    """A data-file entry for ``path`` in ``delete_file``'s partition and spec (what a delete file's writer reads of it)."""
-    out = DataFile.from_args(content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
-                             partition=delete_file.partition, record_count=0, file_size_in_bytes=0)
-    out.spec_id = spec_id
-    return out
-
-
 def write_file_deletes(
-    iceberg: IcebergTable, targets: Sequence[VectorTarget], granularity: str | None = None, per_partition: bool = False
+    iceberg: IcebergTable, targets: Sequence[VectorTarget], granularity: str | None = None
 ) -> tuple[list[DataFile], list[DataFile]]:
-    """A merge-on-read write's deletes of ``targets``: deletion vectors on Iceberg v3 (:func:`write_vectors`, one
-    Puffin file), merged position delete files on v2 (:func:`write_merged_deletes`, one per partition with
-    ``per_partition``); the new delete files and the ones they replace."""
+    """A merge-on-read write's deletes of ``targets``: deletion vectors on Iceberg v3 (:func:`write_vectors`), merged
+    position delete files on v2 (:func:`write_merged_deletes`); the new delete files and the ones they replace."""
     if iceberg.metadata.format_version >= 3:
         return write_vectors(iceberg, targets)
-    return write_merged_deletes(iceberg, targets, granularity, per_partition)
+    return write_merged_deletes(iceberg, targets, granularity)

@@ -165,11 +165,10 @@ def _materialize_and_commit(
             FoldPolicy.of(ice.metadata.properties))
         deleted = {fid: cols for fid, cols in groups.items() if fid not in rewrite}
         if deleted:
-            # v3: one deletion vector per data file, all in one Puffin file; v2: one delete file per partition, our earlier
-            # ones of those data files merged in and replaced (lineage.storage.merged_deletes). Either way the files they
-            # replace leave in the same commit.
+            # v3: one deletion vector per data file; v2: a file's earlier delete file of ours is merged in and replaced
+            # (lineage.storage.merged_deletes). Either way the files they replace leave in the same commit.
             delete_files, replaced = write_file_deletes(ice, [VectorTarget(plan.files[fid].data_file, cols["__pos"], plan.files[fid].deletes)
-                                                 for fid, cols in deleted.items()], per_partition=True)
+                                                 for fid, cols in deleted.items()])
             created.extend(f.file_path for f in delete_files)
             removed_files.extend(replaced)
         if rewrite:
