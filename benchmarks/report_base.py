@@ -60,10 +60,10 @@ class Records:
         return found[-1]
 
 
-def latest_per_scale(records: Records, benchmark: str) -> list[dict[str, Any]]:
-    """The newest record of ``benchmark`` at each scale, smallest scale first."""
-    scales = sorted({d["scale"] for d in records.select(benchmark)})
-    return [d for d in (records.latest(benchmark, scale=s) for s in scales) if d is not None]
+def latest_per_scale(records: Records, benchmark: str, where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+    """The newest record of ``benchmark`` (among those ``where`` accepts) at each scale, smallest scale first."""
+    scales = sorted({d["scale"] for d in records.select(benchmark, where)})
+    return [d for d in (records.latest(benchmark, where, scale=s) for s in scales) if d is not None]
 
 
 SECTIONS: dict[str, Callable[[Records], str]] = {}

@@ -122,7 +122,7 @@ def _ran_v3(d: dict[str, Any]) -> bool:
 
 @section("run-v3")
 def _run_v3(records: Records) -> str:
-    docs = [d for d in (records.latest("run", where=_ran_v3, scale=s) for s in sorted({d["scale"] for d in records.select("run", where=_ran_v3)})) if d]
+    docs = latest_per_scale(records, "run", _ran_v3)
     if not docs:
         return missing("run.py with lineage and lineage-v3", RUN_V3_COMMAND)
     out = []
@@ -133,9 +133,10 @@ def _run_v3(records: Records) -> str:
         rows.append(["table on disk at the end, MB", f"{size['lineage'] / 1e6:,.1f}", f"{size['lineage-v3'] / 1e6:,.1f}",
                      f"{size['lineage-v3'] / size['lineage']:.2f}x"])
         live = s.get("live_bytes") or {}
-        if live.get("lineage") and live.get("lineage-v3"):
+        live_ratio = live["lineage-v3"] / live["lineage"] if live.get("lineage") and live.get("lineage-v3") else None
+        if live_ratio is not None:
             rows.append(["data and deletes of the last snapshot, MB", f"{live['lineage'] / 1e6:,.1f}", f"{live['lineage-v3'] / 1e6:,.1f}",
-                         f"{live['lineage-v3'] / live['lineage']:.2f}x"])
+                         f"{live_ratio:.2f}x"])
         slower = [g for g in RUN_V3_GROUPS[1:] if t[g]["lineage-v3"] > EVEN * t[g]["lineage"]]
         verdict = (f"On v3 the feed was slower than on v2 by more than {EVEN - 1:.0%} on {', '.join(slower)}"
                    if slower else f"On v3 no feed was slower than on v2 by more than {EVEN - 1:.0%}")
@@ -143,7 +144,7 @@ def _run_v3(records: Records) -> str:
         out += [provenance(doc), "", f"The workload of `benchmarks/run.py` at {scale} rows, seconds (ratio: v3 over v2):", "",
                 md_table(["step", "v2", "v3", "v3/v2"], rows), "",
                 f"{verdict}; the v3 table took {bigger:.2f}x the bytes of the v2 table on disk, history included"
-                + (f", and its last snapshot reads {live['lineage-v3'] / live['lineage']:.2f}x the bytes of v2's." if live.get("lineage") and live.get("lineage-v3") else "."), ""]
+                + (f", and its last snapshot reads {live_ratio:.2f}x the bytes of v2's." if live_ratio is not None else "."), ""]
     return "\n".join(out).rstrip()
 
 

@@ -14,6 +14,7 @@ from report_base import (
     fmt_int,
     fmt_mb,
     fmt_s,
+    latest_per_scale,
     load_words,
     mb,
     md_table,
@@ -257,7 +258,7 @@ def _readme_performance(records: Records) -> str:
                    f"{mor['ratio_written_to_table']:.1%} of the table's bytes; the same update copy-on-write wrote "
                    f"{cow['ratio_written_to_table']:.1%}, and plain pyiceberg's overwrite (copy-on-write only) "
                    f"{ice['ratio_written_to_table']:.1%} (`benchmarks/results/{wc['_file']}`).")
-    docs = [d for d in (records.latest("run", where=is_peer_run, scale=s) for s in sorted({d["scale"] for d in records.select("run", where=is_peer_run)})) if d]
+    docs = latest_per_scale(records, "run", is_peer_run)
     for d in docs:
         t, b = d["results"]["summary"]["time_s"]["all writes"], d["results"]["summary"]["bytes_written"]["all writes"]
         scale = rows_label(d["scale"])
