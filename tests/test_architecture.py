@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", (
         "lineage.errors", "lineage.properties", "lineage.properties_page", "lineage.columns", "lineage.arrays", "lineage.memory",
         "lineage.catalog", "lineage.duck", "lineage.decoded_cache", "lineage.identity_cache",
-        "lineage.storage", "lineage.storage.fileio", "lineage.storage.rle", "lineage.storage.puffin", "lineage.storage.s3_range",
+        "lineage.storage", "lineage.storage.fileio", "lineage.storage.rle", "lineage.storage.puffin",
         # the object store: settings, file systems, pyiceberg FileIO, DuckDB and Spark-worker access
         "lineage.storage.settings", "lineage.storage.files", "lineage.storage.store_fileio", "lineage.storage.duckdb_s3",
         "lineage.storage.objects", "lineage.storage.s3_get", "lineage.storage.s3_reader", "lineage.storage.puts",

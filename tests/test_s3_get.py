@@ -51,3 +51,57 @@ def test_object_urls():
     assert s3_get.object_url("s3://lake/wh/k=1/f.parquet", local) == "http://127.0.0.1:9000/lake/wh/k%3D1/f.parquet"
     virtual = StoreSettings(endpoint="https://store.example.com", virtual_addressing=True)
     assert s3_get.object_url("s3://lake/k", virtual) == "https://lake.store.example.com/k"
+
+
+def test_a_range_past_the_end_reads_no_bytes(moto_server):
+    bucket = moto_server.new_bucket()
+    body = bytes(range(256)) * 4
+    moto_server.client().put_object(Bucket=bucket, Key="k", Body=body)
+    settings = _settings(moto_server)
+    assert s3_get.get_range(f"s3://{bucket}/k", settings, "5000-5099") == (b"", len(body))
+    assert files_read_range(f"s3://{bucket}/k", 1000, 100, settings) == body[1000:]
+    assert files_read_range(f"s3://{bucket}/k", 2000, 100, settings) == b""
+
+
+def files_read_range(location: str, offset: int, length: int, settings: StoreSettings) -> bytes:
+    """lineage.storage.files.read_range with the bucket's settings given (what a catalog's properties would say)."""
+    from unittest import mock
+
+    import lineage.storage.files as files
+
+    with mock.patch.object(files, "settings_for", lambda _: settings):
+        return files.read_range(location, offset, length)
+
+
+def test_a_store_that_ignores_range_still_gives_the_bytes_asked_for():
+    # Range support is optional in HTTP: a server may answer 200 with the whole object; the reader then keeps only
+    # the bytes asked for, and the object's size is the body's
+    import http.server
+    import threading
+
+    body = bytes(range(256)) * 40
+
+    class WholeObject(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), WholeObject)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = StoreSettings(endpoint=f"http://127.0.0.1:{server.server_port}", region=REGION,
+                                 access_key_id="k", secret_access_key="s")
+        location = "s3://b/wh/t/data/f.parquet"
+        assert s3_get.get_range(location, settings, "100-199") == (body[100:200], len(body))
+        assert s3_get.get_range(location, settings, "10000-") == (body[10000:], len(body))
+        assert s3_get.get_range(location, settings, "-64") == (body[-64:], len(body))
+        assert s3_get.get_range(location, settings, "-65536") == (body, len(body))
+        assert files_read_range(location, 5, 10, settings) == body[5:15]
+    finally:
+        server.shutdown()
+        server.server_close()

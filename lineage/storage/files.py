@@ -23,7 +23,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import lineage.storage.s3_get as s3_get
-import lineage.storage.s3_range as s3_range
 from lineage.errors import InvalidArgumentError
 import lineage.storage.s3_reader as s3_reader
 from lineage.storage.settings import StoreSettings, resolve
@@ -148,21 +147,16 @@ def warm(locations: Sequence[str]) -> None:
 def read_range(location: str, offset: int, length: int) -> bytes:
     """``length`` bytes at ``offset`` of the file at ``location`` (fewer at its end): on an object store one ranged GET.
 
-    pyarrow would send a HEAD request first (to learn the size), so a store
-    reached with an access key is read with one signed GET
-    (:mod:`lineage.storage.s3_range`); other credentials go through pyarrow.
+    pyarrow would send a HEAD request first (to learn the size), so an object
+    is read with one signed GET (:func:`lineage.storage.s3_get.get_range`).
     """
     if not is_remote(location):
         with open(local_path(location), "rb") as f:
             f.seek(offset)
             return f.read(length)
-    settings = settings_for(location)
-    if s3_range.supported(settings):
-        parsed = urlparse(location)
-        return s3_range.get_range(settings, parsed.netloc, parsed.path.lstrip("/"), offset, length)
-    fs, path = filesystem(location)
-    with fs.open_input_file(path) as f:
-        return f.read_at(length, offset)
+    if length <= 0:
+        return b""
+    return s3_get.get_range(location, settings_for(location), f"{offset}-{offset + length - 1}")[0]
 
 
 def parquet_file(location: str) -> pq.ParquetFile:

@@ -132,9 +132,38 @@ def get_range(location: str, settings: StoreSettings, byte_range: str | None) ->
     """
     headers = {} if byte_range is None else {"Range": f"bytes={byte_range}"}
     reply = _send("GET", location, object_url(location, settings), settings, headers, f"reading {location}")
-    whole = reply.headers.get("Content-Range")  # "bytes 0-99/1234" for a range
+    whole = reply.headers.get("Content-Range")  # "bytes 0-99/1234" for a range, "bytes */1234" with 416
+    if reply.status == 416:  # the range starts at or past the end
+        return b"", _size_refused(reply, byte_range or "")
     data = reply.data
+    if byte_range is not None and reply.status == 200:  # a store that ignores Range sends the whole object
+        return data[_range_slice(byte_range, len(data))], len(data)
     return data, int(whole.rsplit("/", 1)[1]) if whole else len(data)
+
+
+def _size_refused(reply: Any, byte_range: str) -> int:
+    """The object's size from a reply refusing ``byte_range`` (416): its ``Content-Range`` or S3's ``ActualObjectSize``.
+
+    A store that says neither refused a suffix range only for an empty object;
+    for another range the size is unknown, an ``OSError``.
+    """
+    whole = reply.headers.get("Content-Range") or ""  # "bytes */1234"
+    if whole.rsplit("/", 1)[-1].isdigit():
+        return int(whole.rsplit("/", 1)[1])
+    found = re.search(rb"<ActualObjectSize>(\d+)</ActualObjectSize>", reply.data)
+    if found:
+        return int(found.group(1))
+    if byte_range.startswith("-"):
+        return 0
+    raise OSError(f"the store refused the range {byte_range} and did not say the object's size")
+
+
+def _range_slice(byte_range: str, size: int) -> slice:
+    """The part of a whole object of ``size`` bytes that the HTTP range ``byte_range`` ("a-b", "a-", "-n") names."""
+    start, _, end = byte_range.partition("-")
+    if not start:
+        return slice(max(size - int(end), 0), size)
+    return slice(int(start), int(end) + 1 if end else size)
 
 
 def put(location: str, data: bytes, settings: StoreSettings) -> None:
@@ -192,8 +221,8 @@ def _send(method: str, location: str, url: str, settings: StoreSettings, headers
             if attempt == ATTEMPTS:
                 raise OSError(f"{what} failed: {type(exc).__name__}: {exc}") from None
         else:
-            if 200 <= reply.status < 300:
-                return reply
+            if 200 <= reply.status < 300 or (reply.status == 416 and method == "GET"):
+                return reply  # 416: a range past the object's end, which get_range answers with no bytes
             if reply.status == 404 and method == "GET":
                 raise FileNotFoundError(location)
             if reply.status == 404 and method == "DELETE":
