@@ -132,6 +132,7 @@ def _run_v3(records: Records) -> str:
         rows = [[g, fmt_s(t[g]["lineage"]), fmt_s(t[g]["lineage-v3"]), f"{t[g]['lineage-v3'] / t[g]['lineage']:.2f}x"] for g in RUN_V3_GROUPS]
         rows.append(["table on disk at the end, MB", f"{size['lineage'] / 1e6:,.1f}", f"{size['lineage-v3'] / 1e6:,.1f}",
                      f"{size['lineage-v3'] / size['lineage']:.2f}x"])
+        rows += _kind_rows(s.get("bytes_by_kind") or {})
         live = s.get("live_bytes") or {}
         live_ratio = live["lineage-v3"] / live["lineage"] if live.get("lineage") and live.get("lineage-v3") else None
         if live_ratio is not None:
@@ -146,6 +147,19 @@ def _run_v3(records: Records) -> str:
                 f"{verdict}; the v3 table took {bigger:.2f}x the bytes of the v2 table on disk, history included"
                 + (f", and its last snapshot reads {live_ratio:.2f}x the bytes of v2's." if live_ratio is not None else "."), ""]
     return "\n".join(out).rstrip()
+
+
+def _kind_rows(kinds: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Rows of the bytes on disk per kind of object on v2 and v3 (records that measured them: run.py's bytes_by_kind;
+    delete files are position delete files on v2, deletion vectors on v3)."""
+    v2, v3 = kinds.get("lineage"), kinds.get("lineage-v3")
+    if not v2 or not v3:
+        return []
+    rows = []
+    for kind in sorted(set(v2) | set(v3)):
+        a, b = v2.get(kind, 0), v3.get(kind, 0)
+        rows.append([f"- of which {kind}, MB", f"{a / 1e6:,.2f}", f"{b / 1e6:,.2f}", f"{b / a:.2f}x" if a else ""])
+    return rows
 
 
 # --------------------------------------------------------------------------- append_overhead.py

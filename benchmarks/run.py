@@ -308,6 +308,8 @@ def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int =
         result["table_files"] = len(record.files_under(root))
         if hasattr(impl, "live_bytes"):  # what the last snapshot reads, without the history a snapshot expiry would free
             result["live_bytes"] = impl.live_bytes()
+        if hasattr(impl, "bytes_by_kind"):
+            result["bytes_by_kind"] = impl.bytes_by_kind()
         if system == "ducklake":
             impl.close()  # the probe opens the catalog file itself
             result["table_changes_probe"] = {
@@ -488,6 +490,7 @@ def summarize(results: dict[str, dict]) -> dict:
     summary["load1_per_system"] = {s: [min(v), max(v)] if v else None for s, v in loads.items()}
     summary["table_bytes"] = {s: results[s].get("table_bytes") for s in systems}
     summary["live_bytes"] = {s: results[s].get("live_bytes") for s in systems}
+    summary["bytes_by_kind"] = {s: results[s]["bytes_by_kind"] for s in systems if results[s].get("bytes_by_kind")}
     summary["process_peak_rss_mb"] = {s: results[s].get("process_max_rss_mb") for s in systems}
     summary["final"] = {s: results[s].get("final") for s in systems}
     summary["errors"] = {s: results[s].get("error") for s in systems if results[s].get("error")}

@@ -121,6 +121,34 @@ class Lineage(System):
                 deletes[(d.file_path, blob)] = blob[1] if blob else d.file_size_in_bytes
         return data + sum(deletes.values())
 
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Bytes on disk under this system's folder per kind of object, history included (where a format writes more:
+        delete files are position delete files on v2, Puffin files of deletion vectors on v3)."""
+        import pyarrow.parquet as pq
+
+        from lineage.storage.metadata import INDEX_DIR, LINEAGE_DIR
+
+        out: dict[str, int] = {}
+        for path, size in record.files_under(self.root).items():
+            rel = path.replace(os.sep, "/")
+            if f"/{INDEX_DIR}/" in rel:
+                kind = "index"
+            elif f"/{LINEAGE_DIR}/" in rel:
+                kind = "lineage"
+            elif rel.endswith(".puffin"):
+                kind = "delete files"  # v3: deletion vectors
+            elif rel.endswith(".avro"):
+                kind = "manifests"
+            elif rel.endswith(".metadata.json"):
+                kind = "table metadata"
+            elif rel.endswith(".parquet"):
+                names = pq.read_schema(path).names
+                kind = "delete files" if "file_path" in names and "pos" in names else "data"  # v2: position deletes
+            else:
+                kind = "catalog"
+            out[kind] = out.get(kind, 0) + size
+        return dict(sorted(out.items()))
+
     def versions(self) -> dict[str, str]:
         import duckdb
         import pyiceberg
