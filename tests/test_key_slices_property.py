@@ -148,22 +148,52 @@ def check_feed(table: lineage.Table, model: cdf_model.Model, data: st.DataObject
         cdf_model.check_range(table, model, a, b)
 
 
-def run_property(data: st.DataObject, warehouse: str, write=None) -> None:  # noqa: ANN001
-    """One drawn sequence of writes and maintenance on a table with the slicing forced on."""
+def run_property(data: st.DataObject, warehouse: str, spark=None) -> None:  # noqa: ANN001
+    """One drawn sequence of writes and maintenance on a table with the slicing forced on (writes on ``spark`` if given)."""
     fmt = data.draw(st.sampled_from([2, 3]), label="format version")
     limit = data.draw(st.sampled_from([2, 5, 16]), label="writer limit")
     max_segments = data.draw(st.sampled_from([1, 2, 3]), label="max segments")
     props = slicing_properties(limit, max_segments) | {"write.target-file-size-bytes": "2000"}
     table = lineage.create_table("s.t", cdf_model.SCHEMA, key=["id"], warehouse=warehouse, properties=props, format_version=fmt)
+    writer = table if spark is None else SparkWrites(table, spark, data.draw(st.sampled_from(["lookup", "join"]), label="upsert strategy"))
     model = cdf_model.Model()
     most = 0
-    for i in range(data.draw(st.integers(6, 14), label="steps")):
-        (write or cdf_model._step)(data, table, model, first=i == 0)
+    for i in range(data.draw(st.integers(6, 14 if spark is None else 8), label="steps")):
+        cdf_model._step(data, writer, model, first=i == 0)
         most = max(most, check_index(table, model))
         maintain(table, model, data.draw(st.sampled_from(MAINTENANCE), label="maintenance"))
         most = max(most, check_index(table, model))
     event(f"base pieces at once: {min(most, 4)}{'+' if most >= 4 else ''}")
     check_feed(table, model, data)
+
+
+class SparkWrites:
+    """``table`` whose merge-on-read deletes, updates and upserts run on Spark (copy-on-write and ``skip_unchanged``,
+    which Spark does not do, stay embedded)."""
+
+    def __init__(self, table: lineage.Table, spark, strategy: str) -> None:  # noqa: ANN001
+        self.table, self.spark, self.strategy = table, spark, strategy
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.table, name)
+
+    def delete(self, where: str, *, mode: str | None = None) -> lineage.CommitInfo:
+        if mode == lineage.COPY_ON_WRITE:
+            return self.table.delete(where, mode=mode)
+        return self.table.delete(where, engine="spark", spark=self.spark)
+
+    def update(self, where: str, set: dict[str, str], *, mode: str | None = None) -> lineage.CommitInfo:  # noqa: A002
+        if mode == lineage.COPY_ON_WRITE:
+            return self.table.update(where, set, mode=mode)
+        return self.table.update(where, set, engine="spark", spark=self.spark)
+
+    def upsert(self, batch: pa.Table, *, skip_unchanged: bool = False, mode: str | None = None) -> lineage.CommitInfo:
+        from lineage.writes import spark as spark_writes
+
+        if mode == lineage.COPY_ON_WRITE or skip_unchanged:
+            return self.table.upsert(batch, skip_unchanged=skip_unchanged, mode=mode)
+        df = self.spark.createDataFrame(batch)
+        return spark_writes.upsert(self.table._context, df, lineage.MERGE_ON_READ, self.strategy)
 
 
 _counter = iter(range(10**9))
@@ -173,6 +203,13 @@ _counter = iter(range(10**9))
 @given(data=st.data())
 def test_sliced_key_index_matches_the_model(tmp_path, data) -> None:  # noqa: ANN001
     run_property(data, str(tmp_path / f"wh{next(_counter)}"))
+
+
+@pytest.mark.spark
+@settings(max_examples=int(os.environ.get("LINEAGE_SLICE_SPARK_EXAMPLES", "2")), **SETTINGS)
+@given(data=st.data())
+def test_sliced_key_index_matches_the_model_with_spark_writes(spark, tmp_path, data) -> None:  # noqa: ANN001
+    run_property(data, str(tmp_path / f"wh{next(_counter)}"), spark)
 
 
 def test_the_forced_settings_slice_and_lookups_stay_right(tmp_path) -> None:
