@@ -26,7 +26,8 @@ index merges, snapshot expiry with vacuum). After every step:
 At the end the change feed (per version and net) and ``deleted_rows`` match
 the model over a few ranges. A Spark variant runs Spark's delete, update and
 upsert on a small budget. ``LINEAGE_SLICE_EXAMPLES`` sets the examples of
-the embedded property (default 6).
+the embedded property (default 6), ``LINEAGE_SLICE_SPARK_EXAMPLES`` those of
+the Spark one (default 1).
 """
 
 from __future__ import annotations
@@ -148,6 +149,16 @@ def check_feed(table: lineage.Table, model: cdf_model.Model, data: st.DataObject
         cdf_model.check_range(table, model, a, b)
 
 
+def seed(table: lineage.Table, model: cdf_model.Model, n: int) -> None:
+    """Append keys 1 .. n (so that the index has records to slice) and record them in the model."""
+    rows = [(k, 1 + k % 3, "a", 0.5) for k in range(1, n + 1)]
+    ci = table.append(cdf_model._batch(rows))
+    model.ever_keys |= {r[0] for r in rows}
+    model.next_key = n + 1
+    v = model.version + 1
+    cdf_model._after_commit(table, model, ci, {r[0]: [None, r, v, v] for r in rows})
+
+
 def run_property(data: st.DataObject, warehouse: str, spark=None) -> None:  # noqa: ANN001
     """One drawn sequence of writes and maintenance on a table with the slicing forced on (writes on ``spark`` if given)."""
     fmt = data.draw(st.sampled_from([2, 3]), label="format version")
@@ -157,9 +168,10 @@ def run_property(data: st.DataObject, warehouse: str, spark=None) -> None:  # no
     table = lineage.create_table("s.t", cdf_model.SCHEMA, key=["id"], warehouse=warehouse, properties=props, format_version=fmt)
     writer = table if spark is None else SparkWrites(table, spark, data.draw(st.sampled_from(["lookup", "join"]), label="upsert strategy"))
     model = cdf_model.Model()
+    seed(table, model, data.draw(st.integers(1, 30), label="first keys"))
     most = 0
-    for i in range(data.draw(st.integers(6, 14 if spark is None else 8), label="steps")):
-        cdf_model._step(data, writer, model, first=i == 0)
+    for _ in range(data.draw(st.integers(5, 12) if spark is None else st.just(5), label="steps")):
+        cdf_model._step(data, writer, model)
         most = max(most, check_index(table, model))
         maintain(table, model, data.draw(st.sampled_from(MAINTENANCE), label="maintenance"))
         most = max(most, check_index(table, model))
@@ -206,7 +218,7 @@ def test_sliced_key_index_matches_the_model(tmp_path, data) -> None:  # noqa: AN
 
 
 @pytest.mark.spark
-@settings(max_examples=int(os.environ.get("LINEAGE_SLICE_SPARK_EXAMPLES", "2")), **SETTINGS)
+@settings(max_examples=int(os.environ.get("LINEAGE_SLICE_SPARK_EXAMPLES", "1")), **SETTINGS)
 @given(data=st.data())
 def test_sliced_key_index_matches_the_model_with_spark_writes(spark, tmp_path, data) -> None:  # noqa: ANN001
     run_property(data, str(tmp_path / f"wh{next(_counter)}"), spark)
@@ -217,18 +229,14 @@ def test_the_forced_settings_slice_and_lookups_stay_right(tmp_path) -> None:
     table = lineage.create_table("s.t", cdf_model.SCHEMA, key=["id"], warehouse=str(tmp_path),
                                  properties=slicing_properties(4, 2))
     model = cdf_model.Model()
-    batch = [(k, 1, "a", 0.5) for k in range(1, 21)]
-    ci = table.append(cdf_model._batch(batch))
-    cdf_model._after_commit(table, model, ci, {r[0]: [None, r, 1, 1] for r in batch})
-    model.ever_keys |= {r[0] for r in batch}
-    model.next_key = 21
+    seed(table, model, 20)
     pieces = []
     for v in range(2, 14):
         k = v
         ci = table.update(f"id = {k}", {"qty": "qty + 1"})
         live = cdf_model._copy_live(model)
         e = live[k]
-        live[k] = [e[0], (k, e[1][1] + 1, e[1][2], e[1][3]), e[2], v]
+        live[k] = [e[0], (k, e[1][1] + 1, *e[1][2:]), e[2], v]
         cdf_model._after_commit(table, model, ci, live)
         pieces.append(check_index(table, model))
     assert max(pieces) >= 2, f"no slicing ran: pieces per commit {pieces}"
@@ -247,11 +255,7 @@ def test_a_crash_between_a_slices_files_and_its_commit(tmp_path, monkeypatch) ->
     table = lineage.create_table("s.t", cdf_model.SCHEMA, key=["id"], warehouse=str(tmp_path),
                                  properties=slicing_properties(4, 2))
     model = cdf_model.Model()
-    batch = [(k, 1, "a", 0.5) for k in range(1, 21)]
-    ci = table.append(cdf_model._batch(batch))
-    cdf_model._after_commit(table, model, ci, {r[0]: [None, r, 1, 1] for r in batch})
-    model.ever_keys |= {r[0] for r in batch}
-    model.next_key = 21
+    seed(table, model, 20)
     real, real_delete = commit_module.commit_files, outcome.delete_files
     crashed = 0
     for k in range(2, 16):
