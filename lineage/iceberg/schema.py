@@ -160,8 +160,7 @@ def _family(t: pa.DataType) -> str:
         return _family(t.value_type)
     if pa.types.is_map(t):
         return f"map<{_family(t.key_type)}, {_family(t.item_type)}>"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
-            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+    if _is_list(t):
         return f"list<{_family(t.value_type)}>"
     if pa.types.is_struct(t):
         return "struct<" + ", ".join(f"{f.name}: {_family(f.type)}" for f in t) + ">"
@@ -169,6 +168,59 @@ def _family(t: pa.DataType) -> str:
         if test(t):
             return name
     return str(t)
+
+
+def required_nulls(values: pa.Array | pa.ChunkedArray, t: pa.DataType) -> str | None:
+    """The path of a required nested field of type ``t`` that holds a null in ``values`` under a non-null parent
+    (``element``, ``point.x``, ``value``), or None."""
+    if not _has_required(t):
+        return None
+    for arr in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
+        found = _required_nulls(arr, t)
+        if found is not None:
+            return found
+    return None
+
+
+def _has_required(t: pa.DataType) -> bool:
+    return any(not f.nullable or _has_required(f.type) for f in _children(t))
+
+
+def _children(t: pa.DataType) -> list[pa.Field]:
+    if pa.types.is_map(t):
+        return [t.key_field, t.item_field]
+    if pa.types.is_struct(t):
+        return list(t)
+    if _is_list(t):
+        return [t.value_field]
+    return []
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t) \
+        or pa.types.is_large_list_view(t)
+
+
+def _required_nulls(arr: pa.Array, t: pa.DataType) -> str | None:
+    if pa.types.is_map(t):  # the entries of the non-null maps, a struct of key and value (a map has no flatten)
+        maps = arr.filter(arr.is_valid()) if arr.null_count else arr
+        first, end = (maps.offsets[0].as_py(), maps.offsets[-1].as_py()) if len(maps) else (0, 0)
+        return _required_nulls(maps.values.slice(first, end - first), pa.struct([t.key_field, t.item_field]))
+    if pa.types.is_struct(t):
+        children = [arr.field(i) for i in range(t.num_fields)]
+        if arr.null_count:  # a null struct's fields are not values
+            children = [c.filter(arr.is_valid()) for c in children]
+    elif _children(t):
+        children = [arr.flatten()]  # the items of the non-null lists
+    else:
+        return None
+    for f, child in zip(_children(t), children, strict=True):
+        if not f.nullable and child.null_count:
+            return f.name
+        found = _required_nulls(child, f.type)
+        if found is not None:
+            return f"{f.name}.{found}"
+    return None
 
 
 def to_arrow_table(data: object) -> pa.Table:
@@ -232,6 +284,9 @@ def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offset
         if not field.nullable and col.null_count:
             error = KeyViolationError if field.name in key else SchemaMismatchError
             raise error(f"column {field.name!r} is required but {col.null_count} row(s) are null")
+        inner = required_nulls(col, field.type)
+        if inner is not None:  # Arrow's cast does not check nested nullability; the Parquet writer would refuse the file
+            raise SchemaMismatchError(f"column {field.name!r}: {inner} is required but holds a null")
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=target)
 
