@@ -4,8 +4,8 @@ The table has ``--rows`` rows (default 100,000,000) in 5 columns (``id`` the key
 ``amount``, ``name``, ``qty``), appended ``--append-rows`` rows at a time (one data file per million rows) and
 its key index built. It is built once under ``--data-dir`` (kept outside the repository; later runs with the
 same ``--rows`` reuse it), with a copy made by the reference engine (Spark 3.5 + Iceberg 1.10, merge-on-read:
-``tests/reference``) from the same data files, and the upsert batch (1% of the rows: half of them keys the
-table has, half new keys) as a Parquet file.
+``tests/reference``) from the same data files, and the upsert batch (``--upsert-rows``, 1,000,000 by default
+at every size, at most half the rows: half of them keys the table has, half new keys) as a Parquet file.
 
 Then, for each system, from the same starting snapshot:
 
@@ -68,6 +68,7 @@ COLUMNS = ", ".join(SCHEMA.names)
 DELETE_WHERE, UPDATE_WHERE, UPDATE_SET = "bucket = 0", "bucket = 1", {"amount": "amount + 1"}
 SYSTEMS = ("embedded", "spark", "reference")  # embedded first: a stopped Spark session leaves its JVM running
 SEED = 33
+UPSERT_ROWS = 1_000_000  # the upsert batch, the same at every size so that its memory compares between sizes
 SMALL_GROUP = 16 << 20  # a second embedded scan reads 16 MiB of Parquet per group instead of the default 128 MiB
 
 
@@ -100,14 +101,18 @@ def build_ours(places: dict[str, str], rows: int, append_rows: int) -> dict[str,
     appended = time.perf_counter() - start
     t.reindex()
     indexed = time.perf_counter() - start - appended
-    n = max(2, rows // 100)
+    return {"rows": rows, "append_rows": append_rows, "append_s": round(appended, 1), "reindex_s": round(indexed, 1),
+            "base_version": t.version, "base_metadata": t.iceberg.metadata_location}
+
+
+def write_batch(places: dict[str, str], rows: int, n: int) -> dict[str, int]:
+    """The upsert batch of ``n`` rows (half of them keys the table has, half new keys) as Parquet; its figures."""
+    rng = np.random.default_rng(SEED + n)
     old = np.sort(rng.choice(rows, n // 2, replace=False)).astype(np.int64)
     new = np.arange(rows, rows + n - len(old), dtype=np.int64)
     batch = chunk(np.concatenate([old, new]), rng)
     pq.write_table(batch, places["batch"])
-    return {"rows": rows, "append_rows": append_rows, "append_s": round(appended, 1), "reindex_s": round(indexed, 1),
-            "base_version": t.version, "base_metadata": t.iceberg.metadata_location, "upsert_rows": batch.num_rows,
-            "upsert_existing": len(old)}
+    return {"upsert_rows": batch.num_rows, "upsert_existing": len(old)}
 
 
 def measure_base(places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
@@ -349,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--append-rows", type=int, default=1_000_000, help="rows per append when building (one data file each)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--spark-memory", default="4g", help="spark.driver.memory of our session and of the reference engine")
+    parser.add_argument("--upsert-rows", type=int, default=0,
+                        help=f"rows of the upsert batch, half of them keys the table has: {UPSERT_ROWS:,} by default (at most "
+                             "half the table), the same at every size so that its memory compares between sizes")
     parser.add_argument("--rebuild", action="store_true", help="build the table again even if --data-dir has it")
     parser.add_argument("--buckets", type=int, default=1, choices=range(1, 51), metavar="1-50",
                         help="buckets (1%% of the rows each) the delete and the update match: 1 by default; more to see "
@@ -370,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     if built_now:
         print(f"building {args.rows:,} rows under {places['root']}", flush=True)
         info = build_ours(places, args.rows, args.append_rows)
+        json.dump(info, open(places["info"], "w", encoding="utf-8"))
+    upsert_rows = args.upsert_rows or min(UPSERT_ROWS, args.rows // 2)
+    if info.get("upsert_rows") != upsert_rows or not os.path.exists(places["batch"]):
+        info.update(write_batch(places, args.rows, upsert_rows))
         json.dump(info, open(places["info"], "w", encoding="utf-8"))
     if "reindex" not in info:
         info.update(measure_base(places, info))

@@ -71,7 +71,8 @@ def test_the_embedded_run_end_to_end(tmp_path) -> None:
     import large
 
     out = tmp_path / "record.json"
-    args = ["--rows", "3000", "--append-rows", "1000", "--data-dir", str(tmp_path / "data"), "--systems", "embedded", "--out", str(out)]
+    args = ["--rows", "3000", "--append-rows", "1000", "--data-dir", str(tmp_path / "data"), "--systems", "embedded",
+            "--upsert-rows", "30", "--out", str(out)]
     assert large.main(args) == 0
     doc = json.loads(out.read_text())
     r = doc["results"]
