@@ -14,18 +14,23 @@ message.
 
 from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
-from duckdb.sqltypes import BIGINT, BOOLEAN
 
 import cdf.api as api
 from cdf.output import change_schema, decode_change_columns, deleted_schema
 from lineage.errors import InvalidArgumentError
 from lineage.table import Table
 
+if TYPE_CHECKING:  # a view's connection loads DuckDB; importing cdf does not
+    import duckdb
+
 
 def _duckdb_type(con: duckdb.DuckDBPyConnection, schema: pa.Schema) -> duckdb.DuckDBPyType:
     """The DuckDB type ``STRUCT(<schema>)[]``."""
+    import duckdb  # the caller's connection has loaded it
+
     scratch = duckdb.connect()
     try:
         scratch.register("probe", pa.Table.from_batches([], schema=schema))
@@ -54,6 +59,8 @@ def register(con: duckdb.DuckDBPyConnection, table: Table, name: str | None = No
 
     ``name`` defaults to the table's name without its namespace. Returns it.
     """
+    from duckdb.sqltypes import BIGINT, BOOLEAN  # ``con`` has loaded DuckDB
+
     if not isinstance(table, Table):
         raise InvalidArgumentError(f"table must be a lineage.Table, got {type(table).__name__}")
     name = name or table.name.split(".")[-1]

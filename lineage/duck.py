@@ -11,16 +11,19 @@ import importlib.util
 import itertools
 import os
 import re
+import sys
 import tempfile
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from lineage.errors import InvalidArgumentError, LineageError
 import lineage.storage.duckdb_s3 as duckdb_s3
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 def extension_path(name: str) -> str:
@@ -69,6 +72,8 @@ def load_extension(db: duckdb.DuckDBPyConnection, name: str) -> None:
 
 def _open(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
     """A new in-memory database that loads extensions only from their wheels."""
+    import duckdb  # here, at the first connection: a process that only reads change feeds never loads it (30 MB)
+
     db = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     for name in extensions:
         load_extension(db, name)
@@ -180,9 +185,19 @@ def temp_directory() -> str:
     return path.replace("'", "''")
 
 
+def is_error(exc: BaseException, kind: str = "Error") -> bool:
+    """Whether ``exc`` is DuckDB's ``duckdb.<kind>``; False while DuckDB is not loaded (no connection can have raised it).
+
+    For ``except`` clauses around code that may not have opened a connection: naming ``duckdb.Error``
+    there would load DuckDB for every write.
+    """
+    module = sys.modules.get("duckdb")
+    return module is not None and isinstance(exc, getattr(module, kind))
+
+
 def out_of_memory(exc: BaseException) -> LineageError | None:
     """The error to raise when ``exc`` is a sealed connection reaching its memory limit (None for any other error)."""
-    if not isinstance(exc, duckdb.OutOfMemoryException):
+    if not is_error(exc, "OutOfMemoryException"):
         return None
     first = next((line for line in str(exc).splitlines() if line.strip()), str(exc))
     return LineageError(

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
@@ -37,6 +36,9 @@ from lineage.read.scan import register_live_view
 from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.storage.files import is_remote
 from lineage.state import LiveFile, TableState, sized
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 DEFAULT_GROUP_BYTES = 128 << 20
 DEFAULT_BATCH_ROWS = 65_536
@@ -240,6 +242,8 @@ def _run(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.Duck
          execute: Callable[[str], T]) -> T:
     """``execute`` of the query selecting ``plan``'s rows of ``group`` in ``con`` (sealed to the group's files); DuckDB's
     errors become the project's."""
+    import duckdb  # loaded: the connection is open
+
     paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
     duck.seal(con, paths, exact_floats=plan.exact_floats)
     try:

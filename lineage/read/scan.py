@@ -11,8 +11,8 @@ ever materialised in Python.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -23,6 +23,9 @@ from lineage.storage.fileio import local_path
 from lineage.sql.predicate import quote_ident
 from lineage.storage.rle import combined_breakpoints
 from lineage.state import LiveFile
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 LINEAGE_SCHEMA = columns.LINEAGE_SCHEMA  # the lineage columns a scan adds (lineage.columns)
 

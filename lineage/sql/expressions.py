@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import duckdb
-
 import lineage.sql.allowlist as allowlist
 
 import lineage.duck as duck
@@ -120,6 +118,8 @@ def check_type(text: str) -> str:
 
 def _parse(sql: str, label: str) -> dict[str, Any]:
     with duck.scratch() as con:
+        import duckdb  # loaded: the connection is open
+
         try:
             raw = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]  # type: ignore[index]
         except duckdb.Error as exc:
@@ -179,6 +179,8 @@ def _render(tree: dict[str, Any], item: dict[str, Any], label: str) -> str:
     statement = tree["statements"][0]
     out = {**tree, "statements": [{**statement, "node": {**statement["node"], "select_list": [item]}}]}
     with duck.scratch() as con:
+        import duckdb  # loaded: the connection is open
+
         try:
             sql = con.execute("SELECT json_deserialize_sql(?::JSON)", [json.dumps(out)]).fetchone()[0]  # type: ignore[index]
         except duckdb.Error as exc:

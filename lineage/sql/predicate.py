@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import (
     AlwaysFalse,
@@ -195,6 +194,8 @@ _PROBES = itertools.count()
 
 
 def _check_boolean(sql: str, text: str, schema: pa.Schema) -> None:
+    import duckdb  # loaded with the first connection (lineage.duck)
+
     try:
         kind = expression_type(sql, schema)
     except duckdb.Error as exc:

@@ -39,7 +39,6 @@ import math
 from functools import lru_cache
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import (
     AlwaysTrue,
@@ -314,6 +313,8 @@ def _cast_value(node: dict[str, Any], type_id: str, python_type: type) -> object
 @lru_cache(maxsize=4096)
 def _duckdb_cast(text: str, type_id: str) -> object:
     with duck.scratch() as con:
+        import duckdb  # loaded: the connection is open
+
         try:
             return con.execute(f"SELECT CAST(? AS {type_id})", [text]).fetchone()[0]  # type: ignore[index]
         except duckdb.Error:

@@ -13,11 +13,13 @@ import hashlib
 import threading
 import weakref
 from collections.abc import Callable
-
-import duckdb
+from typing import TYPE_CHECKING
 
 import lineage.storage.files as files
 from lineage.storage.settings import StoreSettings
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 _LOCK = threading.Lock()
 _DONE: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, int] = weakref.WeakKeyDictionary()

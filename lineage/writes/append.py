@@ -9,8 +9,8 @@ a scan of the live key columns without it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange, defers_build
@@ -23,6 +23,9 @@ from lineage.sql.predicate import quote_ident
 from lineage.state import TableState
 from lineage.writes import key_checks
 from lineage.writes.plan import Plan
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 HINT = f"use upsert to update existing rows (or set table property {KEY_ENFORCE}=false to skip this check)"
 

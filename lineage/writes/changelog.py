@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import duckdb
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange
@@ -68,7 +67,8 @@ from lineage.writes.changelog_sql import Relations, net_effects_sql
 from lineage.writes.live_images import live_images_for_keys
 from lineage.writes.stream_position import StreamPosition, position_properties
 
-
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 class ChangelogStrategy(Protocol):

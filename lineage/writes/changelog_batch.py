@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +23,9 @@ from lineage.sql.predicate import quote_ident
 from lineage.properties import CHANGELOG_STRATEGY, registry
 from lineage.iceberg.schema import conform
 from lineage.writes.changelog_sql import OP_LABELS, OP_VERBS, OPS, POSITIVE, PROBLEMS, UPDATE_BEFORE, Relations, problems_sql
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 PROP_STRATEGY = CHANGELOG_STRATEGY
 DEFAULT_STRATEGY = registry[CHANGELOG_STRATEGY].default
@@ -46,7 +48,6 @@ class ChangelogBatch:
     def has_before_images(self) -> bool:
         """Whether any event is a ``-U`` (whose image strict mode checks)."""
         return bool(pc.any(pc.equal(self.events.column("__op"), UPDATE_BEFORE)).as_py())
-
 
 
 # ---------------------------------------------------------------- batch preparation

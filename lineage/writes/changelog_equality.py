@@ -41,8 +41,8 @@ refused with InvalidArgumentError.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,6 +64,9 @@ from lineage.writes.loop import log
 from lineage.writes.plan import CommitInfo, ms_to_datetime
 from lineage.properties import COMMIT_RETRIES
 from lineage.writes.stream_position import StreamPosition, stream_digest
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 OPERATION = "changelog"
 _EVENT = "__event"  # an event's batch position, carried through the data writer to learn each image's file position

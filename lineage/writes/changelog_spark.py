@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
@@ -40,6 +39,9 @@ from lineage.writes.plan import CommitInfo, Plan
 from lineage.properties import MERGE_ON_READ
 from lineage.writes.rows import REMOVED_COLS
 from lineage.writes.stream_position import StreamPosition
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 ROWS_PER_FILE = 2_000_000

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import duckdb
 import pyarrow as pa
 
 import lineage.sql.expressions as expressions
@@ -57,6 +56,8 @@ def check_expression(expr: str, schema: pa.Schema, column: str) -> str:
     The returned text, DuckDB's rendering of the checked parse tree, is what
     the update runs; never ``expr`` itself.
     """
+    import duckdb  # loaded with the first connection (lineage.duck)
+
     sql = expressions.check(expr, schema.names, f"set[{column!r}]").sql
     try:
         produced = expression_type(sql, schema)

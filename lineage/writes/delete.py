@@ -9,8 +9,7 @@ pre-images, their values to the deleted-rows index.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from index.key_index import KeyIndexChange, index_enabled
 import lineage.duck as duck
@@ -23,6 +22,9 @@ from lineage.writes import grouped, key_checks
 from lineage.writes.capture import old_values, split_old
 from lineage.writes.plan import Plan
 from lineage.writes.rows import REMOVED_COLS
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 def delete_planner(table: TableContext, pred: Predicate, mode: str) -> Callable[[TableState, duckdb.DuckDBPyConnection], Plan]:

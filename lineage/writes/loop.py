@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile, DataFileContent
@@ -46,6 +46,9 @@ from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed
 from lineage.writes.small_files import FoldPolicy, UntouchedFold, files_to_fold, rewrite_kept, untouched_fold
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 # The name the write loop always logged under (operators and tests filter on it).
@@ -94,7 +97,9 @@ def run_write(
         try:
             try:
                 plan = plan_fn(state, con)
-            except duckdb.Error as exc:
+            except Exception as exc:
+                if not duck.is_error(exc):
+                    raise
                 # The user's predicate or expressions failed on the data (e.g. a cast); nothing was written.
                 failed = InvalidArgumentError(f"evaluating the write's predicate or expressions failed: {exc}")
                 raise duck.out_of_memory(exc) or failed from None
@@ -103,8 +108,10 @@ def run_write(
             try:
                 with puts.parallel_puts():  # data and delete files fly with the commit's other files (landed before the catalog)
                     return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
-            except duckdb.OutOfMemoryException as exc:  # e.g. the kept rows of a copy-on-write rewrite
-                raise duck.out_of_memory(exc) from None
+            except Exception as exc:
+                if not duck.is_error(exc, "OutOfMemoryException"):
+                    raise
+                raise duck.out_of_memory(exc) from None  # e.g. the kept rows of a copy-on-write rewrite
         finally:
             shared[:] = [w.data_file.file_path for w in reuse_inserts or []]
             con.close()

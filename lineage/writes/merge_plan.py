@@ -17,8 +17,8 @@ This module never imports :mod:`lineage.table`; the table is passed in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -36,6 +36,8 @@ from lineage.writes.plan import Plan
 from lineage.properties import capture_preimages
 from lineage.writes.rows import REMOVED_COLS, conform_images
 
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 def merge_planner(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -18,6 +18,9 @@ from lineage.state import LiveFile
 from lineage.storage.deletes import positions_for
 from lineage.storage.rle import decode_sequence, decode_values
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED, REMOVED_COLUMNS
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 # The columns of a removed image: where it is (file id, position) and its lineage.
 REMOVED_COLS = ", ".join(REMOVED_COLUMNS)  # a removed image: its file and position, its lineage

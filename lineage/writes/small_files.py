@@ -25,8 +25,8 @@ import atexit
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
@@ -45,6 +45,9 @@ from lineage.storage.deletes import referenced_data_path
 from lineage.storage.deletion_vectors import replaced_by_vector
 from lineage.storage.writer import FRESH, WrittenFile, write_data_files
 from lineage.writes.rows import kept_rows, with_hidden
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 
 from index.key_index import KeyIndex, KeyIndexChange, read_file_keys
@@ -19,6 +18,8 @@ from lineage.writes.plan import CommitInfo, Plan
 from lineage.properties import MERGE_ON_READ
 from lineage.writes.spark_upsert import choose_strategy, plan_upsert
 
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 def append(table: TableContext, df: Any, check_keys: bool) -> CommitInfo:

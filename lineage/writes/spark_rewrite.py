@@ -24,9 +24,8 @@ path's).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
@@ -46,6 +45,9 @@ from lineage.writes.plan import CommitInfo, Plan
 from lineage.writes.spark_onepass import remove_in_one_pass
 from lineage.writes.spark_removed import KEY_PREFIX, RemovedOnSpark
 from lineage.writes.update import checked_set
+
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 # What identifies a removed image in a Spark row of live_rows: its file's local path, position and lineage.
 _POINTER = "__path, __pos, _row_id, _row_created_at_version, _row_last_updated_at_version"

@@ -11,8 +11,8 @@ This module never imports :mod:`lineage.table`; the table is passed in.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
@@ -33,6 +33,8 @@ from lineage.writes.plan import Plan
 from lineage.properties import MERGE_ON_READ, capture_preimages
 from lineage.writes.rows import REMOVED_COLS, check_updated_keys, conform_images
 
+if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
+    import duckdb
 
 
 def checked_set(schema: pa.Schema, where: str | BooleanExpression | None, set_: Mapping[str, str]) -> tuple[Predicate, str]:
