@@ -12,7 +12,9 @@ system runs on the same proxy, each in a bucket of its own, in this process one 
 - ``pyiceberg``: pyiceberg's own upsert (no change feed).
 
 Per system: a table of ``--rows`` rows loaded in one commit; ``--commits`` small upserts (5 updates, 5 inserts)
-by one long-lived writer, each timed (p50, p99) with its requests counted; the change feed of the last 5 and the
+by one long-lived writer, each timed (p50, p99) with its requests counted, also by object (``requests_per_commit``:
+requests by method and object kind over all commits, how many commits sent each number of requests, and each commit
+above the median with the objects it sent, so an outlier names what it wrote or read); the change feed of the last 5 and the
 last 25 of those commits (time, bytes read, rows returned, and the bytes of the rows returned); a full scan.
 The reads are measured as a reader in another process would make them: ours drops the objects and footers the
 writer holds in memory, DuckLake's connection turns DuckDB's external file cache off.
@@ -208,6 +210,56 @@ def make(system: str, endpoint: str, bucket: str, work: str) -> Any:
 
 
 # --------------------------------------------------------------------------- measurement
+# What a request's object is, from its path: Iceberg's files, this project's lineage and index files, the peers'.
+OBJECT_KINDS = (
+    ("-deletes.parquet", "position-deletes"), ("-dv.puffin", "deletion-vectors"), (".puffin", "deletion-vectors"),
+    (".metadata.json", "table-metadata"), ("/snap-", "manifest-list"), ("-merged-segment.parquet", "lineage-merged-segment"),
+    ("-segment.parquet", "lineage-segment"), ("-list.json", "lineage-list"), ("-log.json", "lineage-log-chunk"),
+    ("-deleted-rows.parquet", "deleted-rows-index"), ("-keys.kix", "key-index"), ("-keys.arrow", "key-index"),
+    (".avro", "manifest"), ("/_delta_log/", "delta-log"), (".parquet", "data"),
+)
+
+
+BACKGROUND = "POST delete-objects"  # expired metadata files, removed in batches off the writer's path (lineage.storage.removals)
+
+
+def object_kind(kind: str, path: str) -> str:
+    """``METHOD object-kind`` of one logged request (``LIST`` and bucket-level requests have no object)."""
+    if kind == "LIST":
+        return "LIST"
+    name, _, query = path.partition("?")
+    if kind == "POST" and query.startswith("delete"):
+        return BACKGROUND
+    return f"{kind} " + next((label for suffix, label in OBJECT_KINDS if suffix in name), "other")
+
+
+def commit_breakdown(logs: list[list[list]]) -> dict[str, Any]:
+    """Requests per commit by object kind: the total over all commits, how many commits sent each number of
+    requests, the most one commit sent without the batched removals of expired metadata files (a background
+    thread's request, one per 16 commits, that lands in whichever commit's window it falls), and each commit
+    above the median with what it sent (so an outlier names its extra objects)."""
+    per_commit = []
+    for log in logs:
+        kinds: dict[str, int] = {}
+        for entry in log:
+            k = object_kind(entry[0], entry[1])
+            kinds[k] = kinds.get(k, 0) + 1
+        per_commit.append(kinds)
+    totals: dict[str, int] = {}
+    histogram: dict[str, int] = {}
+    for kinds in per_commit:
+        for k, n in kinds.items():
+            totals[k] = totals.get(k, 0) + n
+        n = str(sum(kinds.values()))
+        histogram[n] = histogram.get(n, 0) + 1
+    median = statistics.median(sum(k.values()) for k in per_commit) if per_commit else 0
+    above = [{"commit": i + 1, "requests": sum(k.values()), "objects": dict(sorted(k.items()))}
+             for i, k in enumerate(per_commit) if sum(k.values()) > median]
+    own = max((sum(n for k, n in kinds.items() if k != BACKGROUND) for kinds in per_commit), default=0)
+    return {"by_object": dict(sorted(totals.items())), "max_without_background_removals": own, "commits_by_requests": dict(sorted(histogram.items(), key=lambda x: int(x[0]))),
+            "typical": dict(sorted(per_commit[-1].items())) if per_commit else {}, "above_median": above[:40]}
+
+
 def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     bucket = server.new_bucket()
@@ -218,7 +270,7 @@ def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Nam
         t0 = time.perf_counter()
         t.load(rows(np.arange(args.rows), rng))
         out: dict[str, Any] = {"load": {"seconds": round(time.perf_counter() - t0, 3), **proxy.counts()}}
-        times, requests = [], []
+        times, requests, logs = [], [], []
         next_id = args.rows
         for _ in range(min(args.commits, SLOW_PEER_COMMITS.get(system, args.commits))):
             updated = rng.choice(args.rows, 5, replace=False)
@@ -228,13 +280,16 @@ def run_system(system: str, proxy: Proxy, server: MotoServer, args: argparse.Nam
             t0 = time.perf_counter()
             t.upsert(batch)
             times.append(time.perf_counter() - t0)
-            requests.append(proxy.counts())
+            counts = proxy.counts(log=True)
+            logs.append(counts.pop("log"))
+            requests.append(counts)
         ms = sorted(x * 1000 for x in times)
         out["small_upsert"] = {
             "commits": len(ms), "p50_ms": round(statistics.median(ms), 1), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 1),
             "requests_per_commit_median": statistics.median(r["total"] for r in requests),
             "requests_per_commit_max": max(r["total"] for r in requests),
             "requests_by_kind_last": requests[-1]["requests"],
+            "requests_per_commit": commit_breakdown(logs),
         }
         for last in FEEDS if "feed" in args.steps else ():
             proxy.reset()

@@ -23,6 +23,7 @@ from lineage.errors import LineageMetadataError
 from lineage.storage.deletes import PATH_FIELD_ID, read_position_deletes
 from lineage.storage.metadata import FileLineage
 from lineage.storage.rle import decode_sequence, decode_values
+import lineage.storage.written_keys as written_keys
 
 if TYPE_CHECKING:
     from index.key_index import KeyIndex
@@ -87,7 +88,11 @@ _INT32 = np.iinfo(np.int32)
 
 
 def read_file_keys(io: FileIO, path: str, names: list[str]) -> pa.Table:
-    """Key columns of a data file a commit writes (by name: it was written with the current schema)."""
+    """Key columns of a data file a commit writes (by name: it was written with the current schema); from memory when
+    this process wrote the file (:mod:`lineage.storage.written_keys`)."""
+    kept = written_keys.known(path, names)
+    if kept is not None:
+        return kept
     with io.new_input(path).open() as f:
         return pq.ParquetFile(f).read(columns=names, use_threads=False)
 

@@ -483,6 +483,11 @@ def next_key_index(
             segments.append(delta)
     policy = MergePolicy.of(state.iceberg.metadata.properties)
     props = state.iceberg.metadata.properties
+    if moves and len(segments) >= 2 and segments[-2].path is None and segments[-1].path is None and _fits(props, segments[-2:]):
+        # The index this commit builds (the first keyed write after a bulk append) is not written yet: its delta joins
+        # it, so the commit writes one segment, not two (a build too large for memory keeps its delta apart).
+        start = len(segments) - 2
+        segments[start:] = [_merged(props, segments[start:], base=start == 0, level=segments[start].level)]
     while (step := next_merge([segment_info(s) for s in segments], policy, change.merge)) is not None:
         start, level = step
         segments[start:] = [_merged(props, segments[start:], base=start == 0, level=level)]
@@ -512,10 +517,15 @@ def _kept(segment: Segment) -> bool:
 def _merged(props: Mapping[str, str], segments: Sequence[Segment], *, base: bool, level: int) -> Segment:
     """``merge_segments(segments, ...)``: a merge into a base too large for the build budget range by range
     (:mod:`index.key_merge`: the same segment in bounded memory), any other in memory."""
-    budget = int(read(props, KEY_INDEX_BUILD_MEMORY))
-    if base and sum(s.entries for s in segments) * IN_MEMORY_BYTES_PER_KEY > budget:
+    if base and not _fits(props, segments):
+        budget = int(read(props, KEY_INDEX_BUILD_MEMORY))
         return key_merge.bounded_base_merge(segments, level=level, budget=budget, chunk_rows=_chunk_rows(budget))
     return merge_segments(segments, base=base, level=level)
+
+
+def _fits(props: Mapping[str, str], segments: Sequence[Segment]) -> bool:
+    """Whether ``segments`` merge in memory under the build budget (``lineage.key-index.build-memory-bytes``)."""
+    return sum(s.entries for s in segments) * IN_MEMORY_BYTES_PER_KEY <= int(read(props, KEY_INDEX_BUILD_MEMORY))
 
 
 def _rewritten(props: Mapping[str, str], segment: Segment) -> Segment:

@@ -456,3 +456,45 @@ def test_the_batch_key_check_reads_chunks_and_blocks_like_one_sorted_array(chunk
         assert (found is None) == (len(set(flat)) == len(flat)), found
     finally:
         schema._BLOCK = old
+
+
+_KEY_KINDS = {  # key columns of a keyed table (a composite key included) and how to make them from distinct integers
+    "int64": ([("id", pa.int64())], lambda ids: [pa.array(ids, pa.int64())]),
+    "string": ([("id", pa.string())], lambda ids: [pa.array([f"k{i:+}" for i in ids], pa.string())]),
+    "timestamp": ([("id", pa.timestamp("us"))], lambda ids: [pa.array(ids, pa.int64()).cast(pa.timestamp("us"))]),
+    "composite": ([("a", pa.int32()), ("b", pa.string())], lambda ids: [pa.array([i % 7 for i in ids], pa.int32()),
+                                                                     pa.array([str(i // 7) for i in ids], pa.string())]),
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(ids=st.lists(st.integers(-10**9, 10**9), min_size=1, max_size=80, unique=True), kind=st.sampled_from(sorted(_KEY_KINDS)),
+       partitioned=st.booleans(), updated=st.integers(0, 5))
+def test_the_first_build_from_the_key_columns_a_process_kept_equals_one_read_from_the_files(tmp_path_factory, ids, kind, partitioned,
+                                                                                            updated):
+    """The first keyed write after a deferred bulk append builds the index from the key columns this process kept
+    (lineage.storage.written_keys): the same index as a build that reads them from the files (another process), and
+    equal to the appended rows; the write that commits it keeps the index equal to a key scan."""
+    import lineage.storage.written_keys as written_keys
+
+    fields, make = _KEY_KINDS[kind]
+    key = [n for n, _ in fields]
+    schema = pa.schema([*(pa.field(n, t, nullable=False) for n, t in fields), ("part", pa.int32()), ("v", pa.int64())])
+    t = lineage.create_table("s.kept", schema, key=key, partition_by=["part"] if partitioned else None,
+                             warehouse=str(tmp_path_factory.mktemp("kept")), properties={PROP_DEFER_ROWS: "1"})
+    data = pa.Table.from_arrays([*make(ids), pa.array([i % 3 for i in ids], pa.int32()), pa.array(ids, pa.int64())], schema=schema)
+    t.append(data)
+    state = t.state()
+    assert state.lineage.key_index is None  # deferred to the first keyed write
+    assert all(written_keys.known(f.path, key) is not None for f in state.live_files())
+    kept = KeyIndex.build(state).live_entries()
+    rows = t.scan(columns=[*key, "_row_id"]).sort_by("_row_id")
+    assert kept.sort_by("_row_id").select([*key, "_row_id"]).equals(rows.cast(kept.select([*key, "_row_id"]).schema))
+    if updated:  # the first keyed write commits that build (with its own change, one segment)
+        batch = data.slice(0, updated).set_column(schema.get_field_index("v"), "v", pa.array([-1] * min(updated, len(ids)), pa.int64()))
+        assert t.upsert(batch).updated == batch.num_rows
+        _consistent(t)
+        assert len(t.state().lineage.key_index) == 1
+    written_keys.forget()  # what another process sees: nothing kept, the key columns read from the files
+    read = KeyIndex.build(state).live_entries()
+    assert kept.sort_by("_row_id").equals(read.sort_by("_row_id"))

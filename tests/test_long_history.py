@@ -30,7 +30,7 @@ from conftest import SCHEMA, assert_interop, rows
 from index import deleted_rows
 from lineage import state
 from lineage.storage import commit_log, metadata
-from lineage.storage.commit_log import CHUNK_ENTRIES
+from lineage.storage.commit_log import CHUNK_ENTRIES, LIST_FORMAT_VERSION
 from lineage.storage.fileio import local_path
 from lineage.storage.metadata import SUMMARY_LIST, read_list
 
@@ -179,16 +179,45 @@ def test_history_timestamps_and_feeds_match_format_1_lists(merging):
     _forget()
     assert _list_of(t)[1].log.head is None, "read as format 1: the log is all inline"
     assert _answers(t) == new_format
-    # writes on top of format-1 lists go on in format 2, with the same answers for the old versions
+    # writes on top of format-1 lists go on in the current format, with the same answers for the old versions
     before = _feed(t, 0, t.version)
     _small_commits(t, 3, start=CHUNK_ENTRIES + 12)
     path, lst = _list_of(t)
     with open(local_path(path)) as f:
-        assert json.load(f)["format-version"] == 2
+        assert json.load(f)["format-version"] == LIST_FORMAT_VERSION
     assert lst.log.head is not None, "the inline log was sealed into chunks"
     _forget()
     assert _feed(t, 0, t.version - 3) == before
     assert [c.version for c in t.history()] == list(range(1, t.version + 1))
+
+
+def test_a_full_tail_makes_the_parent_list_the_head_chunk_so_no_commit_writes_a_chunk_file(merging):
+    """Sealing the log writes nothing: the commit whose parent list holds CHUNK_ENTRIES entries names that list as
+    its head chunk. After the snapshots are expired and vacuumed, the lists the log names stay and read."""
+    import datetime as dt
+
+    t = merging
+    lists: dict[int, str] = {}
+    _small_commits(t, 2 * CHUNK_ENTRIES + 5, on_commit=lambda t: lists.__setitem__(t.version, _list_of(t)[0]))
+    folder = os.path.dirname(local_path(lists[1]))
+    assert not [n for n in os.listdir(folder) if n.endswith("-log.json")]
+    _, lst = _list_of(t)
+    assert len(lst.log.tail) == 5 and [c.version for c in lst.log.tail] == list(range(t.version - 4, t.version + 1))
+    head = lst.log.head
+    assert (head.path, head.first_version, head.last_version, head.count) == (lists[2 * CHUNK_ENTRIES], CHUNK_ENTRIES + 1, 2 * CHUNK_ENTRIES, CHUNK_ENTRIES)
+    _forget()
+    first = commit_log._read_chunk(t.iceberg.io, head.path).previous
+    assert (first.path, first.first_version, first.last_version) == (lists[CHUNK_ENTRIES], 1, CHUNK_ENTRIES)
+    history = t.history()
+    assert [c.version for c in history] == list(range(1, t.version + 1))
+    feed = _feed(t, 0)
+    t.expire_snapshots(retain_last=1)
+    t.vacuum(older_than=dt.timedelta(0))
+    left = set(os.listdir(folder))
+    assert {os.path.basename(lists[v]) for v in (CHUNK_ENTRIES, 2 * CHUNK_ENTRIES, t.version)} <= left
+    assert os.path.basename(lists[CHUNK_ENTRIES + 1]) not in left, "a list no log names is vacuumed"
+    _forget()
+    assert t.history() == history and _feed(t, 0) == feed
 
 
 def test_expired_log_follows_retention_and_keeps_checkpoints(warehouse):

@@ -30,7 +30,7 @@ from index.deleted_rows import RemovedImages, read_index_segment, write_index_se
 from lineage import state
 from lineage.storage import commit_log, metadata
 from lineage.storage.fileio import local_path
-from lineage.storage.metadata import SUMMARY_LIST, FileLineage, read_list, read_segment, write_segment
+from lineage.storage.metadata import LIST_FORMAT_VERSION, SUMMARY_LIST, FileLineage, read_list, read_segment, write_segment
 from lineage.storage.rle import (
     Runs,
     combined_breakpoints,
@@ -422,8 +422,8 @@ def test_newer_format_version_is_refused(warehouse, kind):
 
 
 def _as_format_1(obj: dict) -> dict:
-    """A format-2 list (log still all in the tail) written the way format 1 wrote it: paths only, the log inline."""
-    assert obj["format-version"] == 2 and obj["log"]["head"] is None
+    """A current list (log still all in the tail) written the way format 1 wrote it: paths only, the log inline."""
+    assert obj["format-version"] == LIST_FORMAT_VERSION and obj["log"]["head"] is None
     old = {k: v for k, v in obj.items() if k not in ("log", "segments")}
     return {**old, "format-version": "1", "segments": [s["path"] for s in obj["segments"]], "commits": obj["log"]["tail"]}
 
@@ -436,16 +436,17 @@ def test_older_or_same_format_version_is_read(warehouse):
     _clear_caches()
     assert t.count() == 9
     assert t.history() == history
-    # the next commit reads the format-1 list and writes format 2
+    # the next commit reads the format-1 list and writes the current format
     t.delete("id = 5")
     _clear_caches()
     list_path, lst = _current_list(t)
     with open(local_path(list_path)) as f:
-        assert json.load(f)["format-version"] == 2
+        assert json.load(f)["format-version"] == LIST_FORMAT_VERSION
     assert [c.version for c in lst.commits] == [1, 2, 3] and t.count() == 8
-    _rewrite_json(list_path, lambda o: {**o, "format-version": "2"})
-    _clear_caches()
-    assert t.count() == 8
+    for older in ("2", "3"):  # a string tag is fine; format 2 lists are read as format 3 (no list names another)
+        _rewrite_json(list_path, lambda o: {**o, "format-version": older})
+        _clear_caches()
+        assert t.count() == 8 and [c.version for c in _current_list(t)[1].commits] == [1, 2, 3]
 
 
 LIST_CORRUPTIONS = {

@@ -60,3 +60,23 @@ def test_segments_a_writer_keeps_equal_what_a_reader_reads_back(s3) -> None:
         assert KeyIndex.open(state).lookup(probe).equals(KeyIndex.open(t.state()).lookup(probe))
     scan = lineage.open_table("shop.kept", **s3.where()).scan(columns=["id", "_row_id"]).sort_by("id")
     assert kept.select(["id", "_row_id"]).to_pylist() == scan.to_pylist()
+
+
+def test_the_key_columns_a_process_wrote_are_kept_within_their_budget(monkeypatch) -> None:
+    import pyarrow as pa
+
+    import lineage.storage.written_keys as written_keys
+
+    monkeypatch.setattr(written_keys, "BUDGET", 3 * 8000)
+    monkeypatch.setattr(written_keys, "MAX_FILE_BYTES", 8000)
+    written_keys.forget()
+    keys = {f"s3://b/f{i}.parquet": pa.table({"id": np.arange(1000, dtype=np.int64) + 1000 * i, "x": np.zeros(1000)}) for i in range(4)}
+    for path, table in keys.items():
+        written_keys.remember(path, table.select(["id"]))  # 8000 bytes each: three fit
+    written_keys.remember("s3://b/big.parquet", pa.table({"id": np.arange(1001, dtype=np.int64)}))  # over the per-file limit
+    assert written_keys.known("s3://b/f0.parquet", ["id"]) is None, "the least recently used left"
+    assert written_keys.known("s3://b/big.parquet", ["id"]) is None
+    assert written_keys.known("s3://b/f3.parquet", ["id"]).equals(keys["s3://b/f3.parquet"].select(["id"]))
+    assert written_keys.known("s3://b/f3.parquet", ["other"]) is None  # not the columns asked for: read from the file
+    written_keys.forget()
+    assert written_keys.known("s3://b/f3.parquet", ["id"]) is None

@@ -73,26 +73,33 @@ def _bucket(moto_server) -> str:  # noqa: ANN001
 
 
 def test_a_small_commit_of_a_long_lived_writer_is_ten_puts(counted) -> None:
+    """From the first upsert on (which builds the key index a bulk append left to it) and past the commit log's chunk
+    boundary: at most ten PUTs, no GET, no HEAD; one key index file and no log chunk file each."""
+    from lineage.storage.commit_log import CHUNK_ENTRIES
+
     lake, proxy = counted
-    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where())
-    t.append(_rows(np.arange(1000), "a"))
-    rng = np.random.default_rng(3)
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where(), properties={"lineage.key-index.defer-rows": "100"})
+    t.append(_rows(np.arange(1000), "a"))  # as a bulk load: the index is left to the first keyed write
+    assert t.state().lineage.key_index is None
+    updated = np.random.default_rng(3).permutation(1000)  # rows of the loaded file, each updated once
     next_id = 1000
     per_commit = []
-    for i in range(6):
-        batch = _rows(np.concatenate([rng.choice(1000, 5, replace=False), np.arange(next_id, next_id + 5)]), f"u{i}")
+    for i in range(CHUNK_ENTRIES + 4):
+        batch = _rows(np.concatenate([updated[5 * i : 5 * i + 5], np.arange(next_id, next_id + 5)]), f"u{i}")
         next_id += 5
         proxy.reset()
         info = t.upsert(batch)
         got = proxy.counts(log=True)
         assert (info.inserted, info.updated) == (5, 5)
         per_commit.append(got)
-    for got in per_commit[1:]:  # the first commit of a writer opens the key index
-        kinds = got["requests"]
-        assert got["total"] <= SMALL_COMMIT_BUDGET, [e[:2] for e in got["log"]]
-        assert set(kinds) == {"PUT"}, kinds  # no HEAD after a write, no GET of a file this writer wrote
+    for i, got in enumerate(per_commit):
+        paths = [e[1] for e in got["log"]]
+        assert not [p for p in paths if p.endswith("-log.json")], (i, paths)
+        assert sum(p.endswith(".kix") for p in paths) == 1, (i, paths)
+        assert got["total"] <= SMALL_COMMIT_BUDGET, (i, paths)
+        assert set(got["requests"]) == {"PUT"}, (i, got["requests"])  # no HEAD after a write, no GET of a file this writer wrote
     table = lineage.open_table("shop.orders", **lake.where()).scan()
-    assert table.num_rows == 1030 and len(set(table.column("_row_id").to_pylist())) == 1030
+    assert table.num_rows == 1000 + 5 * len(per_commit) and len(set(table.column("_row_id").to_pylist())) == table.num_rows
 
 
 def test_updated_images_and_inserts_share_a_data_file(counted) -> None:

@@ -37,6 +37,7 @@ from lineage.storage.metadata import (
     LineageList,
     index_dir,
     lineage_dir,
+    read_list,
     remember_list,
     write_list,
     write_segment,
@@ -45,7 +46,7 @@ from lineage.outcome import Attempt, has_commit, send
 import lineage.catalog as catalog
 from lineage.storage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
 from lineage.commits.segment_list import next_segments
-from lineage.state import SnapshotFiles, TableState, writable_state
+from lineage.state import SnapshotFiles, TableState, own_list_path, writable_state
 from lineage.storage.writer import FRESH, WrittenFile
 import lineage.storage.puts as puts
 import lineage.storage.manifests_v3 as v3
@@ -276,7 +277,10 @@ def build_lineage(
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
     new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index)
-    new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{lin_dir}/{tag}-{i}-log.json", created)
+    # the parent's list, already written, becomes the log's head chunk when its tail is full (no chunk file written)
+    parent_path = own_list_path(state.snapshot) if state.snapshot is not None and req.transform_list is None else None
+    parent = (parent_path, read_list(iceberg.io, parent_path).log) if parent_path is not None else None
+    new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{lin_dir}/{tag}-{i}-log.json", created, parent)
     list_path = f"{lin_dir}/{tag}-list.json"
     created.append(list_path)
     bytes_written += log_bytes + write_list(iceberg.io, list_path, new_list)

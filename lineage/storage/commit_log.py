@@ -4,12 +4,16 @@ Format 1 lineage lists copied the whole log into every list, so a commit
 wrote bytes proportional to the number of earlier commits. From list format 2
 on, a list holds:
 
-* a **tail** of the newest entries (at most :data:`CHUNK_ENTRIES`; when it
-  reaches that length, the commit writes it out as a chunk and the tail starts
-  empty again);
-* a reference to the **head chunk**, the newest sealed one. Each chunk file
-  (JSON, format ``lineage-log`` version 1) holds its entries and a reference to
-  the chunk before it, so the chunks form a chain back to the first commit;
+* a **tail** of the newest entries (at most :data:`CHUNK_ENTRIES`);
+* a reference to the **head chunk**, the newest sealed one. A chunk holds its
+  entries and a reference to the chunk before it, so the chunks form a chain
+  back to the first commit. From list format 3 on, a chunk is normally an
+  earlier *list*: the commit whose parent's tail is full (``CHUNK_ENTRIES``
+  entries) names the parent's list as its head chunk (that list's tail and
+  head are exactly a chunk's entries and previous) and starts a tail of one
+  entry, so sealing writes no file at all. A tail that grew longer otherwise
+  (maintenance rewriting the log, a format-1 parent) is written out as chunk
+  files (JSON, format ``lineage-log`` version 1), as format 2 always did;
 * a **floor** once the log was expired (``Table.maintain`` / ``expire_log``,
   following the change-feed retention): entries at or below the floor version
   are no longer reachable; the floor keeps its own version and timestamp and,
@@ -17,8 +21,8 @@ on, a list holds:
   properties), the newest dropped entry that carried it; for the id of a
   change stream, the newest dropped entry of *each* stream.
 
-A commit therefore writes the list's tail plus, every :data:`CHUNK_ENTRIES`
-commits, one chunk: O(1) bytes amortized. Readers walk from the newest entry
+A commit therefore writes the list's tail and nothing else for the log: O(1)
+bytes, one object (the list) per commit. Readers walk from the newest entry
 back only as far as they need (a feed over the last ten commits reads the tail
 and at most a chunk or two); chunks are immutable and cached by path.
 """
@@ -36,7 +40,10 @@ from lineage.storage.fileio import ImmutableFileCache, read_json, write_json
 
 LOG_FORMAT = "lineage-log"
 LOG_FORMAT_VERSION = 1
-CHUNK_ENTRIES = 32  # tail length at which a commit seals the tail into a chunk
+LIST_FORMAT = "lineage-list"  # lineage lists (lineage.storage.metadata), whose log an earlier list's may name as its head chunk
+# 1: whole commit log inline; 2: chunked commit log, segment sizes; 3: a head chunk may be an earlier list (reads 1 to 3)
+LIST_FORMAT_VERSION = 3
+CHUNK_ENTRIES = 32  # most entries of a list's tail: the next commit names that list as its head chunk
 # Commit properties whose value names one of many sequences (a change stream's id): expiry keeps the newest entry of
 # each value, where for any other key it keeps the newest entry that carries the key.
 PROP_STREAM_ID = "lineage.user.stream-id"
@@ -192,18 +199,25 @@ def _read_chunk_uncached(fileio: FileIO, path: str) -> _Chunk:
         raise LineageMetadataError(f"commit log chunk {path} is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise LineageMetadataError(f"commit log chunk {path} is not a JSON object")
-    if obj.get("format") != LOG_FORMAT:
-        raise LineageMetadataError(f"{path} is not a {LOG_FORMAT} file (format tag {obj.get('format')!r}); the lineage metadata is corrupt")
+    kind = obj.get("format")
+    if kind not in (LOG_FORMAT, LIST_FORMAT):
+        raise LineageMetadataError(f"{path} is not a {LOG_FORMAT} file (format tag {kind!r}); the lineage metadata is corrupt")
     try:
         version = int(obj.get("format-version"))
     except (TypeError, ValueError):
         raise LineageMetadataError(f"{path} has no readable format version ({obj.get('format-version')!r})") from None
-    if version > LOG_FORMAT_VERSION:
+    supported = LOG_FORMAT_VERSION if kind == LOG_FORMAT else LIST_FORMAT_VERSION
+    if version > supported:
         raise UnsupportedFormatError(
-            f"{path} uses {LOG_FORMAT} format version {version}, but this release reads up to {LOG_FORMAT_VERSION}; upgrade the library"
+            f"{path} uses {kind} format version {version}, but this release reads up to {supported}; upgrade the library"
         )
     try:
-        return _Chunk(tuple(CommitEntry.from_json(c) for c in obj["entries"]), ChunkRef.from_json(obj.get("previous")))
+        if kind == LOG_FORMAT:
+            return _Chunk(tuple(CommitEntry.from_json(c) for c in obj["entries"]), ChunkRef.from_json(obj.get("previous")))
+        if version == 1:  # an earlier list of format 1: its whole log inline
+            return _Chunk(tuple(CommitEntry.from_json(c) for c in obj["commits"]), None)
+        log = obj["log"]  # an earlier list: its tail and head chunk
+        return _Chunk(tuple(CommitEntry.from_json(c) for c in log.get("tail", ())), ChunkRef.from_json(log.get("head")))
     except (KeyError, TypeError, ValueError) as exc:
         raise LineageMetadataError(f"commit log chunk {path} is malformed: {exc!r}") from exc
 
@@ -336,14 +350,28 @@ class CommitLog:
         tail = tuple(c for c in self.tail if c.version > newest.version)
         return CommitLog(tail=tail, head=self.head, floor=LogFloor(newest.version, newest.timestamp_ms, kept_entries), io=self.io)
 
-    def sealed(self, fileio: FileIO, path_of: Callable[[int], str], created: list[str]) -> tuple[CommitLog, int]:
-        """Seal the tail into chunks once it holds :data:`CHUNK_ENTRIES` entries; return the log and bytes written.
+    def sealed(
+        self, fileio: FileIO, path_of: Callable[[int], str], created: list[str], parent: tuple[str, CommitLog] | None = None
+    ) -> tuple[CommitLog, int]:
+        """The log with a tail of at most :data:`CHUNK_ENTRIES` entries; and the bytes of chunk files written.
 
-        ``path_of(i)`` names the i-th chunk written; every path is appended to
+        ``parent`` is ``(path, log)`` of the list this log's commit is based
+        on (a list already written). When this log is that one plus one entry
+        and the parent's tail is full, the parent's list becomes the head
+        chunk and the tail holds the new entry alone: nothing is written.
+        Otherwise a tail too long is written out as chunk files; ``path_of(i)``
+        names the i-th chunk written, and every path is appended to
         ``created`` before its file is written.
         """
-        if len(self.tail) < CHUNK_ENTRIES:
+        if len(self.tail) <= CHUNK_ENTRIES:
             return self, 0
+        if parent is not None:
+            path, before = parent
+            if len(before.tail) == CHUNK_ENTRIES and before.head == self.head and before.tail == self.tail[:-1]:
+                part = before.tail
+                _CHUNK_CACHE.get(path, lambda: _Chunk(part, before.head))
+                head = ChunkRef(path, part[0].version, part[-1].version, part[0].timestamp_ms, part[-1].timestamp_ms, len(part))
+                return CommitLog(tail=self.tail[-1:], head=head, floor=self.floor, io=fileio), 0
         head, written = self.head, 0
         for i, start in enumerate(range(0, len(self.tail), CHUNK_ENTRIES)):
             part = self.tail[start : start + CHUNK_ENTRIES]

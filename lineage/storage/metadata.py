@@ -7,7 +7,7 @@ visible by it (the snapshot summary points at the list):
   file a commit added, the run-length encoded row ids, created versions and
   updated versions by position. A data file's lineage never changes while the
   file exists, so each file is described exactly once;
-* a **lineage list** (JSON, ``lineage-list`` format 2; format 1 is still
+* a **lineage list** (JSON, ``lineage-list`` format 3; formats 1 and 2 are still
   read) is written by every commit. It names the segments that still describe
   live data files (with their sizes), the table's next row id, and the commit
   log (version, snapshot id, timestamp, operation, counts, and the commit's
@@ -32,15 +32,13 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
 from lineage.arrays import list_array
-from lineage.storage.commit_log import CommitEntry, CommitLog
+from lineage.storage.commit_log import LIST_FORMAT, LIST_FORMAT_VERSION, CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.storage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
 from lineage.storage.rle import Runs, combined_breakpoints
 
 SEGMENT_FORMAT = "lineage-segment"
-LIST_FORMAT = "lineage-list"
 FORMAT_VERSION = 1  # segments and the tagged Parquet files of the index
-LIST_FORMAT_VERSION = 2  # 1: whole commit log inline; 2: chunked commit log, segment sizes (reads 1 and 2)
 
 # Snapshot summary keys. The list path is the single pointer that makes a
 # commit's lineage visible; the others are there for humans and quick checks.
@@ -262,10 +260,12 @@ class LineageList:
         sizes = {s: n for s, n in {**self.segment_bytes, **(segment_bytes or {})}.items() if s in named}
         return replace(self, version=entry.version, next_row_id=next_row_id, segments=segments, log=self.log.append(entry), segment_bytes=sizes)
 
-    def sealed_log(self, fileio: FileIO, path_of: Callable[[int], str], created: list[str]) -> tuple[LineageList, int]:
-        """The list with its log tail sealed into chunks if it is long enough; and the bytes written."""
-        log, written = self.log.sealed(fileio, path_of, created)
-        return (replace(self, log=log) if written else self), written
+    def sealed_log(
+        self, fileio: FileIO, path_of: Callable[[int], str], created: list[str], parent: tuple[str, CommitLog] | None = None
+    ) -> tuple[LineageList, int]:
+        """The list with its log tail sealed if it is too long (see :meth:`CommitLog.sealed`); and the bytes written."""
+        log, written = self.log.sealed(fileio, path_of, created, parent)
+        return (self if log is self.log else replace(self, log=log)), written
 
     def replace_commits(self, transform: Callable[[CommitEntry], CommitEntry]) -> LineageList:
         """The list with every log entry passed through ``transform`` (maintenance re-pointing index files)."""
@@ -282,7 +282,7 @@ _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], An
 
 
 def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
-    """Write a lineage list in the current format (2); return its size in bytes."""
+    """Write a lineage list in the current format (:data:`LIST_FORMAT_VERSION`); return its size in bytes."""
     obj: dict[str, Any] = {
         "format": LIST_FORMAT,
         "format-version": LIST_FORMAT_VERSION,
@@ -299,7 +299,7 @@ def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
 
 
 def read_list(fileio: FileIO, path: str) -> LineageList:
-    """Read a lineage list of format 1 or 2 (cached by path: lists are immutable)."""
+    """Read a lineage list of format 1 to 3 (cached by path: lists are immutable)."""
     return _LIST_CACHE.get(path, lambda: _read_list_uncached(fileio, path))
 
 

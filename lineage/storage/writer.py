@@ -34,6 +34,7 @@ import lineage.storage.lineage_columns as lineage_columns
 import lineage.storage.v3_parquet as v3_parquet
 from lineage.storage.deletes import PATH_FIELD_ID, remember_vectors
 from lineage.storage.fileio import write_bytes
+import lineage.storage.written_keys as written_keys
 from lineage.properties import TARGET_FILE_SIZE, read
 from lineage.storage.rle import Runs
 
@@ -113,6 +114,7 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     write_uuid = uuid.uuid4()
     tasks: list[WriteTask] = []
     lineage: list[tuple[np.ndarray | None, ...]] = []
+    bodies: list[pa.Table] = []  # each file's rows (their key columns are kept for the key index)
     # Iceberg v3: rows that keep their id carry _row_id and _last_updated_sequence_number in the file (spec, Row Lineage).
     native = lineage_columns.writes_lineage_columns(metadata) and _HIDDEN[0] in data.column_names
     write_schema = lineage_columns.write_schema(schema) if native else schema
@@ -130,10 +132,15 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
                 WriteTask(write_uuid=write_uuid, task_id=len(tasks), schema=write_schema, record_batches=body.to_batches(), partition_key=key)
             )
             lineage.append(hidden)
+            bodies.append(body)
     if native:
         data_files = [lineage_columns.without_lineage_stats(df) for df in _native_files(bound(iceberg.io), metadata, tasks)]
     else:
         data_files = list(write_file(bound(iceberg.io), metadata, iter(tasks)))  # pyiceberg's threads join the caller's puts
+    key_names = [schema.find_column_name(fid) for fid in schema.identifier_field_ids]
+    if key_names:  # the key index reads these next (a commit's delta, or the first build after a bulk append)
+        for df, body in zip(data_files, bodies, strict=True):
+            written_keys.remember(df.file_path, body.select(key_names))
     return [WrittenFile(df, *hidden) for df, hidden in zip(data_files, lineage, strict=True)]
 
 
