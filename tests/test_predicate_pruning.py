@@ -181,8 +181,8 @@ def _make_table(data: pa.Table, partition: list[str] | None, file_bytes: str | N
     return t
 
 
-@settings(
-    max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "60")),
+@settings(  # 30 by default: the suite's slowest test at 60 (7.7 min of a 37-minute suite on 2 cores)
+    max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "30")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
