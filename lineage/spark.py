@@ -243,7 +243,7 @@ def reject_bad_batch(table: TableContext, df: Any, keyed: bool) -> None:
 
 def existing_keys(spark: Any, state: TableState, batch: Any, key: list[str]) -> list[dict[str, Any]]:
     """Up to three key values of ``batch`` that live rows already have (computed by executors)."""
-    live = live_rows(spark, state, key).select(*[column(k) for k in key])
+    live = live_rows(spark, state, key).select(*[column(k) for k in key]).hint("merge")  # never broadcast: see spark_upsert
     return [r.asDict() for r in batch.select(*[column(k) for k in key]).join(live, key, "left_semi").limit(3).collect()]
 
 

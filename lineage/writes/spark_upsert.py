@@ -100,7 +100,9 @@ def _by_join(table: TableContext, state: TableState, files: list[LiveFile], batc
     columns = schema.names
     capture = capture_preimages(state.iceberg.metadata.properties)
     read = list(columns) if capture else list(key)
-    live = spark_io.live_rows(batch.sparkSession, state, read, files).alias("l")
+    # Spark sizes the live rows by the small list of files they are read from and would broadcast all of them
+    # (10M rows: "Not enough memory to build and broadcast the table"): join them by sort-merge instead
+    live = spark_io.live_rows(batch.sparkSession, state, read, files).hint("merge").alias("l")
     b = batch.select(*[spark_io.column(c) for c in columns]).alias("b")
     cond = None
     for k in key:
