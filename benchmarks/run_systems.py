@@ -122,32 +122,11 @@ class Lineage(System):
         return data + sum(deletes.values())
 
     def bytes_by_kind(self) -> dict[str, int]:
-        """Bytes on disk under this system's folder per kind of object, history included (where a format writes more:
-        delete files are position delete files on v2, Puffin files of deletion vectors on v3)."""
-        import pyarrow.parquet as pq
+        """Bytes on disk under this system's folder per kind of object (:func:`large_measure.file_kind`), history
+        included; position deletes are position delete files on v2, Puffin files of deletion vectors on v3."""
+        import large_measure
 
-        from lineage.storage.metadata import INDEX_DIR, LINEAGE_DIR
-
-        out: dict[str, int] = {}
-        for path, size in record.files_under(self.root).items():
-            rel = path.replace(os.sep, "/")
-            if f"/{INDEX_DIR}/" in rel:
-                kind = "index"
-            elif f"/{LINEAGE_DIR}/" in rel:
-                kind = "lineage"
-            elif rel.endswith(".puffin"):
-                kind = "delete files"  # v3: deletion vectors
-            elif rel.endswith(".avro"):
-                kind = "manifests"
-            elif rel.endswith(".metadata.json"):
-                kind = "table metadata"
-            elif rel.endswith(".parquet"):
-                names = pq.read_schema(path).names
-                kind = "delete files" if "file_path" in names and "pos" in names else "data"  # v2: position deletes
-            else:
-                kind = "catalog"
-            out[kind] = out.get(kind, 0) + size
-        return dict(sorted(out.items()))
+        return {kind: n["bytes"] for kind, n in large_measure.table_sizes(record.files_under(self.root)).items() if n["files"]}
 
     def versions(self) -> dict[str, str]:
         import duckdb

@@ -109,9 +109,10 @@ def run_write(
                 with puts.parallel_puts():  # data and delete files fly with the commit's other files (landed before the catalog)
                     return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
             except Exception as exc:
-                if not duck.is_error(exc, "OutOfMemoryException"):
+                oom = duck.out_of_memory(exc)  # e.g. the kept rows of a copy-on-write rewrite; None for any other error
+                if oom is None:
                     raise
-                raise duck.out_of_memory(exc) from None  # e.g. the kept rows of a copy-on-write rewrite
+                raise oom from None
         finally:
             shared[:] = [w.data_file.file_path for w in reuse_inserts or []]
             con.close()
