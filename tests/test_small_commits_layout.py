@@ -150,12 +150,12 @@ def test_a_fold_writes_the_manifests_it_rewrites_as_one(warehouse: str, format_v
     snapshot = t.iceberg.current_snapshot()
     written = [m for m in snapshot.manifests(t.iceberg.io) if m.added_snapshot_id == snapshot.snapshot_id]
     data = [m for m in written if m.content == 0]
-    # the eight rewritten manifests as one (their files DELETED); on v2 the upsert's new file is ADDED to it (v3 gives an
-    # added manifest its own first row id: the new file has a manifest of its own there)
+    # the eight rewritten manifests as one (their files DELETED), the upsert's new file ADDED to it (on v3 as its first
+    # entry, inheriting the manifest's first row id: the row ids below stay those of a manifest of its own)
     counts = sorted((m.added_files_count, m.deleted_files_count) for m in data)
-    assert counts == ([(1, 8)] if format_version == 2 else [(0, 8), (1, 0)]), [(m.manifest_path, m.deleted_files_count) for m in data]
+    assert counts == [(1, 8)], [(m.manifest_path, m.deleted_files_count) for m in data]
     # base, the one rewritten (and new), deletes
-    assert manifests_before == 9 and len(snapshot.manifests(t.iceberg.io)) == (3 if format_version == 2 else 4)
+    assert manifests_before == 9 and len(snapshot.manifests(t.iceberg.io)) == 3
     after = {r[0]: r for r in rows(t.scan(with_lineage=True).sort_by("id"))}
     assert [after[i][1:3] for i in ids] == [("u", 2.0)] * 5 + [("i", 2.0)] * 5
     assert [r for r in before if r[0] not in ids] == [r for r in after.values() if r[0] not in ids]  # rows moved, unchanged

@@ -144,10 +144,12 @@ class LineageSnapshotProducer(_OverwriteFiles):
         data = [f for f in self._added_data_files if f.content == DataFileContent.DATA]
         deletes = [f for f in self._added_data_files if f.content != DataFileContent.DATA]
         manifests: list[ManifestFile] = []
-        # v2: new data files go into the data manifest a commit rewrites anyway (one folding small files drops them from
-        # theirs, lineage.writes.small_files), as new delete files do below; v3 assigns first row ids by added manifest.
+        # New data files go into the data manifest a commit rewrites anyway (one folding small files drops them from
+        # theirs, lineage.writes.small_files), as new delete files do below. On v3 they are its first entries and the
+        # only ones without a first_row_id (carried entries are written with theirs), so they inherit the manifest's
+        # first_row_id in the order added, as from a manifest of their own (list_order puts that manifest first).
         self._data_absorbed = False
-        self._absorb_data = data if data and not self.rewrite_all and self.first_row_ids is None and not self._v3 else []
+        self._absorb_data = data if data and not self.rewrite_all and self.first_row_ids is None else []
         # A commit's new delete files (v3: vectors; v2: position delete files, lineage.storage.merged_deletes) go into
         # the delete manifest it rewrites anyway (the one losing the files they replace), one object fewer per small
         # commit; written apart when no delete manifest of their spec is rewritten.
