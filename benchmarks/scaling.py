@@ -47,6 +47,7 @@ from cdf.engine_duckdb import image_values  # noqa: E402
 from cdf.pointers import change_pointers  # noqa: E402
 from lineage import decoded_cache  # noqa: E402
 from lineage.storage.fileio import local_path  # noqa: E402
+from lineage.storage.metadata import is_inline_segment, read_list, segment_object  # noqa: E402
 import record  # noqa: E402
 from record import files_under  # noqa: E402
 from run import SCHEMA, SEED, UPDATED, Mirror  # noqa: E402
@@ -82,7 +83,9 @@ def index_bytes(t: lineage.Table, a: int, b: int) -> dict[str, int]:
         if a < c.version <= b:
             if c.index:
                 out["index_bytes"] += os.path.getsize(local_path(c.index))
-            if getattr(c, "segment", None):
+            if getattr(c, "segment", None) and is_inline_segment(c.segment):  # inside its list: the size that list records
+                out["lineage_segment_bytes"] += read_list(t.iceberg.io, segment_object(c.segment)).segment_bytes.get(c.segment, 0)
+            elif getattr(c, "segment", None):
                 out["lineage_segment_bytes"] += os.path.getsize(local_path(c.segment))
     out["removed_images"] = sum(h.updated + h.deleted for h in t.history() if a < h.version <= b)
     return out

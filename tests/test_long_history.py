@@ -168,7 +168,8 @@ def _rewrite_all_lists_as_format_1(t: lineage.Table) -> int:
     return n
 
 
-def test_history_timestamps_and_feeds_match_format_1_lists(merging):
+def test_history_timestamps_and_feeds_match_format_1_lists(merging, monkeypatch):
+    monkeypatch.setattr(metadata, "INLINE_SEGMENT_RUNS", -1)  # segments in files of their own, as format 1 wrote them
     t = merging
     _small_commits(t, CHUNK_ENTRIES + 12)  # the log has a sealed chunk and a tail
     _, lst = _list_of(t)

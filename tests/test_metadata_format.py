@@ -60,6 +60,12 @@ def fresh_caches():
     _clear_caches()
 
 
+@pytest.fixture
+def segment_files(monkeypatch):
+    """Every commit writes its lineage segment as a file of its own (none is small enough to go inside its list)."""
+    monkeypatch.setattr(metadata, "INLINE_SEGMENT_RUNS", -1)
+
+
 # ====================================================================== rle.py
 VERSIONS = st.integers(min_value=0, max_value=2**40)
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -286,7 +292,10 @@ def _batch(n: int, offset: int = 0) -> pa.Table:
     ],
     ids=["1-row", "200k-rows", "200k-rows-small-files", "partitioned"],
 )
-def test_fresh_append_is_one_run_per_column_per_file(warehouse, n, properties, partition_by):
+@pytest.mark.parametrize("inline", [True, False], ids=["in-list", "segment-file"])
+def test_fresh_append_is_one_run_per_column_per_file(warehouse, n, properties, partition_by, inline, monkeypatch):
+    if not inline:
+        monkeypatch.setattr(metadata, "INLINE_SEGMENT_RUNS", -1)
     t = lineage.create_table("shop.orders", SCHEMA, key=["id"], partition_by=partition_by, warehouse=warehouse, properties=properties)
     info = t.append(_batch(n))
     assert info.version == 1 and info.inserted == n
@@ -317,10 +326,14 @@ def test_fresh_append_is_one_run_per_column_per_file(warehouse, n, properties, p
     assert sum(c for _, c in starts) == n
 
     # O(1): the metadata does not grow with the row count (a 1-row segment is ~4 KiB of Parquet framing;
-    # per-row lineage for 200k rows would be hundreds of KiB)
-    per_file = os.path.getsize(local_path(lst.segments[0])) / len(segment)
-    assert per_file < 16 * 1024
-    assert os.path.getsize(local_path(list_path)) < 4096
+    # per-row lineage for 200k rows would be hundreds of KiB); a few runs go inside the list (one object fewer)
+    assert metadata.is_inline_segment(lst.segments[0]) == inline
+    if inline:
+        assert lst.segments[0] == metadata.inline_segment_path(list_path) and len(lst.inline_segment) == len(segment)
+        assert not [n for n in os.listdir(os.path.dirname(local_path(list_path))) if n.endswith("-segment.parquet")]
+    segment_size = lst.segment_bytes[lst.segments[0]] if inline else os.path.getsize(local_path(lst.segments[0]))
+    assert segment_size / len(segment) < (1024 if inline else 16 * 1024)
+    assert os.path.getsize(local_path(list_path)) - (segment_size if inline else 0) < 4096
 
     ids = t.scan(columns=["_row_id"]).column("_row_id").to_numpy()
     assert np.array_equal(np.sort(ids), np.arange(n))
@@ -385,7 +398,7 @@ def _state_of(t: lineage.Table):
 
 
 @pytest.mark.parametrize("kind", ["segment", "list", "index"])
-def test_newer_format_version_is_refused(warehouse, kind):
+def test_newer_format_version_is_refused(warehouse, kind, segment_files):
     t = _seeded(warehouse)
     paths = _paths(t)
     path = paths[kind]
@@ -514,7 +527,7 @@ SEGMENT_CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("corruption", sorted(SEGMENT_CORRUPTIONS))
-def test_corrupt_or_missing_segment_is_a_metadata_error(warehouse, corruption):
+def test_corrupt_or_missing_segment_is_a_metadata_error(warehouse, corruption, segment_files):
     t = _seeded(warehouse)
     paths = _paths(t)
     before = _state_of(t)
@@ -532,6 +545,106 @@ def test_corrupt_or_missing_segment_is_a_metadata_error(warehouse, corruption):
             pytest.fail(f"corrupt segment ({corruption}) was read without an error")
     t.refresh()
     assert _state_of(t) == before
+
+
+def _in_list(change):
+    """A change of the segment rows a list holds (list format 4)."""
+    return lambda p: _rewrite_json(p, lambda o: {**o, "segment": change(o["segment"])})
+
+
+def _first_row(change):
+    return _in_list(lambda rows: [change(dict(rows[0]))] + rows[1:])
+
+
+INLINE_SEGMENT_CORRUPTIONS = {
+    "list-missing": lambda p: os.remove(local_path(p)),
+    "no-segment-in-list": lambda p: _rewrite_json(p, lambda o: {k: v for k, v in o.items() if k != "segment"}),
+    "segment-not-a-list": _in_list(lambda rows: 5),
+    "row-not-an-object": _in_list(lambda rows: [5]),
+    "missing-key": _first_row(lambda r: {k: v for k, v in r.items() if k != "created_lengths"}),
+    "null-runs": _first_row(lambda r: {**r, "created_values": None}),
+    "nested-runs": _first_row(lambda r: {**r, "created_values": [[1]], "created_lengths": [10]}),
+    "runs-arrays-differ-in-length": _first_row(lambda r: {**r, "created_lengths": [4, 6]}),
+    "record-count-disagrees": _first_row(lambda r: {**r, "record_count": 11}),
+}
+
+
+def test_a_small_commit_writes_its_segment_inside_its_list_and_a_new_process_reads_it(warehouse):
+    t = _seeded(warehouse)
+    list_path, lst = _current_list(t)
+    segment = lst.segments[0]
+    assert metadata.is_inline_segment(segment) and metadata.segment_object(segment) != list_path  # version 1's list holds it
+    assert lst.commits[0].segment == segment and lst.inline_segment is None  # version 2 (a delete) added no data file
+    folder = os.path.dirname(local_path(list_path))
+    assert not [n for n in os.listdir(folder) if n.endswith("-segment.parquet")]
+    before = read_segment(t.iceberg.io, segment)
+    _clear_caches()
+    assert read_segment(t.iceberg.io, segment) == before and t.count() == 9
+    assert sorted(r["id"] for r in t.scan().to_pylist()) == [i for i in range(10) if i != 4]
+
+
+def test_a_segment_goes_inside_its_list_up_to_the_limit_and_into_a_file_past_it(warehouse, monkeypatch):
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], warehouse=warehouse)
+    monkeypatch.setattr(metadata, "INLINE_SEGMENT_RUNS", 2)
+    t.append(_batch(10))  # one file: a run of row ids, one of created and one of updated versions
+    monkeypatch.setattr(metadata, "INLINE_SEGMENT_RUNS", 3)
+    t.append(_batch(10, offset=10))
+    _clear_caches()
+    segments = _current_list(t)[1].segments
+    assert [metadata.is_inline_segment(s) for s in segments] == [False, True] and os.path.exists(local_path(segments[0]))
+    got = sorted((r["id"], r["_row_id"], r["_row_created_at_version"]) for r in t.scan().to_pylist())
+    assert got == [(i, i, 1 + i // 10) for i in range(20)]
+
+
+@pytest.mark.parametrize("corruption", sorted(INLINE_SEGMENT_CORRUPTIONS))
+def test_a_damaged_or_missing_segment_inside_a_list_is_a_metadata_error(warehouse, corruption):
+    t = _seeded(warehouse)
+    segment = _paths(t)["segment"]
+    before = _state_of(t)
+    INLINE_SEGMENT_CORRUPTIONS[corruption](metadata.segment_object(segment))
+    for call in (t.scan, lambda: t.count(), lambda: t.update("id = 1", {"amount": "0"})):
+        _clear_caches()
+        with pytest.raises(lineage.LineageMetadataError) as info:
+            call()
+        if corruption != "record-count-disagrees":  # names the data file whose runs disagree with it
+            assert segment in str(info.value), str(info.value)
+    t.refresh()
+    assert _state_of(t) == before
+
+
+def test_a_release_that_reads_lists_up_to_format_3_refuses_format_4(warehouse, monkeypatch):
+    t = _seeded(warehouse)
+    list_path = _paths(t)["list"]
+    with open(local_path(list_path)) as f:
+        assert json.load(f)["format-version"] == LIST_FORMAT_VERSION == 4
+    monkeypatch.setattr(metadata, "LIST_FORMAT_VERSION", 3)
+    monkeypatch.setattr(commit_log, "LIST_FORMAT_VERSION", 3)
+    before = _state_of(t)
+    for call in (t.scan, t.history, lambda: t.append(_batch(1, offset=100))):
+        _clear_caches()
+        with pytest.raises(lineage.UnsupportedFormatError) as info:
+            call()
+        assert "format version 4" in str(info.value) and "up to 3" in str(info.value), str(info.value)
+    t.refresh()
+    assert _state_of(t) == before
+
+
+def test_vacuum_keeps_the_list_that_holds_a_segment_a_later_list_names(warehouse):
+    import datetime as dt
+
+    from lineage.maintenance.verify import verify
+
+    t = _seeded(warehouse)
+    segment = _paths(t)["segment"]
+    t.delete("id = 5")
+    t.expire_snapshots(retain_last=1)
+    t.vacuum(older_than=dt.timedelta(0))
+    holder = metadata.segment_object(segment)
+    assert _current_list(t)[1].segments == (segment,)
+    assert len(t.iceberg.metadata.snapshots) == 1 and os.path.exists(local_path(holder))  # version 1's snapshot is gone
+    _clear_caches()
+    assert sorted(r["id"] for r in t.scan().to_pylist()) == [i for i in range(10) if i not in (4, 5)]
+    assert verify(t).problems == []
 
 
 INDEX_CORRUPTIONS = {

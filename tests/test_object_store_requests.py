@@ -20,7 +20,10 @@ import lineage.storage.puts as puts
 from conftest import SCHEMA
 from lakes import Lake, s3_lake
 
-SMALL_COMMIT_BUDGET = 10  # data file, delete file, 4 lineage files, 2 manifests, manifest list, metadata file
+# Data file, delete file, lineage list (the commit's segment inside it), deleted-rows index, key index, 2 manifests,
+# manifest list, metadata file; a v2 commit whose rows sit in two data files writes a delete file for each: one more.
+ONE_FILE_COMMIT = 9
+SMALL_COMMIT_BUDGET = 10
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from s3_proxy import Running  # noqa: E402 - the benchmark's proxy
 
@@ -72,9 +75,11 @@ def _bucket(moto_server) -> str:  # noqa: ANN001
     return root
 
 
-def test_a_small_commit_of_a_long_lived_writer_is_ten_puts(counted) -> None:
+def test_a_small_commit_of_a_long_lived_writer_is_nine_puts_or_ten_with_two_delete_files(counted) -> None:
     """From the first upsert on (which builds the key index a bulk append left to it) and past the commit log's chunk
-    boundary: at most ten PUTs, no GET, no HEAD; one key index file and no log chunk file each."""
+    boundary: nine PUTs for a commit whose rows sit in one data file (its lineage segment inside its list), ten for
+    one whose rows sit in two (a position delete file each, on v2); no GET, no HEAD; one key index file and no log
+    chunk or segment file each."""
     from lineage.storage.commit_log import CHUNK_ENTRIES
 
     lake, proxy = counted
@@ -92,14 +97,24 @@ def test_a_small_commit_of_a_long_lived_writer_is_ten_puts(counted) -> None:
         got = proxy.counts(log=True)
         assert (info.inserted, info.updated) == (5, 5)
         per_commit.append(got)
+    one_file = len(per_commit)
+    for i in range(2):  # a row of the loaded file and one an earlier upsert inserted (in a small file of its own)
+        batch = _rows(np.array([updated[5 * one_file + i], 1000 + 5 * i, next_id]), f"w{i}")
+        next_id += 1
+        proxy.reset()
+        info = t.upsert(batch)
+        got = proxy.counts(log=True)
+        assert (info.inserted, info.updated) == (1, 2)
+        assert sum(e[1].endswith("-deletes.parquet") for e in got["log"]) == 2, got["log"]  # one per data file
+        per_commit.append(got)
     for i, got in enumerate(per_commit):
         paths = [e[1] for e in got["log"]]
-        assert not [p for p in paths if p.endswith("-log.json")], (i, paths)
+        assert not [p for p in paths if p.endswith(("-log.json", "-segment.parquet"))], (i, paths)
         assert sum(p.endswith(".kix") for p in paths) == 1, (i, paths)
-        assert got["total"] <= SMALL_COMMIT_BUDGET, (i, paths)
+        assert got["total"] <= (ONE_FILE_COMMIT if i < one_file else SMALL_COMMIT_BUDGET), (i, paths)
         assert set(got["requests"]) == {"PUT"}, (i, got["requests"])  # no HEAD after a write, no GET of a file this writer wrote
     table = lineage.open_table("shop.orders", **lake.where()).scan()
-    assert table.num_rows == 1000 + 5 * len(per_commit) and len(set(table.column("_row_id").to_pylist())) == table.num_rows
+    assert table.num_rows == 1000 + 5 * one_file + 2 and len(set(table.column("_row_id").to_pylist())) == table.num_rows
 
 
 def test_updated_images_and_inserts_share_a_data_file(counted) -> None:

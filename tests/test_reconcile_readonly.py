@@ -25,7 +25,7 @@ import lineage
 import lineage.reconcile as rec
 from lineage.storage.fileio import local_path
 from lineage.maintenance import verify
-from lineage.storage.metadata import _LIST_CACHE
+from lineage.storage.metadata import _LIST_CACHE, segment_object
 from lineage.reconcile import reconciled_list_path
 from lineage.reconcile.scratch import is_scratch, scratch_location
 from lineage.state import forget_planned_files
@@ -81,7 +81,7 @@ def _names_no_scratch(t: lineage.Table) -> None:
         named += [p for p in (c.segment, c.index) if p]
     named += list(lst.log.chunk_paths(stop=lambda p: False))
     assert named and not [p for p in named if is_scratch(p) or p.startswith(scratch_location(t.iceberg))]
-    assert all(os.path.exists(local_path(p)) for p in named)
+    assert all(os.path.exists(local_path(segment_object(p))) for p in named)  # a segment inside a list: that list
 
 
 def _reads(t: lineage.Table, v0: int) -> tuple:

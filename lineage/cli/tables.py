@@ -161,7 +161,7 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
     from cdf.retention import PROP_RETENTION_DAYS, PROP_RETENTION_VERSIONS, window
     from lineage.storage.fileio import local_path
     from lineage.maintenance.vacuum import pinned_files
-    from lineage.storage.metadata import SUMMARY_LIST, index_dir, lineage_dir
+    from lineage.storage.metadata import SUMMARY_LIST, index_dir, is_inline_segment, lineage_dir
     from lineage.state import main_branch_snapshots
 
     with progress.task(f"reading {t.name}") as task:
@@ -230,7 +230,8 @@ def table_info(t: Any, progress: Progress) -> dict[str, Any]:
         "delete_files": {"count": del_n, "bytes": del_b, "deleted_positions": del_rows},
         "lineage": {
             "segments": len(lst.segments),
-            "segment_bytes": sum(_size_of(io, s) for s in lst.segments),
+            # a segment inside a list (format 4) is part of that list: the bytes the list records for it
+            "segment_bytes": sum(lst.segment_bytes.get(s, 0) if is_inline_segment(s) else _size_of(io, s) for s in lst.segments),
             "list_bytes": _size_of(io, list_path) if list_path else 0,
             "next_row_id": lst.next_row_id,
             "files_on_disk": lineage_disk[0],

@@ -35,7 +35,10 @@ from lineage.storage.metadata import (
     CommitEntry,
     FileLineage,
     LineageList,
+    fits_in_list,
     index_dir,
+    inline_segment,
+    inline_segment_path,
     lineage_dir,
     read_list,
     remember_list,
@@ -189,14 +192,17 @@ class BuiltLineage:
 
 
 def build_lineage(
-    iceberg: IcebergTable, state: TableState, req: CommitRequest, *, version: int, snapshot_id: int, timestamp_ms: int, tag: str, created: list[str]
+    iceberg: IcebergTable, state: TableState, req: CommitRequest, *, version: int, snapshot_id: int, timestamp_ms: int, tag: str,
+    created: list[str], inline: bool = False,
 ) -> BuiltLineage:
     """Write the lineage segment, index segment, key-index change and lineage list of a commit at ``version``.
 
     Every file is named from ``tag``; paths are appended to ``created``.
     Used by :func:`commit_change` (a fresh tag per attempt) and by the
     reconciliation of foreign snapshots (a tag derived from the snapshot id,
-    so reconciling the same snapshot twice writes the same files).
+    so reconciling the same snapshot twice writes the same files). With
+    ``inline``, a small segment is written inside the list (list format 4,
+    :mod:`lineage.storage.metadata`): one object fewer.
     """
     next_row_id = state.lineage.next_row_id
     # On v3 every added data file inherits a first_row_id from the snapshot's first-row-id, in the order added, whether
@@ -237,9 +243,14 @@ def build_lineage(
     ]
     lin_dir, idx_dir = lineage_dir(iceberg.metadata.location), index_dir(iceberg.metadata.location)
     bytes_written = sum(w.data_file.file_size_in_bytes for w in req.written) + sum(f.file_size_in_bytes for f in req.delete_files)
+    list_path = f"{lin_dir}/{tag}-list.json"
     segment_path = index_path = None
     segment_size = 0
-    if lineages:
+    in_list = None  # the segment's rows when the list holds them
+    if lineages and inline and fits_in_list(lineages):
+        segment_path = inline_segment_path(list_path)
+        in_list, segment_size = inline_segment(segment_path, lineages)  # its bytes count with the list's
+    elif lineages:
         segment_path = f"{lin_dir}/{tag}-segment.parquet"
         created.append(segment_path)
         segment_size = write_segment(iceberg.io, segment_path, lineages)
@@ -276,12 +287,12 @@ def build_lineage(
         gap=req.gap,
     )
     base_list = req.transform_list(state.lineage) if req.transform_list else state.lineage
-    new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index)
+    new_list = dataclasses.replace(base_list.with_commit(entry, nxt.segments, next_row_id, nxt.sizes), key_index=key_index,
+                                   inline_segment=in_list)
     # the parent's list, already written, becomes the log's head chunk when its tail is full (no chunk file written)
     parent_path = own_list_path(state.snapshot) if state.snapshot is not None and req.transform_list is None else None
     parent = (parent_path, read_list(iceberg.io, parent_path).log) if parent_path is not None else None
     new_list, log_bytes = new_list.sealed_log(iceberg.io, lambda i: f"{lin_dir}/{tag}-{i}-log.json", created, parent)
-    list_path = f"{lin_dir}/{tag}-list.json"
     created.append(list_path)
     bytes_written += log_bytes + write_list(iceberg.io, list_path, new_list)
     remember_list(list_path, new_list)
@@ -313,7 +324,7 @@ def _commit_change(iceberg: IcebergTable, state: TableState, req: CommitRequest,
     timestamp_ms = max(int(time.time() * 1000), last_ts + 1)
     tag = f"{version:09d}-{uuid.uuid4()}"
     built = build_lineage(iceberg, state, req, version=version, snapshot_id=snapshot_id, timestamp_ms=timestamp_ms, tag=tag,
-                          created=attempt.files)
+                          created=attempt.files, inline=True)
     properties = {
         SUMMARY_LIST: built.list_path,
         SUMMARY_VERSION: str(version),

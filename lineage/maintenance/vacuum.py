@@ -26,7 +26,7 @@ from lineage.errors import CommitConflictError, InvalidArgumentError, LineageErr
 from lineage.storage.fileio import local_path
 import lineage.storage.files as store
 from lineage.maintenance._common import MaintenanceResult, log
-from lineage.storage.metadata import SUMMARY_LIST, read_list
+from lineage.storage.metadata import SUMMARY_LIST, read_list, segment_object
 from lineage.outcome import backoff, commit_metadata
 from lineage.reconcile import foreign_list, reconcile_table, reconciled_list_path
 from lineage.retention import window
@@ -131,7 +131,7 @@ def _snapshot_refs(table: TableContext, snap: Snapshot, refs: set[str]) -> None:
     if lst is not None:
         refs.add(local_path(list_path))
         refs.update(local_path(p) for p in lst.resolved_deletes or ())
-        refs.update(local_path(seg) for seg in lst.segments)
+        refs.update(local_path(segment_object(seg)) for seg in lst.segments)  # a segment inside a list keeps the list
         # chunks of the commit log; lists share older chunks, so stop where an earlier list's walk went
         refs.update(local_path(p) for p in lst.log.chunk_paths(stop=lambda p: local_path(p) in refs))
         if lst.purged:

@@ -14,7 +14,7 @@ from lineage.storage.deletes import positions_for
 from lineage.errors import LineageError
 from lineage.maintenance._common import snapshot_files
 from lineage.maintenance.key_index import check_key_index
-from lineage.storage.metadata import read_segment
+from lineage.storage.metadata import read_segment, segment_object
 from lineage.retention import window
 from lineage.storage.rle import decode_sequence
 from lineage.state import TableState, state_at
@@ -76,7 +76,7 @@ def verify(table: TableContext | HasContext, check_row_ids: bool = True) -> Veri
         p.append("commit log timestamps go backwards")
 
     for seg in lst.segments:
-        if not _exists(seg):
+        if not _exists(segment_object(seg)):
             p.append(f"lineage segment missing: {seg}")
     for path in lst.resolved_deletes or ():
         if not _exists(path):

@@ -41,8 +41,9 @@ from lineage.storage.fileio import ImmutableFileCache, read_json, write_json
 LOG_FORMAT = "lineage-log"
 LOG_FORMAT_VERSION = 1
 LIST_FORMAT = "lineage-list"  # lineage lists (lineage.storage.metadata), whose log an earlier list's may name as its head chunk
-# 1: whole commit log inline; 2: chunked commit log, segment sizes; 3: a head chunk may be an earlier list (reads 1 to 3)
-LIST_FORMAT_VERSION = 3
+# 1: whole commit log inline; 2: chunked commit log, segment sizes; 3: a head chunk may be an earlier list; 4: a small
+# commit's lineage segment inside its list (lineage.storage.metadata) (reads 1 to 4)
+LIST_FORMAT_VERSION = 4
 CHUNK_ENTRIES = 32  # most entries of a list's tail: the next commit names that list as its head chunk
 # Commit properties whose value names one of many sequences (a change stream's id): expiry keeps the newest entry of
 # each value, where for any other key it keeps the newest entry that carries the key.

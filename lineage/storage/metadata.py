@@ -7,7 +7,7 @@ visible by it (the snapshot summary points at the list):
   file a commit added, the run-length encoded row ids, created versions and
   updated versions by position. A data file's lineage never changes while the
   file exists, so each file is described exactly once;
-* a **lineage list** (JSON, ``lineage-list`` format 3; formats 1 and 2 are still
+* a **lineage list** (JSON, ``lineage-list`` format 4; formats 1 to 3 are still
   read) is written by every commit. It names the segments that still describe
   live data files (with their sizes), the table's next row id, and the commit
   log (version, snapshot id, timestamp, operation, counts, and the commit's
@@ -17,10 +17,19 @@ visible by it (the snapshot summary points at the list):
   commit (:mod:`lineage.commits.merge_rule`), so neither does the segment list.
   The list also names the key index segments of a keyed table
   (:mod:`index.key_index`).
+
+From list format 4 on, a commit whose segment is small (at most
+:data:`INLINE_SEGMENT_RUNS` runs) writes it inside its list instead of as a
+file of its own, one object fewer per small commit: the list's ``segment``
+holds the segment's rows as JSON, and lists name it ``<list path>#segment``
+(:func:`segment_object` gives the object that holds a segment). It is read,
+cached and merged like any segment; the list that holds it is kept as long as
+a list names the segment.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -67,6 +76,33 @@ SUMMARY_OPERATION = "lineage.operation"
 SUMMARY_FORMAT_VERSION = "lineage.format-version"
 SUMMARY_STRATEGY = "lineage.write-strategy"  # the change-stream strategy of a commit (lineage.writes.changelog_equality)
 STRATEGY_EQUALITY = "equality"  # its value for an equality-delete commit
+
+INLINE_SUFFIX = "#segment"  # a segment written inside its list (format 4) is named <list path>#segment
+# Most runs (row ids, created and updated versions, over its files) a segment inside a list holds: about 20 bytes of
+# JSON a run, so at most ~80 KiB more to read with the list, against a request of its own (a fold of small files
+# with scattered row ids has about a run per row).
+INLINE_SEGMENT_RUNS = 4096
+
+
+def inline_segment_path(list_path: str) -> str:
+    """The name of the segment written inside the list at ``list_path``."""
+    return list_path + INLINE_SUFFIX
+
+
+def is_inline_segment(path: str) -> bool:
+    """Whether the segment ``path`` is written inside a lineage list (see the module docstring)."""
+    return path.endswith(INLINE_SUFFIX)
+
+
+def segment_object(path: str) -> str:
+    """The object that holds the segment ``path``: its file, or the list it is written in."""
+    return path[: -len(INLINE_SUFFIX)] if is_inline_segment(path) else path
+
+
+def fits_in_list(files: list[FileLineage]) -> bool:
+    """Whether a segment describing ``files`` is small enough to be written inside its commit's list."""
+    return sum(len(f.row_ids) + len(f.created) + len(f.updated) for f in files) <= INLINE_SEGMENT_RUNS
+
 
 _SEGMENT_SCHEMA = pa.schema(
     [
@@ -168,6 +204,18 @@ class FileLineage:
         return out
 
 
+def _segment_columns(files: list[FileLineage]) -> dict[str, list[Any]]:
+    """The segment's columns (:data:`_SEGMENT_SCHEMA`), a value per file; the runs' arrays as they are."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in _SEGMENT_SCHEMA}
+    for fl in files:
+        cols["file_path"].append(fl.file_path)
+        cols["record_count"].append(fl.record_count)
+        for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
+            cols[f"{prefix}_{first}"].append(runs.values)
+            cols[f"{prefix}_lengths"].append(runs.lengths)
+    return cols
+
+
 def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
     """Write a segment describing ``files``; return its size in bytes.
 
@@ -176,13 +224,7 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
     scattered rows has a million runs, whose dictionary cost ~170 MB to build
     and made the file larger.
     """
-    cols: dict[str, list[Any]] = {f.name: [] for f in _SEGMENT_SCHEMA}
-    for fl in files:
-        cols["file_path"].append(fl.file_path)
-        cols["record_count"].append(fl.record_count)
-        for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
-            cols[f"{prefix}_{first}"].append(runs.values)
-            cols[f"{prefix}_lengths"].append(runs.lengths)
+    cols = _segment_columns(files)
     arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
     table = pa.Table.from_arrays(arrays, schema=_SEGMENT_SCHEMA)
     size = write_tagged_parquet(fileio, path, table, SEGMENT_FORMAT, use_dictionary=False)
@@ -190,24 +232,47 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
     return size
 
 
-def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
-    table = read_tagged_parquet(fileio, path, SEGMENT_FORMAT, "lineage segment")
-    out = []
+def inline_segment(path: str, files: list[FileLineage]) -> tuple[tuple[dict[str, Any], ...], int]:
+    """The rows of a segment describing ``files`` as its list holds them (JSON objects, one per file), and their
+    size in bytes; ``path`` (:func:`inline_segment_path`) is remembered, so this process reads it from memory."""
+    cols = _segment_columns(files)
+    rows = tuple({name: v.tolist() if isinstance(v, np.ndarray) else v for name, v in zip(cols, values)} for values in zip(*cols.values()))
+    _SEGMENT_CACHE.get(path, lambda: tuple(files))
+    return rows, len(json.dumps(rows, separators=(",", ":")))
+
+
+def _file_lineage(row: dict[str, Any]) -> FileLineage:
+    runs = {}
+    for name, first in (("row_id", "starts"), ("created", "values"), ("updated", "values")):
+        values = np.array(row[f"{name}_{first}"], np.int64)
+        lengths = np.array(row[f"{name}_lengths"], np.int64)
+        if values.ndim != 1 or len(values) != len(lengths) or (lengths <= 0).any():
+            raise ValueError(f"{name} runs are malformed")
+        runs[name] = Runs(values, lengths)
+    return FileLineage(str(row["file_path"]), int(row["record_count"]), runs["row_id"], runs["created"], runs["updated"])
+
+
+def _inline_rows(fileio: FileIO, path: str) -> tuple[Any, ...]:
+    """The rows of the segment ``path`` written inside a list (the list read, or taken from the cache)."""
     try:
-        for row in table.to_pylist():
-            runs = {}
-            for name, first in (("row_id", "starts"), ("created", "values"), ("updated", "values")):
-                values = np.array(row[f"{name}_{first}"], np.int64)
-                lengths = np.array(row[f"{name}_lengths"], np.int64)
-                if len(values) != len(lengths) or (lengths <= 0).any():
-                    raise ValueError(f"{name} runs are malformed")
-                runs[name] = Runs(values, lengths)
-            out.append(FileLineage(row["file_path"], int(row["record_count"]), runs["row_id"], runs["created"], runs["updated"]))
+        rows = read_list(fileio, segment_object(path)).inline_segment
+    except UnsupportedFormatError:
+        raise
+    except LineageMetadataError as exc:
+        raise LineageMetadataError(f"lineage segment {path} cannot be read: {exc}") from None
+    if rows is None:
+        raise LineageMetadataError(f"lineage segment {path} is missing: the list {segment_object(path)} holds no segment")
+    return rows
+
+
+def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
+    rows = _inline_rows(fileio, path) if is_inline_segment(path) else read_tagged_parquet(fileio, path, SEGMENT_FORMAT, "lineage segment").to_pylist()
+    try:
+        return tuple(_file_lineage(row) for row in rows)
     except LineageMetadataError:
         raise
     except Exception as exc:  # missing columns, nulls, wrong types
         raise LineageMetadataError(f"lineage segment {path} has damaged content: {exc!r}") from None
-    return tuple(out)
 
 
 _SEGMENT_CACHE = ImmutableFileCache(4096)
@@ -240,6 +305,8 @@ class LineageList:
     adopted: int | None = None  # the version at which lineage.adopt made an existing Iceberg table a lineage table
     # Resolved-delete files (lineage.iceberg.equality): positions that equality deletes of reconciled snapshots remove.
     resolved_deletes: tuple[str, ...] | None = None
+    # Format 4: the rows of this list's commit's segment when it is written here (named inline_segment_path(list path)).
+    inline_segment: tuple[dict[str, Any], ...] | None = None
     segment_bytes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -278,6 +345,7 @@ _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], An
     ("key_index", "key-index", list, tuple),  # key index segments, oldest first; absent: the table has no index
     ("adopted", "adopted", int, int),  # adoption version: the change feed starts there (cdf.retention)
     ("resolved_deletes", "resolved-deletes", list, tuple),  # resolved equality deletes (lineage.iceberg.equality)
+    ("inline_segment", "segment", list, tuple),  # format 4: the commit's segment, written here (read_segment decodes it)
 )
 
 
@@ -299,7 +367,7 @@ def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
 
 
 def read_list(fileio: FileIO, path: str) -> LineageList:
-    """Read a lineage list of format 1 to 3 (cached by path: lists are immutable)."""
+    """Read a lineage list of format 1 to 4 (cached by path: lists are immutable)."""
     return _LIST_CACHE.get(path, lambda: _read_list_uncached(fileio, path))
 
 
