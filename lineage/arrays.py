@@ -94,8 +94,10 @@ def merge_sorted(runs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None
     Equal values keep their order in the concatenation (an earlier run's first), exactly as
     ``np.argsort(..., kind="stable")`` orders them, but adjacent runs are merged pairwise in linear passes
     instead of sorted (a 2,000-record key index delta merged into a 1M-record base: no sort of 1M hashes).
-    Returns None when some run is not sorted (the caller sorts).
+    Returns None when some run is not sorted, or the runs' types differ (the caller sorts).
     """
+    if len({run.dtype for run in runs}) > 1:  # (uint64 and int64 would merge as float64)
+        return None
     for run in runs:
         if len(run) > 1 and not bool((run[1:] >= run[:-1]).all()):
             return None
@@ -123,7 +125,7 @@ def _merge_two(first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, n
     else:
         from_b[np.searchsorted(b, a, side="left") + np.arange(n)] = True
         np.logical_not(from_b, out=from_b)
-    values = np.empty(n + m, np.result_type(a, b))
+    values = np.empty(n + m, a.dtype)
     order = np.empty(n + m, np.int64)
     values[from_b], order[from_b] = b, b_order
     from_a = ~from_b
