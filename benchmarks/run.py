@@ -1,7 +1,8 @@
 """One workload, this product and its peers side by side, in one run (issue 6).
 
 Every system runs the same workload on the same generated data (numpy, fixed
-seed), each in its own child process, one after the other:
+seed), each in its own child process, one after the other (ours first, then
+``lineage-v3`` when named, so that v2 and v3 run back to back, then the peers):
 
 1. create the table (key ``id``; columns id, customer_id, status, amount, ordered_at);
 2. append the base rows (``--scale`` rows, one write);
@@ -44,7 +45,8 @@ system's folder plus growth of files modified in place, such as DuckLake's
 catalog database), and the system load. Per change feed: rows returned, counts
 and ``sum(id)`` per change type, compared with ours and with the counts the
 workload implies. Each feed is called ``--feed-calls`` times in a row (default
-5): the first call is the measured step (peak RSS, first-call time), and the
+5): the first call is the measured step (peak RSS, first-call time), every call's
+wall and CPU time is recorded (``calls_wall_s``, ``calls_cpu_s``), and the
 time reported for the feed is the median of all calls, since single calls on
 a shared VM vary by 2-3x from run to run (our reader keeps decoded row groups
 between calls within ``LINEAGE_ROW_GROUP_CACHE_MB``, recorded in the settings:
@@ -288,13 +290,15 @@ def run_child(system: str, plan_dir: str, root: str, out: str, feed_calls: int =
             value = step(f"cdf_{feed}", lambda: impl.feed(a, b, net), "feed")
             result["feeds"][feed] = impl.summarize(value)
             del value
-            calls = [result["steps"][-1]["wall_s"]]
+            calls, cpu = [result["steps"][-1]["wall_s"]], [result["steps"][-1]["cpu_s"]]
             for _ in range(feed_calls - 1):  # the same feed again, in the same process: time only
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 again = impl.feed(a, b, net)
                 calls.append(round(time.perf_counter() - t0, 4))
+                cpu.append(round(time.process_time() - c0, 4))
                 del again
             result["steps"][-1]["calls_wall_s"] = calls
+            result["steps"][-1]["calls_cpu_s"] = cpu  # CPU of all threads: varies far less with the load than the wall time
             save()
         if system.startswith("lineage"):  # untimed: our net answer over (b), to compare with Lance's net-like delta() there
             result["feeds_untimed"] = {"net_last5": impl.summarize(impl.feed(v_changes, v_end, True))}
@@ -542,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
         if "lineage" in systems:
             systems.remove("lineage")
         systems.insert(0, "lineage")  # ours first: the peers are compared with it
+        if "lineage-v3" in systems:  # right after v2, back to back: the v3/v2 ratios must not span the peers' runs
+            systems.remove("lineage-v3")
+            systems.insert(1, "lineage-v3")
     if args.scale < 1000:
         parser.error("--scale must be at least 1000")
     if args.feed_calls < 1 or args.append_calls < 1:

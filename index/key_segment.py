@@ -56,6 +56,7 @@ from index.key_store import (
     key_schema,
     to_arrays,
 )
+from lineage.arrays import merge_sorted
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.storage.fileio import ImmutableFileCache, local_path, overwrite_allowed, read_bytes, write_bytes
 
@@ -228,7 +229,7 @@ def make_segment(
 
 
 def _gather_all(columns: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
-    """``values[order]`` of every column: constant ones without a gather, the int32 ones (most) four side by side
+    """``values[order]`` of every column (``order`` a permutation or a subset of the records): constant ones without a gather, the int32 ones (most) four side by side
     in one matrix gathered row by row (one cache miss per record instead of one per column), the rest one by one."""
     out: dict[str, np.ndarray] = {}
     narrow: dict[str, np.ndarray] = {}
@@ -249,10 +250,10 @@ def _gather_all(columns: dict[str, np.ndarray], order: np.ndarray) -> dict[str, 
             continue
         # Four int32 side by side are one 16-byte element: numpy gathers those whole (viewed as complex128,
         # a plain copy of the bytes), about 2.5 times faster than one gather per column.
-        matrix = np.zeros((len(order), 4), np.int32)
+        matrix = np.zeros((len(narrow[group[0]]), 4), np.int32)
         for j, name in enumerate(group):
             matrix[:, j] = narrow[name]
-        rows = np.take(matrix.view(np.complex128).reshape(len(order)), order).view(np.int32).reshape(len(order), 4)
+        rows = np.take(matrix.view(np.complex128).reshape(len(matrix)), order).view(np.int32).reshape(len(order), 4)
         del matrix
         for j, name in enumerate(group):
             out[name] = rows[:, j]
@@ -367,10 +368,12 @@ def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Se
         remap = np.array([paths.setdefault(p, len(paths)) for p in s.files] + [0], np.int64)
         f = s.file.astype(np.int64, copy=False)
         file_parts.append(np.where(f >= 0, remap[np.maximum(f, 0)], -1))
-    hashes = np.concatenate([s.hash_values for s in newest_first])
+    runs = [s.hash_values for s in newest_first]
+    hashes = np.concatenate(runs)
     file = np.concatenate(file_parts)
-    ints = {c: np.concatenate([s.ints[c].astype(np.int64, copy=False) for s in newest_first]) for c in INT_ENTRIES}
-    order, ordered = hash_order(hashes)  # stable: newest first within equal hashes
+    ints = {c: np.concatenate([s.ints[c] for s in newest_first]) for c in INT_ENTRIES}  # int32 where every part is
+    # stable: newest first within equal hashes; each segment is in hash order, so the runs are merged, not sorted
+    order, ordered = merge_sorted(runs) or hash_order(hashes)
     keys = None
     if _injective(key):  # equal hashes are equal keys: the first of each run of equal hashes wins
         first = np.ones(len(order), bool)
@@ -386,7 +389,7 @@ def merge_segments(segments: Sequence[Segment], *, base: bool, level: int) -> Se
         keep = _newest_per_key(hashes, keys, rank, order)
     if base:
         keep = keep[file[keep] >= 0]
-    store = ArrayStore(hashes[keep], file[keep], list(paths), {c: v[keep] for c, v in ints.items()},
+    store = ArrayStore(hashes[keep], file[keep], list(paths), _gather_all(ints, keep),
                        None if keys is None else keys.take(pa.array(keep)))
     return Segment(store, key, level, base, hash_name())
 

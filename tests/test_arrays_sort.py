@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lineage.arrays import member, sort_in_place, stable_argsort, unique
+from lineage.arrays import member, merge_sorted, sort_in_place, stable_argsort, unique
 
 
 @settings(max_examples=60, deadline=None)
@@ -27,3 +27,22 @@ def test_sorts_of_random_and_nearly_sorted_arrays_match_numpy(n, swaps, span, se
         assert stable_argsort(values).tolist() == np.argsort(values, kind="stable").tolist()
         probe = rng.integers(-span, span, 50)
         assert member(probe, values).tolist() == np.isin(probe, values).tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 6), max_size=30), max_size=7), st.booleans())
+def test_merge_of_sorted_runs_is_the_stable_argsort_of_their_concatenation(runs, unsorted):
+    """Equal values (small ones repeat) keep their order in the concatenation, as numpy's stable argsort has them;
+    a run out of order is refused (None), never merged wrongly."""
+    arrays = [np.sort(np.array(r, np.uint64)) for r in runs]
+    if unsorted and any(len(set(r)) > 1 for r in runs):
+        i = next(i for i, r in enumerate(runs) if len(set(r)) > 1)
+        arrays[i] = arrays[i][::-1].copy()
+        assert merge_sorted(arrays) is None
+        return
+    got = merge_sorted(arrays)
+    assert got is not None
+    order, values = got
+    concatenated = np.concatenate(arrays) if arrays else np.empty(0, np.uint64)
+    assert order.tolist() == np.argsort(concatenated, kind="stable").tolist()
+    assert values.tolist() == np.sort(concatenated).tolist()
