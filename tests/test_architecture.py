@@ -11,6 +11,7 @@ that module as well. The layers and their rules are those of
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -119,8 +120,12 @@ def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
         yield from _imports(child)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
-    """module -> the project modules it imports (at any depth of its code, TYPE_CHECKING blocks left out)."""
+    """module -> the project modules it imports (at any depth of its code, TYPE_CHECKING blocks left out).
+
+    Parsed once per test session and shared by the tests that read it: do not modify it.
+    """
     mods = modules()
 
     def resolve(name: str) -> str | None:
