@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -213,10 +214,32 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test that uses the ``reference`` fixture with ``@pytest.mark.reference``."""
+    """Mark every test that uses the ``reference`` fixture with ``@pytest.mark.reference``; run slow modules first."""
     for item in items:
         if "reference" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.reference)
+    items[:] = slowest_modules_first(items)
+
+
+# Seconds of the slowest tests on the last full run (`make test`'s --durations), by test function.
+SLOW_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_tests.json")
+
+
+def slowest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with the modules holding the slowest recorded tests (:data:`SLOW_TESTS`) first, the rest in order.
+
+    pytest-xdist hands tests out in collection order, in chunks; a long test handed out last is the run's tail,
+    with the other worker idle. Whole modules move, their tests in pytest's order, so module-scoped fixtures
+    are still set up once per module and worker. A test missing from the record counts as fast.
+    """
+    with open(SLOW_TESTS) as f:
+        recorded: dict[str, float] = json.load(f)
+    weight: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        seconds = recorded.get(item.nodeid.split("[", 1)[0], 0.0)
+        weight[module] = max(weight.get(module, 0.0), seconds)
+    return sorted(items, key=lambda item: -weight[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ that module as well. The layers and their rules are those of
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -119,8 +120,12 @@ def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
         yield from _imports(child)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
-    """module -> the project modules it imports (at any depth of its code, TYPE_CHECKING blocks left out)."""
+    """module -> the project modules it imports (at any depth of its code, TYPE_CHECKING blocks left out).
+
+    Parsed once per test session and shared by the tests that read it: do not modify it.
+    """
     mods = modules()
 
     def resolve(name: str) -> str | None:
@@ -245,8 +250,20 @@ def test_function_level_and_package_imports_are_edges():
     assert "lineage.cli.demo" in graph["lineage.cli.tables"]
 
 
+# One interpreter imports every module in turn, after dropping the library's modules from sys.modules, so each
+# module's import runs the library's code from scratch. The library's code objects are compiled once and reused
+# (keyed by path and source): running a module does not depend on it, and recompiling each module for each of the
+# ~170 imports was most of the test's time (when no bytecode is written).
 IMPORT_EACH_FIRST = """
-import importlib, json, sys
+import importlib, importlib.machinery, json, sys
+compiled = {}
+compile_source = importlib.machinery.SourceFileLoader.source_to_code
+def source_to_code(self, data, path, *, _optimize=-1):
+    key = (path, data, _optimize)
+    if key not in compiled:
+        compiled[key] = compile_source(self, data, path, _optimize=_optimize)
+    return compiled[key]
+importlib.machinery.SourceFileLoader.source_to_code = source_to_code
 failed = {}
 names = json.loads(sys.argv[1])
 for name in names:

@@ -3,8 +3,9 @@
 The streaming test runs a real Structured Streaming query in a child process
 (``changelog_stream_job.py``), kills it with SIGKILL right after a batch
 committed to the table and before Spark recorded the batch in its
-checkpoint, restarts it from the checkpoint, and checks that the replayed
-batch was skipped and every batch was applied exactly once.
+checkpoint, restarts it from the checkpoint (in the test's own Spark
+session: only the kill needs a process of its own), and checks that the
+replayed batch was skipped and every batch was applied exactly once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from changelog_stream_job import run as run_stream
 from conftest import SCHEMA, finish_job, rows, start_job
 
 import cdf
@@ -118,13 +120,7 @@ def test_spark_changelog_captures_pre_images(spark, warehouse: str) -> None:
     assert _feed(t) == _feed(ref)
 
 
-def _run_job(warehouse: str, input_dir: str, checkpoint: str, log: str, kill_after: int | None = None) -> int:
-    args = [warehouse, "s.stream", input_dir, checkpoint, log] + ([str(kill_after)] if kill_after is not None else [])
-    err = log + ".stderr"
-    return finish_job(start_job("changelog_stream_job.py", *args, stderr_path=err), err)
-
-
-def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(tmp_path, warehouse: str) -> None:
+def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(spark, tmp_path, warehouse: str) -> None:
     input_dir, checkpoint, log = str(tmp_path / "in"), str(tmp_path / "chk"), str(tmp_path / "sink.log")
     os.makedirs(input_dir)
     seq, now = 0, time.time()
@@ -136,13 +132,15 @@ def test_streaming_sink_survives_a_kill_between_commit_and_checkpoint(tmp_path, 
     t = lineage.create_table("s.stream", SCHEMA, key=["id"], warehouse=warehouse)
     t.append(BASE)
 
-    assert _run_job(warehouse, input_dir, checkpoint, log, kill_after=1) == -signal.SIGKILL
+    err = log + ".stderr"
+    job = start_job("changelog_stream_job.py", warehouse, "s.stream", input_dir, checkpoint, log, "1", stderr_path=err)
+    assert finish_job(job, err) == -signal.SIGKILL
     with open(log) as f:
         assert f.read().split("\n")[:-1] == ["committed 0", "committed 1"]
     t.refresh()
     assert [c.properties["lineage.user.stream-batch-id"] for c in t.history() if c.operation == "changelog"] == ["0", "1"]
 
-    assert _run_job(warehouse, input_dir, checkpoint, log) == 0
+    run_stream(spark, warehouse, "s.stream", input_dir, checkpoint, log)  # the restart
     with open(log) as f:
         lines = f.read().split("\n")[:-1]
     assert lines[2:4] == ["skipped 1", "committed 2"], lines  # Spark replayed batch 1: a no-op

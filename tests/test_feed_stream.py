@@ -218,8 +218,11 @@ def _emitted(out: str) -> tuple[list[pa.Table], dict[int, list[pa.Table]]]:
     return [first[i] for i in sorted(first)], replays
 
 
-def _wait_for_batch(out: str, past: int, job: Any, timeout: float = 120) -> None:
-    """Wait until the sink wrote more than ``past`` batches (or the job ended)."""
+def _wait_for_batch(out: str, past: int, job: Any, timeout: float = 600) -> None:
+    """Wait until the sink wrote more than ``past`` batches (or the job ended).
+
+    The timeout only catches a hung job: on a loaded machine a child's JVM alone can take minutes to start.
+    """
     deadline = time.time() + timeout
     while len(glob.glob(os.path.join(out, "batch-*.parquet"))) <= past and job.poll() is None:
         assert time.time() < deadline, "the streaming job wrote no batch"
