@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
+
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -102,18 +106,25 @@ def test_a_change_feed_is_written_back_into_a_table(tmp_path) -> None:  # noqa: 
 
 
 def _nullable(t: pa.DataType) -> pa.DataType:
-    """``t`` with every nested field nullable (map keys stay required)."""
+    """``t`` with every nested field nullable (map keys stay required) and its narrow leaves wide (int32 as int64,
+    float as double): the type of a caller's values."""
     if pa.types.is_list(t):
         return pa.list_(pa.field(t.value_field.name, _nullable(t.value_type)))
     if pa.types.is_map(t):
         return pa.map_(t.key_type, pa.field(t.item_field.name, _nullable(t.item_type)))
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, _nullable(f.type)) for f in t])
-    return t
+    return {pa.int32(): pa.int64(), pa.float32(): pa.float64()}.get(t, t)
 
 
 def _holds_required_null(value: object, t: pa.DataType) -> bool:
-    """The model: does the (non-null) ``value`` of type ``t`` hold a null where ``t`` requires a value?"""
+    """The model: does the (non-null) ``value`` of type ``t`` hold a null where ``t`` requires a value, or a number
+    beyond the range of its leaf type (an int32 outside 32 bits, a finite double that is infinite as a float)?"""
+    if t == pa.int32():
+        return not -2**31 <= value < 2**31  # type: ignore[operator]
+    if t == pa.float32():
+        with np.errstate(over="ignore"):
+            return math.isfinite(value) and math.isinf(np.float32(value))  # type: ignore[arg-type]
     if pa.types.is_map(t):
         fields, items = [t.item_field] * len(value), [v for _, v in value]  # type: ignore[union-attr]
     elif pa.types.is_list(t):
@@ -125,7 +136,7 @@ def _holds_required_null(value: object, t: pa.DataType) -> bool:
     return any(x is None and not f.nullable or x is not None and _holds_required_null(x, f.type) for f, x in zip(fields, items))
 
 
-_LEAF = st.sampled_from([pa.int64(), pa.string()])
+_LEAF = st.sampled_from([pa.int64(), pa.string(), pa.int32(), pa.float32()])
 NESTED_TYPES = st.recursive(_LEAF, lambda inner: st.one_of(
     st.builds(lambda t, n: pa.list_(pa.field("element", t, nullable=n)), inner, st.booleans()),
     st.builds(lambda t, n: pa.map_(pa.string(), pa.field("value", t, nullable=n)), inner, st.booleans()),
@@ -145,16 +156,21 @@ def _values(t: pa.DataType) -> st.SearchStrategy:
         return st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), maybe(_values(t.item_type))), max_size=2, unique_by=lambda e: e[0])
     if pa.types.is_struct(t):
         return st.fixed_dictionaries({f.name: maybe(_values(f.type)) for f in t})
+    if t == pa.int32():
+        return st.sampled_from([0, 2**31 - 1, -2**31, 2**31, -2**31 - 1])
+    if t == pa.float32():
+        return st.sampled_from([0.5, -1e39, 1e39, 3.4e38, 3.5e38, 1e-50, math.inf, -math.inf, math.nan])
     return st.integers(-2, 2) if pa.types.is_integer(t) else st.sampled_from(["", "p"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "200")), deadline=None)
 @given(data=st.data(), t=NESTED_TYPES)
 def test_conform_refuses_exactly_the_nulls_a_nested_type_forbids(data, t) -> None:  # noqa: ANN001
     """A null inside a nested value where the column's type requires one (a list element, a map value, a struct field,
     at any depth, under a non-null parent) is refused by conform with SchemaMismatchError naming it, whatever the
-    input's own nullability; anything else is accepted with its values. Arrow's cast lets such nulls through, and the
-    write then failed inside the Parquet writer with a raw ArrowInvalid."""
+    input's own nullability; so is a number beyond its narrower leaf type (a double overflowing float: Arrow's safe cast
+    makes it inf); anything else is accepted with its values (NaN and infinities pass). Arrow's cast lets such nulls
+    through, and the write then failed inside the Parquet writer with a raw ArrowInvalid."""
     from lineage.iceberg.schema import arrow_schema, conform, iceberg_schema
 
     values = data.draw(st.lists(st.one_of(st.none(), _values(t)), min_size=1, max_size=4))
@@ -168,7 +184,7 @@ def test_conform_refuses_exactly_the_nulls_a_nested_type_forbids(data, t) -> Non
     else:
         got = conform(batch, schema, ["id"])
         assert got.column("c").type.equals(target)
-        assert got.column("c").to_pylist() == pa.array(values, _nullable(t)).cast(target).to_pylist()
+        assert repr(got.column("c").to_pylist()) == repr(pa.array(values, _nullable(t)).cast(target).to_pylist())  # NaN
 
 
 def test_a_null_in_a_required_list_element_or_map_value_changes_nothing(tmp_path) -> None:  # noqa: ANN001
@@ -238,3 +254,25 @@ def test_a_null_struct_with_required_fields_is_written_and_read_as_null(tmp_path
     with pytest.raises(SchemaMismatchError, match="'s'"):
         required.append(pa.table({"id": [1]}))
     assert required.version == 0 and t.version == 3
+
+
+@pytest.mark.parametrize("column, value, table_type", [
+    ("f", pa.array([1e39]), pa.float32()),
+    ("fl", pa.array([[1.0, -1e39]]), pa.list_(pa.float32())),
+    ("i", pa.array([2**31]), pa.int32()),
+    ("d", pa.array([123456], pa.decimal128(6, 0)), pa.decimal128(5, 0)),
+])
+def test_a_value_beyond_a_narrower_column_type_changes_nothing(tmp_path, column, value, table_type) -> None:  # noqa: ANN001
+    """A narrowing write (double into float, long into int, a decimal of more digits) whose value does not fit is
+    refused naming the column, by append and upsert alike, and the table is untouched; values that fit are written,
+    NaN and infinities included. Before, 1e39 was written to a float column as inf."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field(column, table_type)])
+    t = lineage.create_table("s.narrow", schema, key=["id"], warehouse=str(tmp_path / "wh"))
+    for write in (t.append, t.upsert):
+        with pytest.raises(SchemaMismatchError, match=f"column '{column}'"):
+            write(pa.table({"id": [1], column: value}))
+    assert t.version == 0 and t.scan().num_rows == 0
+    fits = {"f": pa.array([math.inf, 3.0e38]), "fl": pa.array([[math.nan, -math.inf], [1e-50]]), "i": pa.array([-2**31, 7]),
+            "d": pa.array([99999, -5], pa.decimal128(6, 0))}[column]
+    t.append(pa.table({"id": [1, 2], column: fits}))
+    assert repr(t.scan(columns=[column]).column(column).to_pylist()) == repr(fits.cast(table_type).to_pylist())

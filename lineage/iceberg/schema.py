@@ -202,10 +202,8 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _required_nulls(arr: pa.Array, t: pa.DataType) -> str | None:
-    if pa.types.is_map(t):  # the entries of the non-null maps, a struct of key and value (a map has no flatten)
-        maps = arr.filter(arr.is_valid()) if arr.null_count else arr
-        first, end = (maps.offsets[0].as_py(), maps.offsets[-1].as_py()) if len(maps) else (0, 0)
-        return _required_nulls(maps.values.slice(first, end - first), pa.struct([t.key_field, t.item_field]))
+    if pa.types.is_map(t):
+        return _required_nulls(_entries(arr), pa.struct([t.key_field, t.item_field]))
     if pa.types.is_struct(t):
         children = [arr.field(i) for i in range(t.num_fields)]
         if arr.null_count:  # a null struct's fields are not values
@@ -301,6 +299,13 @@ def _placeholder(relaxed: pa.DataType, t: pa.DataType) -> pa.Scalar:
     return pa.Array.from_buffers(relaxed, 1, [None, pa.py_buffer(bytes(max(t.bit_width // 8, 1)))])[0]
 
 
+def _entries(arr: pa.MapArray) -> pa.StructArray:
+    """The entries of the non-null maps of ``arr``, a struct of key and value (a map has no flatten)."""
+    maps = arr.filter(arr.is_valid()) if arr.null_count else arr
+    first, end = (maps.offsets[0].as_py(), maps.offsets[-1].as_py()) if len(maps) else (0, 0)
+    return maps.values.slice(first, end - first)
+
+
 def to_arrow_table(data: object) -> pa.Table:
     """Accept a pyarrow Table, RecordBatch, RecordBatchReader or pandas DataFrame."""
     if isinstance(data, pa.Table):
@@ -392,7 +397,7 @@ def _infinities(values: pa.Array | pa.ChunkedArray) -> int:
     chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
     if pa.types.is_struct(t):
         return sum(_infinities(f) for c in chunks for f in c.flatten())
-    return sum(_infinities(c.flatten()) for c in chunks)  # the items of the non-null lists (a map's entries)
+    return sum(_infinities(_entries(c) if pa.types.is_map(t) else c.flatten()) for c in chunks)
 
 
 def _has_float(t: pa.DataType) -> bool:
