@@ -276,3 +276,30 @@ def test_a_value_beyond_a_narrower_column_type_changes_nothing(tmp_path, column,
             "d": pa.array([99999, -5], pa.decimal128(6, 0))}[column]
     t.append(pa.table({"id": [1, 2], column: fits}))
     assert repr(t.scan(columns=[column]).column(column).to_pylist()) == repr(fits.cast(table_type).to_pylist())
+
+
+def test_compaction_and_purge_rewrite_null_structs_with_required_fields(tmp_path) -> None:  # noqa: ANN001
+    """Files written before a struct column with a required field was added, and rows whose struct a purge erases,
+    are rewritten with that struct null: before, compaction failed in Arrow's cast (the added column's nulls) and
+    purge would have written a null struct's required field as null."""
+    from pyiceberg.types import LongType, NestedField, StructType
+
+    from conftest import assert_interop
+
+    t = lineage.create_table("s.compact", pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.int64())]),
+                             key=["id"], warehouse=str(tmp_path / "wh"))
+    for i in range(3):
+        t.append(pa.table({"id": [i], "v": [i]}))
+    with t.iceberg.update_schema() as u:
+        u.add_column("s", StructType(NestedField(10, "a", LongType(), required=True)))
+    t.refresh()
+    point = pa.struct([pa.field("a", pa.int64(), nullable=False)])
+    t.append(pa.table({"id": [5, 6], "s": pa.array([{"a": 1}, {"a": 2}], point)}))
+    t.delete("id = 0")
+    expected = {1: (1, None), 2: (2, None), 5: (None, {"a": 1}), 6: (None, {"a": 2})}
+    assert t.compact().version is not None
+    assert {r["id"]: (r["v"], r["s"]) for r in t.scan().to_pylist()} == expected
+    lineage.maintenance.purge(t, "id = 5")
+    del expected[5]
+    assert {r["id"]: (r["v"], r["s"]) for r in t.scan().to_pylist()} == expected
+    assert_interop(t)

@@ -242,9 +242,15 @@ def cast_nested(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
     return values.cast(target)
 
 
+def null_values(n: int, t: pa.DataType) -> pa.Array:
+    """``n`` nulls of type ``t`` (a column missing from a batch or a data file), required nested fields filled."""
+    return cast_nested(pa.nulls(n, _relaxed(t)), t)
+
+
 def cast_table(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table | pa.RecordBatch:
-    """``table`` (or a batch) cast to ``schema`` column by column with :func:`cast_nested`."""
-    if table.schema == schema:
+    """``table`` (or a batch) cast to ``schema`` column by column with :func:`cast_nested` (also when the types are
+    the same already: a null struct made by ``if_else`` or ``pa.nulls`` has null required fields)."""
+    if table.schema == schema and not any(_has_required(t) for t in schema.types):
         return table
     return type(table).from_arrays([cast_nested(c, f.type) for c, f in zip(table.columns, schema, strict=True)], schema=schema)
 
@@ -352,7 +358,7 @@ def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offset
         if field.name not in names:
             if not field.nullable:
                 raise SchemaMismatchError(f"data lacks required column {field.name!r}")
-            columns.append(cast_nested(pa.nulls(data.num_rows, _relaxed(field.type)), field.type))
+            columns.append(null_values(data.num_rows, field.type))
             continue
         col = data.column(field.name)
         if pa.types.is_dictionary(col.type) and not pa.types.is_dictionary(field.type):

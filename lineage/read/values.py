@@ -46,7 +46,7 @@ from lineage.arrays import stable_argsort
 from lineage.memory import release_pool
 from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
 import lineage.storage.files as store
-from lineage.iceberg.schema import cast_nested
+from lineage.iceberg.schema import cast_nested, null_values
 
 FIELD_ID = b"PARQUET:field_id"
 WORKERS = 2  # decoding threads; the machines we target have few cores
@@ -103,7 +103,7 @@ def _conform(columns: dict[str, pa.ChunkedArray], sources: list[str | None], sch
     cols = []
     for name, f in zip(sources, schema, strict=True):
         if name is None:
-            cols.append(pa.nulls(n, f.type))
+            cols.append(null_values(n, f.type))
             continue
         col = columns[name]
         if pa.types.is_dictionary(col.type):
