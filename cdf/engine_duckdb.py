@@ -34,6 +34,7 @@ from lineage.arrays import stable_argsort
 from lineage.errors import LostFileError
 from lineage.state import TableState
 from lineage.read.values import Gathered, decoded, gather, take_rows
+from lineage.iceberg.schema import cast_nested, null_values
 
 _CHANGE_NAMES = pa.array(plan.CHANGE_TYPES, pa.string())
 _ENTRY_BITS = 40  # an entry of an index segment fits in 40 bits (a key packs the segment above it)
@@ -53,13 +54,13 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
     for f in data:
         name = str(field_ids[f.name])
         if name not in taken.column_names:  # a column added after the capture: null, as in the data file
-            cols.append(pa.nulls(len(rows), f.type))
+            cols.append(null_values(len(rows), f.type))
             continue
         col = taken.column(name)
         if pa.types.is_dictionary(col.type) and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
             cols.append(col)  # decoded by take_rows once the rows are in order
             continue
-        cols.append(col if col.type == f.type else col.cast(f.type))
+        cols.append(col if col.type == f.type else cast_nested(col, f.type))
     return pa.Table.from_arrays(cols, names=data.names)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lineage.storage.metadata import CommitEntry
+from lineage.iceberg.schema import cast_table
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 
@@ -90,4 +91,4 @@ def deleted_schema(data: pa.Schema, purged: bool = False) -> pa.Schema:
 def conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast an engine's result to the documented schema (column order included)."""
     result = result.select(schema.names)
-    return result if result.schema == schema else result.cast(schema)
+    return cast_table(result, schema)

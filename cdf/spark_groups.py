@@ -34,6 +34,7 @@ from lineage.errors import LineageMetadataError
 from lineage.spark import executor_io
 from lineage.state import TableState
 from lineage.storage.metadata import FileLineage, read_segment
+from lineage.iceberg.schema import cast_nested
 
 AFTER = "__after"  # the sort key's last part: 1 for an insert or post-image, 0 for a delete or pre-image
 TASK_BATCH_ROWS = 1_000_000
@@ -144,7 +145,7 @@ def stream_units(state: TableState, a: int, b: int, batch_rows: int) -> list[Uni
 
 def cast_to(part: pa.Table, target: pa.Schema) -> pa.Table:
     """``part``'s columns, in order, cast to ``target``'s types (the Arrow types of the Spark schema a task declares)."""
-    return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(part.columns, target, strict=True)], schema=target)
+    return pa.Table.from_arrays([cast_nested(c, f.type) for c, f in zip(part.columns, target, strict=True)], schema=target)
 
 
 def only_deletes(feed: PartPlan) -> PartPlan:

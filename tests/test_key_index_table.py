@@ -498,3 +498,40 @@ def test_the_first_build_from_the_key_columns_a_process_kept_equals_one_read_fro
     written_keys.forget()  # what another process sees: nothing kept, the key columns read from the files
     read = KeyIndex.build(state).live_entries()
     assert kept.sort_by("_row_id").equals(read.sort_by("_row_id"))
+
+
+def test_an_index_built_from_the_written_keys_equals_one_built_from_the_files(warehouse, monkeypatch):
+    """The first keyed write after deferred bulk appends builds the index from the key columns this process kept
+    (lineage.storage.written_keys). With a refused write's files (never committed) and another table's in that
+    memory, a writer racing in between, and a key column renamed since the files were written, the index is the one
+    a process that kept nothing builds by reading the files."""
+    import lineage.storage.written_keys as written_keys
+
+    def both(names: tuple[str, ...], rename: bool) -> list[lineage.Table]:
+        out = []
+        for n in names:
+            t = _table(warehouse, 5, n)
+            t.append(_batch(list(range(10))))
+            other = lineage.open_table(n, warehouse=warehouse)
+            other.append(_batch(list(range(10, 20))))  # deferred too: no index yet
+            with pytest.raises(KeyViolationError):
+                t.append(_batch([25, 25]))  # refused before any file is written
+            if rename:
+                with t.iceberg.update_schema() as upd:
+                    upd.rename_column("id", "ident")
+                t.refresh()
+            out.append(t)
+        return out
+
+    for rename in (False, True):
+        kept, fresh = both((f"s.kept{rename}", f"s.fresh{rename}"), rename)
+        key = "ident" if rename else "id"
+        batch = _batch([3, 30]).rename_columns([key, "name", "amount"])
+        kept.upsert(batch)
+        written_keys.forget()  # the second table's build reads every file
+        fresh.upsert(batch)
+        for t in (kept, fresh):
+            _consistent(t)
+            assert sorted(t.scan(columns=[key]).column(key).to_pylist()) == list(range(20)) + [30]
+        shapes = [[(s.level, s.entries) for s in KeyIndex.open(t.state()).segments] for t in (kept, fresh)]
+        assert shapes[0] == shapes[1], shapes

@@ -202,10 +202,8 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _required_nulls(arr: pa.Array, t: pa.DataType) -> str | None:
-    if pa.types.is_map(t):  # the entries of the non-null maps, a struct of key and value (a map has no flatten)
-        maps = arr.filter(arr.is_valid()) if arr.null_count else arr
-        first, end = (maps.offsets[0].as_py(), maps.offsets[-1].as_py()) if len(maps) else (0, 0)
-        return _required_nulls(maps.values.slice(first, end - first), pa.struct([t.key_field, t.item_field]))
+    if pa.types.is_map(t):
+        return _required_nulls(_entries(arr), pa.struct([t.key_field, t.item_field]))
     if pa.types.is_struct(t):
         children = [arr.field(i) for i in range(t.num_fields)]
         if arr.null_count:  # a null struct's fields are not values
@@ -221,6 +219,97 @@ def _required_nulls(arr: pa.Array, t: pa.DataType) -> str | None:
         if found is not None:
             return f"{f.name}.{found}"
     return None
+
+
+def cast_nested(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``values`` cast to ``target``, whose nested fields may be required.
+
+    A required field under a null parent (a null struct, or a null struct in a
+    list or map) holds no value, but Arrow's cast and the Parquet writer refuse
+    any null in a required field: DuckDB reads a null struct's fields as nulls,
+    and ``pa.nulls`` makes them so. Such a field gets a placeholder (zero, an
+    empty string or list) under its null parent. A required field that is null
+    under a non-null parent is refused by the cast (``ArrowInvalid``).
+    """
+    if not _has_required(target):
+        return values if values.type.equals(target) else values.cast(target)
+    relaxed = _relaxed(target)
+    values = values if values.type.equals(relaxed) else values.cast(relaxed)
+    if isinstance(values, pa.ChunkedArray):
+        values = pa.chunked_array([_fill(c, target) for c in values.chunks], relaxed)
+    else:
+        values = _fill(values, target)
+    return values.cast(target)
+
+
+def null_values(n: int, t: pa.DataType) -> pa.Array:
+    """``n`` nulls of type ``t`` (a column missing from a batch or a data file), required nested fields filled."""
+    return cast_nested(pa.nulls(n, _relaxed(t)), t)
+
+
+def cast_table(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table | pa.RecordBatch:
+    """``table`` (or a batch) cast to ``schema`` column by column with :func:`cast_nested` (also when the types are
+    the same already: a null struct made by ``if_else`` or ``pa.nulls`` has null required fields)."""
+    if table.schema == schema and not any(_has_required(t) for t in schema.types):
+        return table
+    return type(table).from_arrays([cast_nested(c, f.type) for c, f in zip(table.columns, schema, strict=True)], schema=schema)
+
+
+def _relaxed(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field nullable (a map's keys stay required: Arrow requires it)."""
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field, t.item_field.with_type(_relaxed(t.item_type)).with_nullable(True))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_relaxed(f.type)).with_nullable(True) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = t.value_field.with_type(_relaxed(t.value_type)).with_nullable(True)
+        return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
+    return t
+
+
+def _fill(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """``arr`` (of ``_relaxed(t)``) with a placeholder in each required field of ``t`` under a null struct."""
+    if not _has_required(t):
+        return arr
+    if pa.types.is_struct(t):
+        children = [_fill(arr.field(i), f.type) for i, f in enumerate(t)]
+        if arr.null_count:
+            valid = arr.is_valid()
+            children = [pc.if_else(valid, c, _placeholder(c.type, f.type)) if not f.nullable and c.null_count else c
+                        for c, f in zip(children, t, strict=True)]
+        return pa.StructArray.from_arrays(children, fields=list(arr.type), mask=arr.is_null() if arr.null_count else None)
+    if not (pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return arr
+    offsets = arr.offsets  # of a slice: into the whole of arr.values; rebased, for from_arrays takes no sliced offsets
+    first = offsets[0].as_py() if len(offsets) else 0
+    offsets = pc.subtract(offsets, pa.scalar(first, offsets.type))
+    end = first + (offsets[-1].as_py() if len(offsets) else 0)
+    mask = arr.is_null() if arr.null_count else None
+    if pa.types.is_map(t):
+        keys, items = arr.keys.slice(first, end - first), arr.items.slice(first, end - first)
+        return pa.MapArray.from_arrays(offsets, keys, _fill(items, t.item_type), type=arr.type, mask=mask)
+    values = _fill(arr.values.slice(first, end - first), t.value_type)
+    return type(arr).from_arrays(offsets, values, type=arr.type, mask=mask)
+
+
+def _placeholder(relaxed: pa.DataType, t: pa.DataType) -> pa.Scalar:
+    """A value of ``t`` (as a scalar of ``relaxed``) that stands under a null parent: never read as a value."""
+    if pa.types.is_struct(t):
+        children = [pa.nulls(1, r.type) if f.nullable else pa.array([_placeholder(r.type, f.type)], r.type)
+                    for r, f in zip(relaxed, t, strict=True)]
+        return pa.StructArray.from_arrays(children, fields=list(relaxed))[0]
+    if _children(t):
+        return pa.scalar([], relaxed)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pa.scalar(b"" if "binary" in str(t) else "", relaxed)
+    return pa.Array.from_buffers(relaxed, 1, [None, pa.py_buffer(bytes(max(t.bit_width // 8, 1)))])[0]
+
+
+def _entries(arr: pa.MapArray) -> pa.StructArray:
+    """The entries of the non-null maps of ``arr``, a struct of key and value (a map has no flatten)."""
+    maps = arr.filter(arr.is_valid()) if arr.null_count else arr
+    first, end = (maps.offsets[0].as_py(), maps.offsets[-1].as_py()) if len(maps) else (0, 0)
+    return maps.values.slice(first, end - first)
 
 
 def to_arrow_table(data: object) -> pa.Table:
@@ -269,26 +358,56 @@ def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offset
         if field.name not in names:
             if not field.nullable:
                 raise SchemaMismatchError(f"data lacks required column {field.name!r}")
-            columns.append(pa.nulls(data.num_rows, field.type))
+            columns.append(null_values(data.num_rows, field.type))
             continue
         col = data.column(field.name)
         if pa.types.is_dictionary(col.type) and not pa.types.is_dictionary(field.type):
             col = col.cast(col.type.value_type)  # dictionary-encoded values (pandas categoricals, the change feed's)
-        if not col.type.equals(field.type):
+        relaxed = _relaxed(field.type)  # nested nullability is checked below, with the path of the field
+        if not col.type.equals(field.type) and not col.type.equals(relaxed):
             if _family(col.type) != _family(field.type) and not pa.types.is_null(col.type):
                 raise SchemaMismatchError(f"column {field.name!r} has type {col.type}, the table expects {field.type}")
             try:
-                col = col.cast(field.type, safe=True)
+                cast = col.cast(relaxed, safe=True)  # safe: integers out of range, decimals losing digits are refused
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaMismatchError(f"column {field.name!r}: cannot convert {col.type} to {field.type}: {exc}") from None
+            overflow = _float_overflow(col, cast)
+            if overflow:
+                raise SchemaMismatchError(f"column {field.name!r}: cannot convert {col.type} to {field.type}: "
+                                          f"{overflow} value(s) beyond the range of the table's type")
+            col = cast
         if not field.nullable and col.null_count:
             error = KeyViolationError if field.name in key else SchemaMismatchError
             raise error(f"column {field.name!r} is required but {col.null_count} row(s) are null")
         inner = required_nulls(col, field.type)
         if inner is not None:  # Arrow's cast does not check nested nullability; the Parquet writer would refuse the file
             raise SchemaMismatchError(f"column {field.name!r}: {inner} is required but holds a null")
-        columns.append(col)
+        columns.append(cast_nested(col, field.type))
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _float_overflow(before: pa.Array | pa.ChunkedArray, after: pa.Array | pa.ChunkedArray) -> int:
+    """How many finite floating-point values of ``before`` became infinite in ``after``, its cast: Arrow's safe
+    cast of double to float turns values beyond float's range into infinities without a word (Spark's ANSI store
+    assignment refuses them). Values already infinite or NaN stay so."""
+    return 0 if before.type.equals(after.type) else _infinities(after) - _infinities(before)
+
+
+def _infinities(values: pa.Array | pa.ChunkedArray) -> int:
+    """The infinite floating-point values in ``values`` at any depth (in non-null lists, maps and structs)."""
+    t = values.type
+    if pa.types.is_floating(t):
+        return int(pc.sum(pc.is_inf(values)).as_py() or 0)
+    if not _children(t) or not _has_float(t):
+        return 0
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    if pa.types.is_struct(t):
+        return sum(_infinities(f) for c in chunks for f in c.flatten())
+    return sum(_infinities(_entries(c) if pa.types.is_map(t) else c.flatten()) for c in chunks)
+
+
+def _has_float(t: pa.DataType) -> bool:
+    return pa.types.is_floating(t) or any(_has_float(f.type) for f in _children(t))
 
 
 def check_columns(schema: Schema, columns: Sequence[str], what: str) -> None:

@@ -36,7 +36,7 @@ from lineage.maintenance._common import MaintenanceResult, commit_with_retries, 
 from lineage.sql.predicate import quote_ident
 from lineage.properties import DELETE_GRANULARITY, TARGET_FILE_SIZE, read
 from lineage.read.scan import register_live_view
-from lineage.iceberg.schema import projection_field_ids
+from lineage.iceberg.schema import cast_table, projection_field_ids
 from lineage.state import LiveFile, TableState, state_at
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, HIDDEN_UPDATED
 from lineage.storage.deletion_vectors import VectorTarget, vectors_of, write_vectors
@@ -214,7 +214,7 @@ def rewrite_group(iceberg: Any, group: list[LiveFile], schema: pa.Schema, field_
     finally:
         con.close()
     hidden = pa.schema(list(schema) + [pa.field(h, pa.int64(), False) for h in (HIDDEN_ROW_ID, HIDDEN_CREATED, HIDDEN_UPDATED)])
-    return write_data_files(iceberg, rows.cast(hidden))
+    return write_data_files(iceberg, cast_table(rows, hidden))
 
 
 def compact(

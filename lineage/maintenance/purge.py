@@ -57,7 +57,7 @@ from lineage.sql.predicate import parse_predicate, quote_ident
 from lineage.retention import window
 from lineage.storage.rle import decode_sequence, decode_values
 from lineage.read.scan import LINEAGE_SCHEMA, register_live_view
-from lineage.iceberg.schema import projection_field_ids
+from lineage.iceberg.schema import cast_table, projection_field_ids
 from lineage.state import TableState
 from lineage.read.values import read_at
 from lineage.storage.deletion_vectors import VectorTarget, write_vectors
@@ -134,7 +134,7 @@ def erased_copy(iceberg, path: str, schema: pa.Schema, mask: np.ndarray, templat
     copy on Iceberg v3, so that its rows keep their native row lineage.
     """
     data = pq.read_table(store.source(path), columns=schema.names)
-    return write_copy(iceberg, _null_rows(data, mask, donors).cast(schema), template, lineage)
+    return write_copy(iceberg, cast_table(_null_rows(data, mask, donors), schema), template, lineage)
 
 
 def purge(table: TableContext | HasContext, where: str | BooleanExpression, *, engine: str = "duckdb", spark: Any = None) -> MaintenanceResult:

@@ -38,6 +38,7 @@ from lineage.columns import CREATED_AT, LINEAGE_COLUMNS, ROW_ID, UPDATED_AT
 from lineage.state import LiveFile, sized
 from lineage.storage.deletes import live_positions, positions_for, read_position_deletes
 from lineage.storage.rle import decode_sequence, decode_values
+from lineage.iceberg.schema import cast_nested, null_values
 
 FIELD_ID_KEY = b"PARQUET:field_id"
 MAX_THREADS = 8  # files decoded at once (pyarrow releases the GIL; each file's read is itself multi-threaded)
@@ -111,10 +112,10 @@ def _read_file(f: LiveFile, local: str | None, data: Sequence[str], columns: Seq
         dtype = target.field(c).type
         fid = field_ids[c]
         if fid not in by_id:  # added to the table after the file was written
-            arrays[c] = pa.nulls(kept, dtype)
+            arrays[c] = null_values(kept, dtype)
             continue
         col = table.column(by_id[fid])
-        arrays[c] = (col.take(taken) if taken is not None else col).cast(dtype)
+        arrays[c] = cast_nested(col.take(taken) if taken is not None else col, dtype)
     if any(c in LINEAGE_COLUMNS for c in columns):
         lin = f.lineage
         decoded = {ROW_ID: decode_sequence(lin.row_ids), CREATED_AT: decode_values(lin.created), UPDATED_AT: decode_values(lin.updated)}

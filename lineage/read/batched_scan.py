@@ -36,6 +36,7 @@ from lineage.read.scan import register_live_view
 from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.storage.files import is_remote
 from lineage.state import LiveFile, TableState, sized
+from lineage.iceberg.schema import cast_table
 
 if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
     import duckdb
@@ -194,7 +195,7 @@ def read_all(plan: BatchedScan) -> pa.Table:
         ahead = [f.path for f in large] + [d.file_path for f in large for d in f.deletes]
         with prefetch.fetching(sized(plan.files), first=ahead) as fetch:
             parts = [_query_group(plan, group, select, fetch.copies(_sized_paths(group))) for group in (large, small)]
-    parts = [t.cast(plan.target) if t.schema != plan.target else t for t in parts]
+    parts = [cast_table(t, plan.target) for t in parts]
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
@@ -208,7 +209,7 @@ def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -
             name = _materialise(plan, group, select, con)
             for batch in con.execute(f"SELECT * FROM {name}").to_arrow_reader(batch_rows):
                 if batch.num_rows:
-                    yield batch if batch.schema == plan.target else batch.cast(plan.target)
+                    yield cast_table(batch, plan.target)
         finally:
             con.close()
 

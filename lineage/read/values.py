@@ -46,6 +46,7 @@ from lineage.arrays import stable_argsort
 from lineage.memory import release_pool
 from lineage.storage.fileio import ImmutableFileCache, file_stamp, local_path
 import lineage.storage.files as store
+from lineage.iceberg.schema import cast_nested, null_values
 
 FIELD_ID = b"PARQUET:field_id"
 WORKERS = 2  # decoding threads; the machines we target have few cores
@@ -102,7 +103,7 @@ def _conform(columns: dict[str, pa.ChunkedArray], sources: list[str | None], sch
     cols = []
     for name, f in zip(sources, schema, strict=True):
         if name is None:
-            cols.append(pa.nulls(n, f.type))
+            cols.append(null_values(n, f.type))
             continue
         col = columns[name]
         if pa.types.is_dictionary(col.type):
@@ -110,7 +111,7 @@ def _conform(columns: dict[str, pa.ChunkedArray], sources: list[str | None], sch
                 cols.append(col)
                 continue
             col = col.cast(col.type.value_type)
-        cols.append(col if col.type == f.type else col.cast(f.type))
+        cols.append(col if col.type == f.type else cast_nested(col, f.type))
     return cols
 
 
@@ -470,7 +471,7 @@ def _ordered(chunks: list[pa.Array], indices: pa.Array | None, rows: int, f: pa.
         col = col.take(indices)
     if not decode and pa.types.is_dictionary(col.type):
         return col
-    return col if col.type == f.type else col.cast(f.type)
+    return col if col.type == f.type else cast_nested(col, f.type)
 
 
 def take_rows(pieces: list[pa.Table], rows: np.ndarray, schema: pa.Schema, decode: bool = True) -> pa.Table:
