@@ -8,8 +8,9 @@ rows (half of them keys already in the table, half new) into each, one with
 and the ratio join / lookup. Both tables must end with the same rows.
 
 ``auto`` (what ``Table.upsert`` uses) picks the lookup for batches of at most
-1M rows and 5 % of the table (``lineage.writes.spark_upsert``): run with a
-``--batch`` around 5 % of ``--rows`` to see where the two meet.
+1M rows whatever their share of the table (``lineage.writes.spark_upsert``):
+run with a ``--batch`` that is a large share of ``--rows`` to check that the
+lookup still costs less.
 
     .venv/bin/python benchmarks/spark_upsert.py --rows 2000000 --batch 10000 --repeat 3
 """

@@ -286,16 +286,17 @@ def test_spark_writes_build_the_key_index_delta_in_bounded_memory_as_embedded(sp
 
 
 def test_the_upsert_strategy_follows_the_documented_threshold() -> None:
-    from lineage.writes.spark_upsert import LOOKUP_MAX_FRACTION, LOOKUP_MAX_ROWS, choose_strategy
+    from lineage.writes.spark_upsert import LOOKUP_MAX_ROWS, choose_strategy
 
-    assert choose_strategy("auto", True, 1_000, 1_000_000) == "lookup"
-    assert choose_strategy("auto", True, int(LOOKUP_MAX_FRACTION * 1_000_000) + 1, 1_000_000) == "join"
-    assert choose_strategy("auto", True, LOOKUP_MAX_ROWS + 1, 10**12) == "join"
-    assert choose_strategy("auto", False, 1, 10**9) == "join"  # no key index: nothing to look up
+    assert choose_strategy("auto", True, 1_000) == "lookup"
+    assert choose_strategy("auto", True, LOOKUP_MAX_ROWS) == "lookup"  # whatever its share of the table
+    assert choose_strategy("auto", True, LOOKUP_MAX_ROWS + 1) == "join"
+    assert choose_strategy("auto", False, 1) == "join"  # no key index: nothing to look up
+    assert choose_strategy("join", True, 1) == "join"
     with pytest.raises(lineage.InvalidArgumentError, match="key index"):
-        choose_strategy("lookup", False, 1, 10**9)
+        choose_strategy("lookup", False, 1)
     with pytest.raises(lineage.InvalidArgumentError, match="strategy"):
-        choose_strategy("hash", True, 1, 10**9)
+        choose_strategy("hash", True, 1)
 
 
 def test_every_spark_path_takes_the_active_session_and_says_so_without_one(spark, warehouse, monkeypatch) -> None:

@@ -55,6 +55,6 @@ def upsert(table: TableContext, df: Any, mode: str, strategy: str = "auto") -> C
     """
     if mode != MERGE_ON_READ:
         raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
-    choose_strategy(strategy, True, 0, 0)  # a bad strategy fails before any Spark job
+    choose_strategy(strategy, True, 0)  # a bad strategy fails before any Spark job
     spark_io.reject_bad_batch(table, df, keyed=True)
     return run_write(table, lambda state, con: plan_upsert(table, state, df, strategy), mode=MERGE_ON_READ)
