@@ -163,7 +163,9 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
     numbered across the files read (a file's first follows the previous
     file's last), so that the removed ones are one mask over them.
     """
-    runs: list[list[np.ndarray | None]] = []  # per file: file id, first flat position, length, row id start, created, updated
+    runs: list[list[np.ndarray | None]] = []  # per file: first flat position, length, row id start, created, updated
+    fids: list[int] = []  # per file read: the builder's id of the file, and how many of its runs are kept
+    counts: list[int] = []
     bases: dict[str, tuple[int, int]] = {}  # a file's first flat position and row count, by path
     flat_base: list[int] = []  # the same by file id of the builder (0: not read here)
     total = 0
@@ -189,27 +191,31 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
         flat_base.extend([0] * (fid + 1 - len(flat_base)))
         flat_base[fid] = total
         bases[fl.file_path] = (total, fl.record_count)
-        runs.append([np.full(count, fid, np.int32), pick(pos_start) + total, pick(length),
-                     pick(rid_start), pick(created), pick(updated)])
+        fids.append(fid)
+        counts.append(count)
+        runs.append([pick(pos_start) + total, pick(length), pick(rid_start), pick(created), pick(updated)])
         total += fl.record_count
     if not runs:
         return
-    src, flat, length, rid, cre, upd = _columns(runs)
+    flat, length, rid, cre, upd = _columns(runs)  # copies: changed in place below
+    src = np.repeat(np.array(fids, np.int32), counts)  # per run, its file
+    rid -= flat  # per run: row id minus flat position, the same for each of its images
+    # Image k of a run starting at image number s is at flat position start + k - s (one ramp for all runs).
+    # Each image then takes its run's values by its run number: one gather per column, after the removed
+    # images are dropped. Files rewritten row by row (a compacted file: updates keep each row's own created
+    # version) have runs of one row: their runs are their images, nothing is expanded.
     n = int(length.sum())
-    # Files rewritten row by row (updates keep each row's own created version) have runs of one row: nothing
-    # to expand then. Else the runs are expanded, every array freed once used (runs may be as many as images).
-    offsets = None
-    if n != len(length):  # image k of a run starting at image number s: the run's value - s + k (one ramp for all runs)
+    run: np.ndarray | None = None
+    if n != len(length):
         first = np.cumsum(length)
         first -= length
         flat -= first
-        rid -= first  # the concatenated columns are copies: changed in place
         del first
-        offsets = np.arange(n, dtype=np.int64)
-        src, flat = np.repeat(src, length), np.repeat(flat, length)
-        flat += offsets
+        run = np.repeat(np.arange(len(length), dtype=np.int32), length)
+        flat = flat[run]
+        flat += np.arange(n, dtype=np.int64)
+    del length
     removed = _removed_flat(segments, bases, rows)
-    alive = None
     if len(removed):
         if total <= 4 * len(flat) + MASK_SLACK:  # a mask over the files' rows costs less than a sort
             mask = np.ones(total, bool)
@@ -218,33 +224,17 @@ def _live_runs(files: list[FileLineage], a: int, b: int, builder: _Builder, segm
             del mask
         else:  # a few images of large files: no mask over all their rows
             alive = ~member(flat, removed)
-        if alive.all():
-            alive = None
+        if not alive.all():
+            flat = flat[alive]
+            run = np.flatnonzero(alive) if run is None else run[alive]
+        del alive
     del removed
-    row_id = _expand(rid, length, alive, offsets)
-    del offsets, rid
-    created_at = _expand(cre, length, alive)
-    del cre
-    valid_from = _expand(upd, length, alive)
-    del upd, length
-    if alive is not None:
-        src, flat = src[alive], flat[alive]
+    if run is not None:
+        src, rid, cre, upd = src[run], rid[run], cre[run], upd[run]
+    del run
+    rid += flat
     flat -= np.array(flat_base, np.int64)[src]  # back to positions within each file
-    builder.add(src, flat, row_id, created_at, valid_from, np.full(len(flat), LIVE, np.int64))
-
-
-def _expand(run_values: np.ndarray, length: np.ndarray, alive: np.ndarray | None, plus: np.ndarray | None = None) -> np.ndarray:
-    """Each run's value repeated over its length (plus ``plus``), at the ``alive`` images.
-
-    Runs of one row each are their images already: ``run_values`` (a copy the caller owns) is used as it is.
-    """
-    if len(run_values) == len(length) and len(length) == int(length.sum()):
-        out = run_values
-    else:
-        out = np.repeat(run_values, length)
-    if plus is not None:
-        out += plus
-    return out if alive is None else out[alive]
+    builder.add(src, flat, rid, cre, upd, np.full(len(flat), LIVE, np.int64))
 
 
 def _columns(rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
