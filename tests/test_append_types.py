@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lineage
+from lineage import duck
 from lineage.errors import SchemaMismatchError
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("status", pa.string()), ("amount", pa.float64())])
@@ -226,15 +227,18 @@ def test_a_null_struct_with_required_fields_is_written_and_read_as_null(tmp_path
     t = lineage.create_table("s.nulls", schema, key=["id"], warehouse=str(tmp_path / "wh"), format_version=format_version)
     full = {"a": 1, "inner": {"b": "x"}}
     loose = pa.struct([pa.field("a", pa.int64()), pa.field("inner", pa.struct([pa.field("b", pa.string())]))])
-    # (not a null list or map of structs: pyiceberg's writer turns those into empty ones)
     some = {"l": pa.array([[None]], pa.list_(loose)), "m": pa.array([[("j", None)]], pa.map_(pa.string(), loose))}
     t.append(pa.table({"id": [1, 2], "s": pa.array([full, None], loose),
                        "l": pa.array([[full, None], [None]], pa.list_(loose)),
                        "m": pa.array([[("k", None)], [("k", full)]], pa.map_(pa.string(), loose))}))
-    t.append(pa.table({"id": [3], **some}))
+    t.append(pa.table({"id": [3, 4], "l": pa.array([[None], None], pa.list_(loose)),
+                       "m": pa.array([[("j", None)], None], pa.map_(pa.string(), loose))}))
     t.upsert(pa.table({"id": [1], "s": pa.array([None], point), **some}))
-    expected = {1: (None, [None], [("j", None)]), 2: (None, [None], [("k", full)]), 3: (None, [None], [("j", None)])}
+    expected = {1: (None, [None], [("j", None)]), 2: (None, [None], [("k", full)]), 3: (None, [None], [("j", None)]),
+                4: (None, None, None)}
     assert {r["id"]: (r["s"], r["l"], r["m"]) for r in t.scan().to_pylist()} == expected
+    assert _readers(t, ["s", "l", "m"]) == {"duckdb": expected, "files": expected}
+    t.delete("id = 4")  # the null list and map of structs: pyiceberg's scan reads them as empty ones (see below)
     assert_interop(t)
     feed = cdf.changes(t, 0).to_pylist()
     changes = [(r["id"], r["_change_type"], r["s"]) for r in feed]
@@ -253,7 +257,7 @@ def test_a_null_struct_with_required_fields_is_written_and_read_as_null(tmp_path
         required.append(pa.table({"id": [1], "s": pa.array([None], point)}))
     with pytest.raises(SchemaMismatchError, match="'s'"):
         required.append(pa.table({"id": [1]}))
-    assert required.version == 0 and t.version == 3
+    assert required.version == 0 and t.version == 4
 
 
 @pytest.mark.parametrize("column, value, table_type", [
@@ -303,3 +307,119 @@ def test_compaction_and_purge_rewrite_null_structs_with_required_fields(tmp_path
     del expected[5]
     assert {r["id"]: (r["v"], r["s"]) for r in t.scan().to_pylist()} == expected
     assert_interop(t)
+
+
+# ---------------------------------------------------------------- null lists and maps (of structs) stay null
+
+
+def _readers(t: lineage.Table, columns: list[str]) -> dict[str, dict]:
+    """``columns`` of the live rows by id as DuckDB's iceberg_scan reads them, and as the current data files hold them
+    read with pyarrow.parquet (``files``: the values of an id the test expects, when some data file holds them; a file
+    also holds the rows that later commits deleted)."""
+    import pyarrow.parquet as pq
+
+    t.refresh()
+    con = duck.connect("iceberg")
+    try:
+        cols = ", ".join(f'"{c}"' for c in ["id", *columns])
+        ddb = con.execute(f"SELECT {cols} FROM iceberg_scan('{t.iceberg.metadata_location}')").to_arrow_table()
+    finally:
+        con.close()
+    duckdb = {r["id"]: tuple(r[c] for c in columns) for r in ddb.to_pylist()}
+    held: dict[int, list[tuple]] = {}
+    for task in t.iceberg.scan().plan_files():
+        with t.iceberg.io.new_input(task.file.file_path).open() as f:
+            for r in pq.read_table(f, columns=["id", *columns]).to_pylist():
+                held.setdefault(r["id"], []).append(tuple(r[c] for c in columns))
+    files = {i: v for i, v in duckdb.items() if v in held.get(i, [])}
+    return {"duckdb": duckdb, "files": files}
+
+
+@pytest.mark.parametrize("format_version", [2, 3])
+def test_a_null_list_or_map_of_structs_is_written_and_read_as_null(tmp_path, format_version) -> None:  # noqa: ANN001
+    """A null ``list<struct>``, ``map<string, struct>`` and a struct's null ``list<struct>`` are null in the data
+    file and for every reader: our scan, DuckDB's iceberg_scan, the change feed; also after an update, an upsert
+    and a compaction rewrote them. Before, pyiceberg's projection for writing dropped their null mask
+    (apache/iceberg-python #3833) and the file held empty ones. pyiceberg's own scan still reads them as empty
+    (the same projection, on read): it is the one reader that differs, so the bytes are read with pyarrow."""
+    import cdf
+
+    item = pa.struct([pa.field("a", pa.int64())])
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.int64()),
+                        pa.field("l", pa.list_(item)), pa.field("m", pa.map_(pa.string(), item)),
+                        pa.field("s", pa.struct([pa.field("l", pa.list_(item))])),
+                        pa.field("ll", pa.list_(pa.list_(item)))])
+    t = lineage.create_table("s.null_lists", schema, key=["id"], warehouse=str(tmp_path / "wh"), format_version=format_version)
+    one = {"a": 1}
+    data = {"l": [None, [], [one, None]], "m": [None, [], [("k", one), ("n", None)]],
+            "s": [{"l": None}, {"l": []}, None], "ll": [[None, [one]], None, [[], None]]}
+    t.append(pa.table({"id": [1, 2, 3], "v": [1, 2, 3], **{c: pa.array(v, schema.field(c).type) for c, v in data.items()}}))
+    columns = list(data)
+    expected = {i + 1: tuple(data[c][i] for c in columns) for i in range(3)}
+
+    def check() -> None:
+        assert {r["id"]: tuple(r[c] for c in columns) for r in t.scan().to_pylist()} == expected
+        assert _readers(t, columns) == {"duckdb": expected, "files": expected}
+
+    check()
+    assert {(r["id"], r["_change_type"]): tuple(r[c] for c in columns) for r in cdf.changes(t, 0).to_pylist()} == \
+        {(i, "insert"): v for i, v in expected.items()}
+    t.update("id IN (1, 2)", {"v": "v + 10"})  # rewritten rows keep their null and empty lists and maps
+    check()
+    t.upsert(pa.table({"id": [3, 4], "v": [30, 40], "l": pa.array([None, []], schema.field("l").type),
+                       "m": pa.array([[], None], schema.field("m").type)}))
+    expected[3] = (None, [], None, None)
+    expected[4] = ([], None, None, None)
+    check()
+    feed = {(r["id"], r["_change_type"]): tuple(r[c] for c in columns) for r in cdf.changes(t, 1).to_pylist()}
+    assert feed[(1, "update_postimage")] == expected[1] and feed[(3, "update_preimage")] == (
+        [one, None], [("k", one), ("n", None)], None, [[], None])
+    assert feed[(3, "update_postimage")] == expected[3] and feed[(4, "insert")] == expected[4]
+    assert t.compact(target_file_size_bytes=1 << 20, min_file_size_bytes=1 << 20).version is not None
+    assert len(list(t.iceberg.scan().plan_files())) == 1
+    check()
+
+
+@settings(max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "200")), deadline=None)
+@given(data=st.data(), t=NESTED_TYPES)
+def test_the_projection_for_writing_keeps_every_null(data, t) -> None:  # noqa: ANN001
+    """pyiceberg's projection of a batch to the data file's schema, with our null masks put back
+    (:func:`lineage.iceberg.schema.with_null_collections`), holds the batch's values: null lists and maps stay null at
+    any depth (pyiceberg alone made a null list of structs, or a null map with struct values, empty), also for a slice
+    of a batch."""
+    from pyiceberg.io.pyarrow import ParquetFormatModel, _to_requested_schema
+
+    from lineage.iceberg.schema import conform, iceberg_schema, with_null_collections
+
+    values = data.draw(st.lists(st.one_of(st.none(), _values(t)), min_size=1, max_size=5))
+    values = [v for v in values if v is None or not _holds_required_null(v, t)] or [None]
+    schema = iceberg_schema(pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("c", t)]), ["id"])
+    batch = conform(pa.table({"id": pa.array(range(len(values)), pa.int64()), "c": pa.array(values, _nullable(t))}),
+                    schema, ["id"]).to_batches()[0]
+    start = data.draw(st.integers(0, len(values) - 1))
+    batch = batch.slice(start)
+    projected = _to_requested_schema(requested_schema=schema, file_schema=schema, batch=batch, include_field_ids=True,
+                                     format_model=ParquetFormatModel())
+    kept = with_null_collections(projected, batch, schema, schema)
+    assert kept.schema.equals(projected.schema, check_metadata=True)
+    assert repr(kept.column("c").to_pylist()) == repr(batch.column("c").to_pylist())
+
+
+@settings(max_examples=int(os.environ.get("LINEAGE_PROPERTY_EXAMPLES", "200")) // 8 + 1, deadline=None)
+@given(data=st.data(), t=NESTED_TYPES, format_version=st.sampled_from([2, 3]))
+def test_nested_values_are_read_back_as_appended(tmp_path_factory, data, t, format_version) -> None:  # noqa: ANN001
+    """An append of nested values of any shape (null and empty lists, maps and structs at any depth) is read back
+    as it was written, by our scan and from the data file's bytes."""
+    import pyarrow.parquet as pq
+
+    values = data.draw(st.lists(st.one_of(st.none(), _values(t)), min_size=1, max_size=4))
+    values = [v for v in values if v is None or not _holds_required_null(v, t)] or [None]
+    table = lineage.create_table("s.nested", pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("c", t)]),
+                                 key=["id"], warehouse=str(tmp_path_factory.mktemp("wh")), format_version=format_version)
+    table.append(pa.table({"id": pa.array(range(len(values)), pa.int64()), "c": pa.array(values, _nullable(t))}))
+    target = table.scan().schema.field("c").type
+    expected = repr(pa.array(values, _nullable(t)).cast(target).to_pylist())
+    assert repr(table.scan().sort_by("id").column("c").to_pylist()) == expected
+    (task,) = table.iceberg.scan().plan_files()
+    with table.iceberg.io.new_input(task.file.file_path).open() as f:
+        assert repr(pq.read_table(f).sort_by("id").column("c").to_pylist()) == expected

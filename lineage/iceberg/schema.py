@@ -27,7 +27,7 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import DoubleType, FloatType, NestedField
+from pyiceberg.types import DoubleType, FloatType, IcebergType, ListType, MapType, NestedField, StructType
 
 import lineage.columns as columns
 from lineage.arrays import unique
@@ -280,16 +280,84 @@ def _fill(arr: pa.Array, t: pa.DataType) -> pa.Array:
         return pa.StructArray.from_arrays(children, fields=list(arr.type), mask=arr.is_null() if arr.null_count else None)
     if not (pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t)):
         return arr
-    offsets = arr.offsets  # of a slice: into the whole of arr.values; rebased, for from_arrays takes no sliced offsets
-    first = offsets[0].as_py() if len(offsets) else 0
-    offsets = pc.subtract(offsets, pa.scalar(first, offsets.type))
-    end = first + (offsets[-1].as_py() if len(offsets) else 0)
+    offsets, first, end = _rebased(arr)
     mask = arr.is_null() if arr.null_count else None
     if pa.types.is_map(t):
         keys, items = arr.keys.slice(first, end - first), arr.items.slice(first, end - first)
         return pa.MapArray.from_arrays(offsets, keys, _fill(items, t.item_type), type=arr.type, mask=mask)
     values = _fill(arr.values.slice(first, end - first), t.value_type)
     return type(arr).from_arrays(offsets, values, type=arr.type, mask=mask)
+
+
+def _rebased(arr: pa.ListArray | pa.LargeListArray | pa.MapArray) -> tuple[pa.Array, int, int]:
+    """The offsets of a list or map array from zero, and where its items start and end in the whole of its values:
+    a slice's offsets point into its parent's values, and ``from_arrays`` with a mask takes no sliced offsets."""
+    offsets = arr.offsets
+    first = offsets[0].as_py() if len(offsets) else 0
+    offsets = pc.subtract(offsets, pa.scalar(first, offsets.type))
+    return offsets, first, first + (offsets[-1].as_py() if len(offsets) else 0)
+
+
+def with_null_collections(projected: pa.RecordBatch, source: pa.RecordBatch, requested: Schema,
+                          source_schema: Schema) -> pa.RecordBatch:
+    """``projected``, pyiceberg's projection of ``source`` (of ``source_schema``) to ``requested`` for writing, with
+    the null lists and maps of ``source`` null again, at any depth.
+
+    pyiceberg rebuilds a list of structs and a map with struct values from their offsets without their validity
+    (apache/iceberg-python #3833): a null became an empty list or map in the data file. Each such array gets the
+    null mask of its source array back; offsets and values stay as projected. Columns are paired by field id, as
+    pyiceberg pairs them; an array whose nulls are intact is kept as it is.
+    """
+    columns = []
+    for field, column in zip(requested.fields, projected.columns, strict=True):
+        name = _source_name(source_schema, field.field_id)
+        given = source.column(name) if name in source.schema.names else None
+        fixed = None if given is None else _with_nulls(column, given, field.field_type, source_schema)
+        columns.append(column if fixed is None else fixed)
+    return pa.RecordBatch.from_arrays(columns, schema=projected.schema)
+
+
+def _source_name(source_schema: Schema, field_id: int) -> str | None:
+    try:
+        return source_schema.find_field(field_id).name
+    except ValueError:
+        return None
+
+
+def _with_nulls(out: pa.Array, given: pa.Array, t: IcebergType, source_schema: Schema) -> pa.Array | None:
+    """``out`` (the projection of ``given``, of Iceberg type ``t``) with the null lists and maps of ``given``; None
+    when ``out`` has them already."""
+    if isinstance(t, StructType) and isinstance(out, pa.StructArray) and isinstance(given, pa.StructArray):
+        children, changed = [], False
+        for i, f in enumerate(t.fields):
+            name = _source_name(source_schema, f.field_id)
+            src = given.field(name) if given.type.get_field_index(name or "") >= 0 else None
+            fixed = None if src is None else _with_nulls(out.field(i), src, f.field_type, source_schema)
+            changed |= fixed is not None
+            children.append(out.field(i) if fixed is None else fixed)
+        if not changed:
+            return None
+        return pa.StructArray.from_arrays(children, fields=list(out.type), mask=out.is_null() if out.null_count else None)
+    is_map = isinstance(t, MapType) and isinstance(out, pa.MapArray) and isinstance(given, pa.MapArray)
+    is_list = isinstance(t, ListType) and isinstance(out, (pa.ListArray, pa.LargeListArray)) \
+        and isinstance(given, (pa.ListArray, pa.LargeListArray)) and not isinstance(out, pa.MapArray)
+    if not (is_map or is_list):
+        return None
+    offsets, first, end = _rebased(out)
+    _, given_first, given_end = _rebased(given)
+    if is_map:
+        parts = [(out.keys, given.keys, t.key_type), (out.items, given.items, t.value_type)]
+    else:
+        parts = [(out.values, given.values, t.element_type)]
+    children = [(o.slice(first, end - first), g.slice(given_first, given_end - given_first), ct) for o, g, ct in parts]
+    fixed = [_with_nulls(o, g, ct, source_schema) for o, g, ct in children]
+    if all(f is None for f in fixed) and out.null_count == given.null_count:
+        return None
+    values = [o if f is None else f for (o, _, _), f in zip(children, fixed, strict=True)]
+    mask = given.is_null() if given.null_count else None
+    if is_map:
+        return pa.MapArray.from_arrays(offsets, *values, type=out.type, mask=mask)
+    return type(out).from_arrays(offsets, values[0], type=out.type, mask=mask)
 
 
 def _placeholder(relaxed: pa.DataType, t: pa.DataType) -> pa.Scalar:

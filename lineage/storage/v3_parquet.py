@@ -12,7 +12,10 @@ a fold of 50,000 rows 42 KB instead of 153. Every other column is written as
 before (dictionary encoding, the table's compression). The encoding is part of
 the Parquet format that every Iceberg reader reads (Spark, DuckDB, pyiceberg).
 
-:func:`write_native_files` is pyiceberg's ``write_file`` with that one change.
+:func:`write_files` is pyiceberg's ``write_file`` with that change and one more, and writes every Parquet data file
+of the library (of v2 tables too, whose files have no ``_row_id``): pyiceberg's projection of a batch to the file's
+schema turned a null list of structs, or a null map with struct values, into an empty one (apache/iceberg-python
+#3833); :func:`lineage.iceberg.schema.with_null_collections` gives them their nulls back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lineage.iceberg.schema import with_null_collections
 from lineage.identity_cache import IdentityCache
 from lineage.storage.lineage_columns import ROW_ID_NAME
 
@@ -95,9 +99,10 @@ _WRITER: type | None = None
 _FILE_SCHEMAS: IdentityCache[Schema] = IdentityCache()
 
 
-def write_native_files(file_io: FileIO, metadata: TableMetadata, tasks: Iterable[WriteTask]) -> list[DataFile]:
-    """Write each task as one Parquet data file of ``metadata``'s table (its current schema: the table's columns and
-    the row lineage fields) and return their entries: pyiceberg's ``write_file``, ``_row_id`` delta-encoded."""
+def write_files(file_io: FileIO, metadata: TableMetadata, tasks: Iterable[WriteTask]) -> list[DataFile]:
+    """Write each task as one Parquet data file of ``metadata``'s table (its current schema: the table's columns, and
+    the row lineage fields when rows keep their ids) and return their entries: pyiceberg's ``write_file``, with
+    ``_row_id`` delta-encoded and null lists and maps kept null."""
     from pyiceberg.io.pyarrow import ParquetFormatModel, _to_requested_schema, sanitize_column_names
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE
@@ -114,8 +119,10 @@ def write_native_files(file_io: FileIO, metadata: TableMetadata, tasks: Iterable
 
     def write_one(task: WriteTask) -> DataFile:
         batches = [
-            _to_requested_schema(requested_schema=file_schema, file_schema=task.schema, batch=batch,
-                                 downcast_ns_timestamp_to_us=downcast, include_field_ids=True, format_model=model)
+            with_null_collections(
+                _to_requested_schema(requested_schema=file_schema, file_schema=task.schema, batch=batch,
+                                     downcast_ns_timestamp_to_us=downcast, include_field_ids=True, format_model=model),
+                batch, file_schema, task.schema)
             for batch in task.record_batches
         ]
         path = provider.new_data_location(data_file_name=task.generate_data_file_filename(model.file_extension()),

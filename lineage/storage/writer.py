@@ -1,8 +1,9 @@
 """Writing Parquet data files, position delete files and equality delete files for a commit.
 
-Data files are written through pyiceberg (field ids, statistics, partition
-values); we only decide which rows go to which file so that each file's
-lineage is known exactly. Position delete files follow the Iceberg spec
+Data files are written as pyiceberg writes them (field ids, statistics,
+partition values; :func:`lineage.storage.v3_parquet.write_files`); we only
+decide which rows go to which file so that each file's lineage is known
+exactly. Position delete files follow the Iceberg spec
 (reserved field ids 2147483546 ``file_path`` and 2147483545 ``pos``), sorted
 by path and position, with path bounds so readers match them to their data
 file without opening them.
@@ -98,7 +99,7 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     are returned per file as lineage arrays.
     """
     # pyiceberg's writer (its module imports pyarrow.dataset and pandas) and our FileIO over it: at the first write
-    from pyiceberg.io.pyarrow import _determine_partitions, write_file
+    from pyiceberg.io.pyarrow import _determine_partitions
 
     from lineage.storage.store_fileio import bound
 
@@ -136,7 +137,7 @@ def write_data_files(iceberg: IcebergTable, data: pa.Table) -> list[WrittenFile]
     if native:
         data_files = [lineage_columns.without_lineage_stats(df) for df in _native_files(bound(iceberg.io), metadata, tasks)]
     else:
-        data_files = list(write_file(bound(iceberg.io), metadata, iter(tasks)))  # pyiceberg's threads join the caller's puts
+        data_files = _write_files(bound(iceberg.io), metadata, tasks)  # pyiceberg's threads join the caller's puts
     key_names = [schema.find_column_name(fid) for fid in schema.identifier_field_ids]
     if key_names:  # the key index reads these next (a commit's delta, or the first build after a bulk append)
         for df, body in zip(data_files, bodies, strict=True):
@@ -154,8 +155,6 @@ def write_copy(
     ``lineage`` (row ids, updated versions) is written into the copy so that
     its rows keep their native ``_row_id`` and ``_last_updated_sequence_number``.
     """
-    from pyiceberg.io.pyarrow import write_file
-
     from lineage.storage.store_fileio import bound
 
     metadata = iceberg.metadata
@@ -165,20 +164,25 @@ def write_copy(
         data = lineage_columns.with_lineage_columns(data, *lineage)
         schema = lineage_columns.write_schema(schema)
     task = WriteTask(write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=data.to_batches(), partition_key=None)
-    (df,) = _native_files(bound(iceberg.io), metadata, [task]) if native else list(write_file(bound(iceberg.io), metadata, iter([task])))
+    (df,) = _native_files(bound(iceberg.io), metadata, [task]) if native else _write_files(bound(iceberg.io), metadata, [task])
     df = lineage_columns.without_lineage_stats(df)
     return restamped(df, df.content, template.partition, None, spec_id_of(template, iceberg.metadata.default_spec_id))
 
 
 def _native_files(file_io: Any, metadata: Any, tasks: list[WriteTask]) -> list[DataFile]:
     """Data files with the v3 row lineage columns (``metadata``: the table's), ``_row_id`` delta-encoded in Parquet
-    (:mod:`lineage.storage.v3_parquet`); pyiceberg's writer for another file format."""
+    (:mod:`lineage.storage.v3_parquet`)."""
+    return _write_files(file_io, lineage_columns.write_metadata(metadata), tasks)
+
+
+def _write_files(file_io: Any, metadata: Any, tasks: list[WriteTask]) -> list[DataFile]:
+    """One data file per task, of ``metadata``'s current schema: :func:`lineage.storage.v3_parquet.write_files` for
+    Parquet, pyiceberg's writer (which refuses it) for another file format."""
     from pyiceberg.io.pyarrow import write_file
 
-    write_metadata = lineage_columns.write_metadata(metadata)
     if metadata.properties.get("write.format.default", "parquet").lower() != "parquet":
-        return list(write_file(file_io, write_metadata, iter(tasks)))
-    return v3_parquet.write_native_files(file_io, write_metadata, tasks)
+        return list(write_file(file_io, metadata, iter(tasks)))
+    return v3_parquet.write_files(file_io, metadata, tasks)
 
 
 def restamped(df: DataFile, content: DataFileContent, partition: Any, equality_ids: list[int] | None, spec_id: int) -> DataFile:
@@ -212,7 +216,7 @@ def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Seq
     partition of a row follows from its values, so the spec's source columns
     must be among them (or the spec unpartitioned: a global delete).
     """
-    from pyiceberg.io.pyarrow import _determine_partitions, write_file
+    from pyiceberg.io.pyarrow import _determine_partitions
 
     from lineage.storage.store_fileio import bound
 
@@ -237,7 +241,7 @@ def write_equality_deletes(iceberg: IcebergTable, keys: pa.Table, field_ids: Seq
     ]
     return [
         restamped(df, DataFileContent.EQUALITY_DELETES, df.partition, list(field_ids), meta.default_spec_id)
-        for df in write_file(bound(iceberg.io), eq_meta, iter(tasks))
+        for df in _write_files(bound(iceberg.io), eq_meta, tasks)
     ]
 
 
