@@ -202,6 +202,7 @@ def referenced_sizes(table: Any) -> dict[str, dict[str, int]]:
     segments and key index segments from the lineage list.
     """
     from lineage.storage.fileio import local_path
+    from lineage.storage.metadata import is_inline_segment
 
     def size(path: str) -> int:
         return os.path.getsize(local_path(path))
@@ -218,7 +219,9 @@ def referenced_sizes(table: Any) -> dict[str, dict[str, int]]:
         "position_deletes": {"files": len(deletes), "bytes": sum(size(d) for d in deletes)},
         "manifests": {"files": len(manifests), "bytes": sum(int(m.manifest_length) for m in manifests)},
         "manifest_lists": {"files": 1, "bytes": size(snapshot.manifest_list)},
-        "lineage_segments": {"files": len(lin.segments), "bytes": sum(size(s) for s in lin.segments)},
+        # a small commit's segment is inside its lineage list (format 4): the bytes the list records for it
+        "lineage_segments": {"files": len(lin.segments),
+                             "bytes": sum(lin.segment_bytes.get(s, 0) if is_inline_segment(s) else size(s) for s in lin.segments)},
         "key_index": {"files": len(keys), "bytes": sum(size(k) for k in keys)},
     }
 

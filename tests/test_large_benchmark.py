@@ -22,7 +22,10 @@ import lineage  # noqa: E402
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 
 
-def test_every_file_of_a_table_gets_its_kind(tmp_path) -> None:
+def test_every_file_of_a_table_gets_its_kind(tmp_path, monkeypatch) -> None:
+    from lineage.storage import metadata
+
+    monkeypatch.setattr(metadata, "INLINE_SEGMENT_RUNS", -1)  # segments in files of their own, as a large commit writes them
     schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
     t = lineage.create_table("s.t", schema, key=["id"], warehouse=str(tmp_path), properties={"lineage.key-index.defer-rows": "0"})
     t.append(pa.table({"id": list(range(100)), "v": [str(i) for i in range(100)]}, schema=schema))
