@@ -73,38 +73,17 @@ def files_read_range(location: str, offset: int, length: int, settings: StoreSet
         return files.read_range(location, offset, length)
 
 
-def test_a_store_that_ignores_range_still_gives_the_bytes_asked_for():
+def test_a_store_that_ignores_range_still_gives_the_bytes_asked_for(fake_store) -> None:  # noqa: ANN001
     # Range support is optional in HTTP: a server may answer 200 with the whole object; the reader then keeps only
     # the bytes asked for, and the object's size is the body's
-    import http.server
-    import threading
-
     body = bytes(range(256)) * 40
-
-    class WholeObject(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), WholeObject)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        settings = StoreSettings(endpoint=f"http://127.0.0.1:{server.server_port}", region=REGION,
-                                 access_key_id="k", secret_access_key="s")
-        location = "s3://b/wh/t/data/f.parquet"
-        assert s3_get.get_range(location, settings, "100-199") == (body[100:200], len(body))
-        assert s3_get.get_range(location, settings, "10000-") == (body[10000:], len(body))
-        assert s3_get.get_range(location, settings, "-64") == (body[-64:], len(body))
-        assert s3_get.get_range(location, settings, "-65536") == (body, len(body))
-        assert files_read_range(location, 5, 10, settings) == body[5:15]
-    finally:
-        server.shutdown()
-        server.server_close()
+    _Store.body, _Store.ignore_range = body, True
+    location = "s3://b/wh/t/data/f.parquet"
+    assert s3_get.get_range(location, fake_store, "100-199") == (body[100:200], len(body))
+    assert s3_get.get_range(location, fake_store, "10000-") == (body[10000:], len(body))
+    assert s3_get.get_range(location, fake_store, "-64") == (body[-64:], len(body))
+    assert s3_get.get_range(location, fake_store, "-65536") == (body, len(body))
+    assert files_read_range(location, 5, 10, fake_store) == body[5:15]
 
 
 class _Store:
