@@ -15,7 +15,7 @@ import pyarrow as pa
 import lineage
 import lineage.storage.objects as objects
 from conftest import SCHEMA
-from test_object_store_requests import _rows, counted  # noqa: F401 - the fixture
+from test_object_store_requests import SMALL_COMMIT_BUDGET, _rows, counted  # noqa: F401 - the fixture
 
 
 def test_the_next_commit_reads_back_no_key_index_segment_the_writer_wrote(counted, monkeypatch) -> None:  # noqa: F811
@@ -80,3 +80,67 @@ def test_the_key_columns_a_process_wrote_are_kept_within_their_budget(monkeypatc
     assert written_keys.known("s3://b/f3.parquet", ["other"]) is None  # not the columns asked for: read from the file
     written_keys.forget()
     assert written_keys.known("s3://b/f3.parquet", ["id"]) is None
+
+
+def test_a_capture_commit_reads_the_pre_images_of_a_file_the_writer_wrote_with_one_get(counted, monkeypatch) -> None:  # noqa: F811
+    """Pre-image capture, the first upsert after a bulk load whose file is too large to keep whole: the writer kept
+    that file's footer when it wrote it, so the pre-images cost one ranged GET (not a footer GET first) and the
+    commit stays within the budget; the feed gives the values the rows had."""
+    import cdf
+    import lineage.storage.s3_reader as s3_reader
+
+    lake, proxy = counted
+    monkeypatch.setattr(objects, "RECENT_MAX_OBJECT", 16 << 10)
+    rng = np.random.default_rng(5)
+    n = 40_000
+    base = pa.table({"id": np.arange(n, dtype=np.int64), "name": [f"a{i}" for i in range(n)],
+                     "amount": rng.uniform(0, 1000, n)}, schema=SCHEMA)
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where(),
+                             properties={"lineage.cdf.capture-preimages": "true"})
+    t.append(base)
+    [loaded] = t.state().live_files()
+    assert loaded.data_file.file_size_in_bytes > 2 * s3_reader.TAIL_BYTES  # neither held whole nor read by the tail
+    updated = np.array([7, 1234, 20_001, 39_999, 31_000])
+    proxy.reset()
+    info = t.upsert(_rows(np.concatenate([updated, np.arange(n, n + 5)]), "u"))
+    got = proxy.counts(log=True)
+    assert (info.updated, info.inserted) == (5, 5)
+    gets = [e[1] for e in got["log"] if e[0] == "GET"]
+    assert gets == ["/" + loaded.path.split("://", 1)[1]], [e[:2] for e in got["log"]]
+    assert got["total"] <= SMALL_COMMIT_BUDGET, [e[:2] for e in got["log"]]
+    feed = cdf.changes(t, t.version - 1).to_pylist()
+    before = {r["id"]: (r["name"], r["amount"]) for r in feed if r["_change_type"] == "update_preimage"}
+    assert before == {int(i): (f"a{i}", base["amount"][int(i)].as_py()) for i in updated}
+
+
+def test_queued_removals_ride_only_on_a_commit_with_room(counted, monkeypatch) -> None:  # noqa: F811
+    """Old metadata files queued for removal go with a commit only when its own requests leave room (a commit
+    touching two data files sends ten: it carries none); none is lost: the queue empties at the end."""
+    import pyarrow.fs as pafs
+
+    import lineage.storage.files as files
+    import lineage.storage.removals as removals
+
+    removals.wait()  # what earlier tests queued
+    monkeypatch.setattr(removals, "BATCH", 2)
+    lake, proxy = counted
+    t = lineage.create_table("shop.orders", SCHEMA, key=["id"], **lake.where(),
+                             properties={"write.metadata.previous-versions-max": "1"})
+    t.append(_rows(np.arange(1000), "a"))
+    commits = []
+    for i in range(12):
+        ids = [100 + i, 5000 + i] if i % 3 == 0 else [100 + i, 5000 + i - 1, 5000 + i]  # also a row of the last file
+        queued = len(removals.pending())
+        proxy.reset()
+        t.upsert(_rows(np.array(ids), f"u{i}"))
+        got = proxy.counts()
+        commits.append((queued, got["requests"].get("PUT", 0), got["requests"].get("POST", 0), got["total"]))
+    assert all(total <= SMALL_COMMIT_BUDGET for *_, total in commits), commits
+    assert sum(post for _, _, post, _ in commits) >= 3, commits  # removals do go, on commits with room
+    assert any(queued >= 2 and put == SMALL_COMMIT_BUDGET and post == 0 for queued, put, post, _ in commits), commits
+    removals.wait()
+    assert removals.pending() == []
+    fs, root = files.filesystem(t.iceberg.metadata.location + "/metadata")
+    names = [f.path for f in fs.get_file_info(pafs.FileSelector(root)) if f.path.endswith(".metadata.json")]
+    assert len(names) == 2, names  # the current file and one previous version
+    assert t.scan().num_rows == 1012

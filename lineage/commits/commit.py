@@ -52,6 +52,7 @@ from lineage.commits.segment_list import next_segments
 from lineage.state import SnapshotFiles, TableState, own_list_path, writable_state
 from lineage.storage.writer import FRESH, WrittenFile
 import lineage.storage.puts as puts
+import lineage.storage.removals as removals
 import lineage.storage.manifests_v3 as v3
 import lineage.commits.v3_commit as v3_commit
 
@@ -115,6 +116,7 @@ def commit_files(
             if prepared is not None:
                 attempt.files.append(prepared.location)
                 catalog.write_metadata(iceberg, prepared)
+            removals.send_with_room(0 if prepared is not None else 1)  # with the last PUTs (another catalog: one more)
     finally:
         attempt.files.extend(producer.written_files())
     attempt.snapshot_id, attempt.parent_id, attempt.sent = snapshot_id, producer._parent_snapshot_id, True

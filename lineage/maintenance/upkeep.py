@@ -69,6 +69,7 @@ from lineage.properties import (
     read,
 )
 from lineage.retention import window
+import lineage.storage.removals as removals
 from lineage.state import TableState, state_at
 
 STEPS = MAINTAIN_STEPS
@@ -289,4 +290,6 @@ def maintain(table: TableContext | HasContext, dry_run: bool = False) -> Mainten
         return result
 
     run("vacuum", cleanup)
+    if not dry_run:
+        removals.wait()  # old metadata files still queued (small commits leave them for one with room) go now
     return MaintenanceReport(table.name, dry_run, tuple(steps))

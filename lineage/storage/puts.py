@@ -12,7 +12,7 @@ A file this process wrote is served from memory while its request is in
 flight (a commit may read back what it just wrote, e.g. the keys of its new
 data files or a manifest it merges) and, when small, for a while after
 (the next commit of a long-lived writer reads the key index segment the last
-one wrote), through :mod:`lineage.storage.objects`: :func:`known` gives its
+one wrote; of a larger one, its footer), through :mod:`lineage.storage.objects`: :func:`known` gives its
 bytes, :func:`read` reads a whole object with one GET (no HEAD) when it is
 not known. Objects are never rewritten under the same name, so a copy held
 in memory cannot go stale.
@@ -95,10 +95,12 @@ def put(location: str, data: bytes, block: PutBlock | None = None) -> None:
     it landed (and after, while they fit in memory).
     """
     data = bytes(data)
+    if files.is_remote(location) and len(data) <= SINGLE_REQUEST_BYTES:
+        s3_get.count_put()
     block = block if block is not None else _BLOCK.get()
     if block is None:
         _put(location, data)
-        objects.remember(location, data)
+        _remember(location, data)
         return
     _reserve(len(data))
     objects.pin(location, data)
@@ -128,11 +130,18 @@ def _put(location: str, data: bytes) -> None:
 def _landed(location: str, data: bytes, future: Future) -> None:
     global _in_flight
     if future.exception() is None:
-        objects.remember(location, data)
+        _remember(location, data)
     objects.unpin(location)
     with _FLIGHT:
         _in_flight -= len(data)
         _FLIGHT.notify_all()
+
+
+def _remember(location: str, data: bytes) -> None:
+    """Hold a landed object: whole while small (:func:`objects.remember`), else its tail (its footer, for a reader)."""
+    objects.remember(location, data)
+    if len(data) > objects.RECENT_MAX_OBJECT and files.is_remote(location):
+        s3_reader.remember_tail(location, data)
 
 
 def known(location: str) -> bytes | None:

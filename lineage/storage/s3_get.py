@@ -42,6 +42,20 @@ ATTEMPTS = 3  # a request that fails with a connection error or a 5xx/429/503 re
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
 _LOCK = threading.Lock()
+_ISSUED = [0]  # requests this process issued (see issued())
+
+
+def issued() -> int:
+    """How many requests this process has issued to object stores so far: each request :func:`_send` makes (a PUT
+    counted by :mod:`lineage.storage.puts` when it queues it, in the background or not: :func:`count_put`). A
+    commit compares two readings to know how many it sent (:mod:`lineage.storage.removals`)."""
+    return _ISSUED[0]
+
+
+def count_put() -> None:
+    """Count a PUT now, when it is queued, rather than when a background thread sends it."""
+    with _LOCK:
+        _ISSUED[0] += 1
 
 
 @dataclass
@@ -213,6 +227,9 @@ def _send(method: str, location: str, url: str, settings: StoreSettings, headers
           body: bytes | None = None) -> Any:
     """One signed request, sent again on a connection error or a 5xx/429 reply; the reply (2xx) or the error raised."""
     endpoint = _endpoint(settings)
+    if method != "PUT":  # PUTs are counted when queued (count_put)
+        with _LOCK:
+            _ISSUED[0] += 1
     for attempt in range(1, ATTEMPTS + 1):
         try:
             reply = endpoint.pool.request(method, url, body=body, headers=_signed(endpoint, method, url, headers, body),

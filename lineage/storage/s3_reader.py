@@ -8,7 +8,9 @@ starts with one GET of the object's last :data:`TAIL_BYTES` (a suffix range:
 the reply also gives the size), which holds the footer of any Parquet file
 and all of a small one; a small object read whole is offered to
 :mod:`lineage.storage.objects` and a larger one's tail kept in a small cache,
-so the next open reads nothing. Other ranges are one GET each, unless a
+so the next open reads nothing; a writer keeps the tail of a large object it
+wrote (:func:`remember_tail`), so its first read of that file (pre-images of
+the file a bulk load wrote) skips the footer request. Other ranges are one GET each, unless a
 reader fetched them ahead (:mod:`lineage.storage.s3_ranges`). Wrap it in
 ``pyarrow.PythonFile`` for pyarrow's readers. :func:`warm` fetches the tails
 of many objects at once, for a reader about to open them one by one.
@@ -50,11 +52,22 @@ def _fetch_tail(location: str, settings: StoreSettings) -> tuple[int, int, bytes
     if len(data) == size:
         objects.remember(location, data)  # all of a small object
     else:
-        with _TAILS_LOCK:
-            _TAILS[location] = (size, size - len(data), data)
-            while len(_TAILS) > TAILS_KEPT:
-                _TAILS.popitem(last=False)
+        _keep_tail(location, size, data)
     return size, size - len(data), data
+
+
+def _keep_tail(location: str, size: int, tail: bytes) -> None:
+    with _TAILS_LOCK:
+        _TAILS[location] = (size, size - len(tail), tail)
+        while len(_TAILS) > TAILS_KEPT:
+            _TAILS.popitem(last=False)
+
+
+def remember_tail(location: str, data: bytes) -> None:
+    """Keep the tail of ``data``, an object this process just wrote at ``location`` too large to be held whole: the
+    next open of it (a pre-image read of the file a bulk load wrote) then reads its footer from memory, not with a GET."""
+    if len(data) > TAIL_BYTES:
+        _keep_tail(location, len(data), bytes(data[-TAIL_BYTES:]))
 
 
 def held_from(location: str) -> int | None:

@@ -42,6 +42,7 @@ from lineage.storage.deletion_vectors import VectorTarget
 from lineage.storage.merged_deletes import write_file_deletes
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files
 import lineage.storage.puts as puts
+import lineage.storage.removals as removals
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
 from lineage.writes.rows import group_removed
@@ -106,7 +107,9 @@ def run_write(
             if plan.is_empty:
                 return _no_op(table, state, plan.operation, a.number, plan.ignored)
             try:
-                with puts.parallel_puts():  # data and delete files fly with the commit's other files (landed before the catalog)
+                # data and delete files fly with the commit's other files (landed before the catalog); the commit's
+                # requests, pre-image reads included, leave the room for queued removals (lineage.storage.removals)
+                with removals.commit_budget(), puts.parallel_puts():
                     return _materialize_and_commit(table, state, plan, mode, con, a, reuse_inserts)
             except Exception as exc:
                 oom = duck.out_of_memory(exc)  # e.g. the kept rows of a copy-on-write rewrite; None for any other error
