@@ -27,6 +27,32 @@ def test_release_runs_only_after_the_process_grew_by_more_than_the_slack(monkeyp
     assert len(trims) == 2
 
 
+def test_growth_a_cache_keeps_is_not_released_and_what_it_frees_is(monkeypatch):
+    trims: list[int] = []
+    held = [0]
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: trims.append(1))
+    monkeypatch.setattr(memory, "_floor", [None])
+    monkeypatch.setattr(memory, "_floor_kept", [0])
+    monkeypatch.setattr(memory, "_KEPT", [])
+    memory.count_as_kept(lambda: held[0])
+    monkeypatch.setenv(memory.ENV_SLACK, "10")
+    assert memory.release_if_grown(resident=100 * MB)  # the floor: 100 MB, the cache empty
+    held[0] = 40 * MB
+    assert not memory.release_if_grown(resident=148 * MB)  # 48 MB more, 40 of them kept by the cache: 8 MB grown
+    assert memory.release_if_grown(resident=151 * MB)  # 11 MB grown besides the cache
+    assert memory._floor == [151 * MB] and memory._floor_kept == [40 * MB]
+    held[0] = 10 * MB  # the cache evicted 30 MB: freed pages, though the process did not grow
+    assert memory.release_if_grown(resident=151 * MB)
+    held[0] = 0
+    monkeypatch.setattr(memory, "_floor", [100 * MB])
+    monkeypatch.setattr(memory, "_floor_kept", [0])
+    assert not memory.release_within(resident=109 * MB)
+    held[0] = 50 * MB
+    assert memory.release_within(resident=170 * MB)  # 20 MB grown besides the cache
+    assert memory._floor == [100 * MB] and memory._floor_kept == [0]  # the floor stays where the operation started
+    assert len(trims) == 4
+
+
 def test_a_write_and_a_feed_release_what_they_freed(warehouse, monkeypatch):
     import cdf
     import lineage
