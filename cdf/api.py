@@ -101,7 +101,7 @@ def changes(
     try:
         return engine_duckdb.changes(state, a, b, data, net)
     finally:
-        release_if_grown()
+        release_if_grown(discount_kept=True)  # the row groups it kept for the next feed are no freed memory
 
 
 def change_batches(

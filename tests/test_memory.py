@@ -27,13 +27,41 @@ def test_release_runs_only_after_the_process_grew_by_more_than_the_slack(monkeyp
     assert len(trims) == 2
 
 
+def test_a_feed_does_not_count_what_a_cache_keeps_as_growth_and_counts_what_it_frees(monkeypatch):
+    trims: list[int] = []
+    held = [0]
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: trims.append(1))
+    monkeypatch.setattr(memory, "_floor", [None])
+    monkeypatch.setattr(memory, "_floor_kept", [0])
+    monkeypatch.setattr(memory, "_KEPT", [])
+    memory.count_as_kept(lambda: held[0])
+    monkeypatch.setenv(memory.ENV_SLACK, "10")
+    assert memory.release_if_grown(resident=100 * MB)  # the floor: 100 MB, the cache empty
+    held[0] = 40 * MB
+    assert not memory.release_if_grown(resident=148 * MB, discount_kept=True)  # 48 MB more, 40 kept by the cache
+    assert memory.release_if_grown(resident=148 * MB)  # a write counts all growth
+    assert memory._floor == [148 * MB] and memory._floor_kept == [40 * MB]
+    assert not memory.release_if_grown(resident=140 * MB, discount_kept=True)  # the floor follows the lowest point
+    assert memory._floor == [140 * MB] and memory._floor_kept == [40 * MB]
+    held[0] = 70 * MB
+    assert memory.release_if_grown(resident=181 * MB, discount_kept=True)  # 41 MB more, 30 kept: 11 MB grown
+    held[0] = 50 * MB  # the cache evicted 20 MB: freed pages, though the process did not grow
+    assert memory.release_if_grown(resident=181 * MB, discount_kept=True)
+    monkeypatch.setattr(memory, "_floor", [100 * MB])
+    monkeypatch.setattr(memory, "_floor_kept", [0])
+    assert memory.release_within(resident=130 * MB)  # within an operation (a write): all growth counts
+    assert memory._floor == [100 * MB] and memory._floor_kept == [0]  # the floor stays where the operation started
+    assert len(trims) == 5
+
+
 def test_a_write_and_a_feed_release_what_they_freed(warehouse, monkeypatch):
     import cdf
     import lineage
 
     calls: list[str] = []
     monkeypatch.setattr("lineage.writes.loop.release_if_grown", lambda: calls.append("write"))
-    monkeypatch.setattr("cdf.api.release_if_grown", lambda: calls.append("feed"))
+    # a feed discounts what the decoded row-group cache keeps (count_as_kept)
+    monkeypatch.setattr("cdf.api.release_if_grown", lambda discount_kept=False: calls.append("feed" if discount_kept else "feed, cache counted"))
     t = lineage.create_table("db.m", pa.schema([("id", pa.int64())]), key=["id"], warehouse=warehouse)
     t.append(pa.table({"id": pa.array(range(1000), pa.int64())}))
     assert calls == ["write"]
