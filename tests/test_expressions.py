@@ -429,6 +429,8 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
                 con.execute(sql)
         with pytest.raises(duckdb.Error, match="locked"):
             con.execute("SET enable_external_access = true")
+        with pytest.raises(duckdb.PermissionException):  # its database allows unsigned extensions: it loads none once sealed
+            con.execute(f"LOAD '{duck.extension_path('avro')}'")
     finally:
         con.close()
     assert not os.path.exists(tmp_path / "o.csv")
@@ -437,6 +439,30 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
         assert shared.execute(f"SELECT count(*) FROM read_csv('{target.csv}')").fetchone()[0] >= 0
     finally:
         shared.close()
+
+
+def test_an_extension_is_loaded_only_after_duckdb_checked_its_signature_and_again_once_changed(tmp_path, monkeypatch):
+    """Isolated databases skip DuckDB's signature check of an extension file it checked before in this process;
+    a file changed since, or never checked, is checked again and a bad one refused, in a new database each time."""
+    import shutil
+
+    copy = str(tmp_path / "avro.duckdb_extension")
+    shutil.copyfile(duck.extension_path("avro"), copy)
+    monkeypatch.setattr(duck, "extension_path", lambda name: copy)
+    monkeypatch.setattr(duck, "_VERIFIED", {})
+    for _ in range(2):  # checked by the first, trusted unchanged by the second
+        con = duck.connect("avro", isolated=True)
+        con.close()
+    assert copy in duck._VERIFIED
+    with open(copy, "r+b") as f:  # one byte of the code changed: the signature no longer matches
+        f.seek(os.path.getsize(copy) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for _ in range(2):
+        with pytest.raises(duckdb.Error, match="signature"):
+            duck.connect("avro", isolated=True)
+    assert duck._VERIFIED[copy] != duck._fingerprint(copy)
 
 
 # ---------------------------------------------------------------- materialized views
