@@ -477,7 +477,7 @@ def test_a_sealed_database_is_reused_only_by_the_same_seal_and_shows_nothing_of_
         with pytest.raises(duckdb.PermissionException):
             other.execute(f"SELECT count(*) FROM read_parquet('{paths[0]}')")
     assert len(duck._SEALED) <= duck.SEALED_IDLE
-    with pytest.raises(RuntimeError), duck.sealed(paths) as failing:
+    with pytest.raises(RuntimeError), duck.sealed(paths):
         db_count = len(duck._SEALED)
         raise RuntimeError("the caller failed")
     assert len(duck._SEALED) == db_count  # a database whose caller raised is closed, not given back
