@@ -210,7 +210,7 @@ def sealed(paths: Iterable[str], *, exact_floats: bool = False) -> Iterator[duck
     own, whose TEMP views and tables and registered Arrow data close with
     it, so nothing of one caller is seen by the next. The settings of the
     seal are the database's and locked. A database whose caller raised is
-    closed, not kept.
+    closed, not kept, and so is one that read files of an object store.
     """
     key = (tuple(sorted(set(paths))), exact_floats, memory_limit(), temp_directory(), store_files.generation())
     with _SEALED_LOCK:
@@ -227,6 +227,9 @@ def sealed(paths: Iterable[str], *, exact_floats: bool = False) -> Iterator[duck
         db.close()
         raise
     con.close()
+    if any(store_files.is_remote(p) for p in key[0]):
+        db.close()  # it may cache parts of remote files (DuckDB's external file cache): reads and requests stay as they were
+        return
     with _SEALED_LOCK:
         if key in _SEALED:  # another caller with the same seal gave one back first
             spare: duckdb.DuckDBPyConnection | None = db
