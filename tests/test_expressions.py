@@ -441,11 +441,14 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
         shared.close()
 
 
-def test_a_sealed_database_is_reused_only_by_the_same_seal_and_shows_nothing_of_its_last_caller(target: Target, tmp_path):
+def test_a_sealed_database_is_reused_only_by_the_same_seal_and_shows_nothing_of_its_last_caller(target: Target, monkeypatch):
     """duck.sealed lends a cached database to one caller at a time; each caller's connection starts empty, sealed to
     the same files, with the settings of the seal; another set of files or exact_floats gets another database."""
     from lineage.read.scan import file_paths, register_live_view
 
+    import collections
+
+    monkeypatch.setattr(duck, "_SEALED", collections.OrderedDict())  # none kept by earlier tests
     t = target.table
     files = t.state().live_files()
     paths = file_paths(files)
