@@ -244,9 +244,15 @@ _SEALED: collections.OrderedDict[tuple[object, ...], duckdb.DuckDBPyConnection] 
 _SEALED_LOCK = threading.Lock()
 
 
+_PARENTS: list[object] = []
+
+
 def _forget_sealed() -> None:
+    # A forked child opens databases of its own. The parent's are kept referenced, never closed nor destroyed
+    # here: DuckDB's destructor in a child (whose worker threads did not fork) crashes the process.
     global _SEALED, _SEALED_LOCK
-    _SEALED, _SEALED_LOCK = collections.OrderedDict(), threading.Lock()  # a forked child opens its own
+    _PARENTS.append(_SEALED)
+    _SEALED, _SEALED_LOCK = collections.OrderedDict(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_sealed)
