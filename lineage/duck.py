@@ -70,15 +70,14 @@ def connect(*extensions: str, isolated: bool = False) -> duckdb.DuckDBPyConnecti
 def load_extension(db: duckdb.DuckDBPyConnection, name: str) -> None:
     """Load the ``name`` extension into ``db`` from its wheel (:func:`extension_path`).
 
-    ``db`` checks the extension's signature, unless it is a database of
-    :func:`_open`: those load only a file whose signature a database of this
-    process checked before and that is unchanged since (:func:`_verify_once`).
+    A database that checks signatures checks the extension's. One that
+    allows unsigned extensions (those of :func:`_open`, and their cursors)
+    loads only a file whose signature DuckDB checked in this process and
+    that is unchanged since (:func:`_verify_once`).
     """
     path = extension_path(name)
-    loaded = _LOADED.get(db)
-    if loaded is not None:
-        _verify_once(path, loaded)
-        loaded.append(path)
+    if db.execute("SELECT current_setting('allow_unsigned_extensions')").fetchone()[0]:
+        _verify_once(path)
     db.execute(f"LOAD '{path}'")
 
 
@@ -98,13 +97,11 @@ def _open(extensions: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
 
     db = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
                                 "allow_unsigned_extensions": True})
-    _LOADED[db] = []
     for name in extensions:
         load_extension(db, name)
     return db
 
 
-_LOADED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, list[str]] = weakref.WeakKeyDictionary()  # databases of _open
 _VERIFIED: dict[str, tuple[int, ...]] = {}  # extension file -> its fingerprint when DuckDB checked its signature
 _VERIFY_LOCK = threading.Lock()
 
@@ -114,11 +111,11 @@ def _fingerprint(path: str) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _verify_once(path: str, before: list[str]) -> None:
+def _verify_once(path: str) -> None:
     """Have DuckDB check the signature of the extension file ``path`` unless it did in this process and the file is unchanged since.
 
     The check is a ``LOAD`` into a throwaway database that checks
-    signatures, after the extensions ``before`` (an extension may need
+    signatures, after the extensions checked before (an extension may need
     another loaded first: iceberg reads manifests through avro).
     """
     import duckdb
@@ -126,7 +123,7 @@ def _verify_once(path: str, before: list[str]) -> None:
     with _VERIFY_LOCK:
         if _VERIFIED.get(path) == _fingerprint(path):
             return
-        prints = {p: _fingerprint(p) for p in [*before, path]}
+        prints = {p: _fingerprint(p) for p in [*(p for p, f in _VERIFIED.items() if p != path and _fingerprint(p) == f), path]}
         checker = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
         try:
             for p in prints:

@@ -507,6 +507,12 @@ def test_an_extension_is_loaded_only_after_duckdb_checked_its_signature_and_agai
     for _ in range(2):
         with pytest.raises(duckdb.Error, match="signature"):
             duck.connect("avro", isolated=True)
+    shared = duck.connect()  # a cursor of a database that allows unsigned extensions: checked all the same
+    try:
+        with pytest.raises(duckdb.Error, match="signature"):
+            duck.load_extension(shared, "avro")
+    finally:
+        shared.close()
     assert duck._VERIFIED[copy] != duck._fingerprint(copy)
 
 
