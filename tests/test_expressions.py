@@ -429,6 +429,8 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
                 con.execute(sql)
         with pytest.raises(duckdb.Error, match="locked"):
             con.execute("SET enable_external_access = true")
+        with pytest.raises(duckdb.PermissionException):  # its database allows unsigned extensions: it loads none once sealed
+            con.execute(f"LOAD '{duck.extension_path('avro')}'")
     finally:
         con.close()
     assert not os.path.exists(tmp_path / "o.csv")
@@ -437,6 +439,81 @@ def test_a_sealed_connection_reads_only_its_files(target: Target, tmp_path):
         assert shared.execute(f"SELECT count(*) FROM read_csv('{target.csv}')").fetchone()[0] >= 0
     finally:
         shared.close()
+
+
+def test_a_sealed_database_is_reused_only_by_the_same_seal_and_shows_nothing_of_its_last_caller(target: Target, monkeypatch):
+    """duck.sealed lends a cached database to one caller at a time; each caller's connection starts empty, sealed to
+    the same files, with the settings of the seal; another set of files or exact_floats gets another database."""
+    from lineage.read.scan import file_paths, register_live_view
+
+    import collections
+
+    monkeypatch.setattr(duck, "_SEALED", collections.OrderedDict())  # none kept by earlier tests
+    t = target.table
+    files = t.state().live_files()
+    paths = file_paths(files)
+    with duck.sealed(paths) as con:
+        register_live_view(con, "live", files, t.arrow_schema)
+        con.register("secret_rows", pa.table({"x": [SECRET]}))
+        con.execute("CREATE TEMP TABLE kept AS SELECT 1 AS one")
+        assert con.execute("SELECT count(*) FROM live").fetchone()[0] == N
+    kept = {key[0]: db for key, db in duck._SEALED.items()}
+    assert tuple(sorted(set(paths))) in kept  # given back
+    with duck.sealed(paths) as again:
+        assert tuple(sorted(set(paths))) not in {key[0] for key in duck._SEALED}  # lent again: the same database
+        names = {r[0] for r in again.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        assert not names & {"live", "secret_rows", "kept"}, names
+        assert again.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone()[0] == 0
+        assert again.execute("SELECT current_setting('disabled_optimizers')").fetchone()[0] == ""
+        with pytest.raises(duckdb.PermissionException):
+            again.execute(f"SELECT * FROM read_csv('{target.csv}')")
+        with pytest.raises(duckdb.Error, match="locked"):
+            again.execute("SET enable_external_access = true")
+        register_live_view(again, "live", files, t.arrow_schema)  # its files are still allowed
+        assert again.execute("SELECT count(*) FROM live").fetchone()[0] == N
+        with duck.sealed(paths) as rival:  # the same seal while the first is lent: a database of its own
+            rival.execute("CREATE TEMP TABLE mine AS SELECT 1 AS one")
+            assert "mine" not in {r[0] for r in again.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    with duck.sealed(paths, exact_floats=True) as exact:
+        assert exact.execute("SELECT current_setting('disabled_optimizers')").fetchone()[0] == "filter_pushdown,statistics_propagation"
+    with duck.sealed([]) as other:  # another seal: the table's files are refused
+        with pytest.raises(duckdb.PermissionException):
+            other.execute(f"SELECT count(*) FROM read_parquet('{paths[0]}')")
+    assert len(duck._SEALED) <= duck.SEALED_IDLE
+    with pytest.raises(RuntimeError), duck.sealed(paths):
+        db_count = len(duck._SEALED)
+        raise RuntimeError("the caller failed")
+    assert len(duck._SEALED) == db_count  # a database whose caller raised is closed, not given back
+
+
+def test_an_extension_is_loaded_only_after_duckdb_checked_its_signature_and_again_once_changed(tmp_path, monkeypatch):
+    """Isolated databases skip DuckDB's signature check of an extension file it checked before in this process;
+    a file changed since, or never checked, is checked again and a bad one refused, in a new database each time."""
+    import shutil
+
+    copy = str(tmp_path / "avro.duckdb_extension")
+    shutil.copyfile(duck.extension_path("avro"), copy)
+    monkeypatch.setattr(duck, "extension_path", lambda name: copy)
+    monkeypatch.setattr(duck, "_VERIFIED", {})
+    for _ in range(2):  # checked by the first, trusted unchanged by the second
+        con = duck.connect("avro", isolated=True)
+        con.close()
+    assert copy in duck._VERIFIED
+    with open(copy, "r+b") as f:  # one byte of the code changed: the signature no longer matches
+        f.seek(os.path.getsize(copy) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for _ in range(2):
+        with pytest.raises(duckdb.Error, match="signature"):
+            duck.connect("avro", isolated=True)
+    shared = duck.connect()  # a cursor of a database that allows unsigned extensions: checked all the same
+    try:
+        with pytest.raises(duckdb.Error, match="signature"):
+            duck.load_extension(shared, "avro")
+    finally:
+        shared.close()
+    assert duck._VERIFIED[copy] != duck._fingerprint(copy)
 
 
 # ---------------------------------------------------------------- materialized views

@@ -19,6 +19,7 @@ not, and the group is then held once (in DuckDB) rather than twice.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -32,7 +33,7 @@ import lineage.storage.prefetch as prefetch
 from lineage.columns import LINEAGE_COLUMNS, LINEAGE_SCHEMA
 from lineage.commits.merge_rule import pack_from_end
 from lineage.errors import BadPredicateError, InvalidArgumentError, LineageMetadataError, UnknownColumnError
-from lineage.read.scan import register_live_view
+from lineage.read.scan import file_paths, register_live_view
 from lineage.sql.predicate import parse_predicate, prunable_columns, quote_ident
 from lineage.storage.files import is_remote
 from lineage.state import LiveFile, TableState, sized
@@ -202,24 +203,15 @@ def read_all(plan: BatchedScan) -> pa.Table:
 def _batches(plan: BatchedScan, groups: list[list[LiveFile]], batch_rows: int) -> Iterator[pa.RecordBatch]:
     select = ", ".join(quote_ident(c) for c in plan.columns)
     for group in groups:
-        con = duck.connect(isolated=True)
-        try:
+        with contextlib.ExitStack() as stack:
             # the group's rows are materialised in DuckDB (see lineage.duck.fetch_arrow), then exported a batch
             # at a time: the group is held once, in DuckDB, instead of once there and once as an Arrow table
-            name = _materialise(plan, group, select, con)
-            for batch in con.execute(f"SELECT * FROM {name}").to_arrow_reader(batch_rows):
+            with prefetch.local_copies(sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
+                con = stack.enter_context(duck.sealed(file_paths(group, copies), exact_floats=plan.exact_floats))
+                _run(plan, group, select, con, copies, lambda query: con.execute(f"CREATE TEMP TABLE __group AS {query}"))
+            for batch in con.execute("SELECT * FROM __group").to_arrow_reader(batch_rows):
                 if batch.num_rows:
                     yield cast_table(batch, plan.target)
-        finally:
-            con.close()
-
-
-def _materialise(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.DuckDBPyConnection) -> str:
-    """The rows ``plan`` selects from ``group`` as a temporary table of ``con``; its name."""
-    name = "__group"
-    with prefetch.local_copies(sized(group)) as copies:  # small files on an object store: fetched at once, one GET each
-        _run(plan, group, select, con, copies, lambda query: con.execute(f"CREATE TEMP TABLE {name} AS {query}"))
-    return name
 
 
 def _sized_paths(group: Sequence[LiveFile]) -> list[str]:
@@ -232,21 +224,17 @@ def _read_group(plan: BatchedScan, group: list[LiveFile], select: str) -> pa.Tab
 
 
 def _query_group(plan: BatchedScan, group: list[LiveFile], select: str, copies: dict[str, str]) -> pa.Table:
-    con = duck.connect(isolated=True)
-    try:
+    with duck.sealed(file_paths(group, copies), exact_floats=plan.exact_floats) as con:
         return _run(plan, group, select, con, copies, lambda query: duck.fetch_arrow(con, query))
-    finally:
-        con.close()
 
 
 def _run(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.DuckDBPyConnection, copies: dict[str, str],
          execute: Callable[[str], T]) -> T:
-    """``execute`` of the query selecting ``plan``'s rows of ``group`` in ``con`` (sealed to the group's files); DuckDB's
-    errors become the project's."""
+    """``execute`` of the query selecting ``plan``'s rows of ``group`` in ``con`` (of :func:`lineage.duck.sealed`, to the
+    group's files); DuckDB's errors become the project's."""
     import duckdb  # loaded: the connection is open
 
-    paths = register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
-    duck.seal(con, paths, exact_floats=plan.exact_floats)
+    register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
     try:
         return execute(f"SELECT {select} FROM live WHERE {plan.where_sql}")
     except duckdb.IOException as exc:
