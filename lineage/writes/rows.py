@@ -117,7 +117,7 @@ def by_row_id(parts: list[pa.Table]) -> pa.Table:
     """
     images = pa.concat_tables(parts)
     parts.clear()
-    order = pc.sort_indices(images.column(HIDDEN_ROW_ID), sort_keys=[("", "ascending")], null_placement="at_end")
+    order = pc.sort_indices(images.column(HIDDEN_ROW_ID))  # ascending, nulls last: as sort_by
     if order.null_count == 0 and bool((np.diff(order.to_numpy()) == 1).all()):
         return images
     schema, columns = images.schema, []
