@@ -792,3 +792,23 @@ def test_a_segment_of_many_runs_is_written_in_row_groups_and_reads_back_the_same
         for name in ("row_ids", "created", "updated"):
             np.testing.assert_array_equal(getattr(got, name).values, getattr(want, name).values)
             np.testing.assert_array_equal(getattr(got, name).lengths, getattr(want, name).lengths)
+
+
+@PROFILE
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=300), st.integers(1, 40))
+def test_breakpoints_are_combined_breakpoints_kept_only_for_files_of_few_runs(gaps, kept_runs):
+    """FileLineage.breakpoints: combined_breakpoints of its runs, read-only, the same object again for a file of at
+    most BREAKPOINTS_KEPT_RUNS runs and computed afresh (equal) for a larger one."""
+    ids = np.cumsum(np.array(gaps, np.int64) + 1)  # ascending row ids, runs broken where a gap is not 0
+    n = len(ids)
+    fl = FileLineage("f.parquet", n, encode_sequence(ids), encode_values(np.arange(n) % 3 + 1), value_run(5, n))
+    want = combined_breakpoints(fl.row_ids, fl.created, fl.updated)
+    old = metadata.BREAKPOINTS_KEPT_RUNS
+    metadata.BREAKPOINTS_KEPT_RUNS = kept_runs
+    try:
+        first, again = fl.breakpoints, fl.breakpoints
+    finally:
+        metadata.BREAKPOINTS_KEPT_RUNS = old
+    for got in (first, again):
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)) and not any(a.flags.writeable for a in got)
+    assert (first is again) == (len(want[0]) <= kept_runs)

@@ -104,6 +104,7 @@ def fits_in_list(files: list[FileLineage]) -> bool:
     return sum(len(f.row_ids) + len(f.created) + len(f.updated) for f in files) <= INLINE_SEGMENT_RUNS
 
 
+BREAKPOINTS_KEPT_RUNS = 1 << 16  # FileLineage.breakpoints kept for files of at most this many runs
 # Runs of a segment's files encoded at once (a row group): a commit that rewrote a million scattered rows has a million
 # runs over the files it wrote, whose list columns and Parquet pages were built all at once (40 MB more at the commit's peak).
 SEGMENT_PART_RUNS = 1 << 18
@@ -200,13 +201,24 @@ class FileLineage:
         """Largest valid-from version of any image in the file."""
         return int(self.updated.values.max()) if len(self.updated) else 0
 
-    @cached_property
+    @property
     def breakpoints(self) -> tuple[np.ndarray, ...]:
-        """:func:`~lineage.storage.rle.combined_breakpoints` of the three encodings, computed once (read-only
-        arrays): a change feed expands the lineage of the files it reads at every call."""
+        """:func:`~lineage.storage.rle.combined_breakpoints` of the three encodings (read-only arrays): a change feed
+        expands the lineage of the files it reads at every call.
+
+        Kept with the file's lineage (which the segment cache keeps) up to :data:`BREAKPOINTS_KEPT_RUNS` runs;
+        a file with more, such as the new images of a million scattered rows (a run each), has them computed
+        at each call (milliseconds, O(runs)) instead of holding 32 bytes a run for as long as its segment is
+        cached (18 MB after the 10M-row benchmark's three commits, growing with the rows they change).
+        """
+        kept = self.__dict__.get("_breakpoints")
+        if kept is not None:
+            return kept
         out = combined_breakpoints(self.row_ids, self.created, self.updated)
         for a in out:
             a.setflags(write=False)
+        if len(out[0]) <= BREAKPOINTS_KEPT_RUNS:
+            self.__dict__["_breakpoints"] = out  # a frozen dataclass: set as cached_property sets its value
         return out
 
 
