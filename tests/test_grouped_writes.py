@@ -19,6 +19,8 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cdf
 import lineage
@@ -29,8 +31,10 @@ from index import key_delta
 from index.key_entries import file_entries
 from index.key_index import KeyIndex, delta_segment
 from index.key_segment import CREATED, ROW_ID, UPDATED, drop_tombstones, write_key_segment
+from lineage.columns import HIDDEN_ROW_ID
 from lineage.errors import InvalidArgumentError
 from lineage.maintenance import verify
+from lineage.writes.rows import by_row_id
 
 FILES, PER_FILE = 6, 40
 
@@ -212,3 +216,25 @@ def test_the_keys_a_grouped_write_keeps_hold_their_own_buffers_not_the_group_res
     assert pa.total_allocated_bytes() - before >= 8 * 100000  # copied into Arrow's pool
     theirs = {b.address for c in result.columns for chunk in c.chunks for b in chunk.buffers() if b is not None}
     assert not theirs & {b.address for c in kept.columns for chunk in c.chunks for b in chunk.buffers() if b is not None}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 50), max_size=8, unique=True), min_size=1, max_size=4), st.booleans())
+def test_images_by_row_id_are_sort_by_order_and_not_copied_when_in_order(parts: list[list[int]], ordered: bool) -> None:
+    """by_row_id orders the rows of its parts as sort_by does (ties included), empties the list, and copies nothing
+    when they are in order already."""
+    ids = [i for p in parts for i in p]
+    if ordered:
+        ids = sorted(set(ids))
+        cut = [ids[:len(ids) // 2], ids[len(ids) // 2:]]
+        parts = [p for p in cut if p] or [[]]
+    tables = [pa.table({"v": pa.array([str(i) for i in p], pa.string()), HIDDEN_ROW_ID: pa.array(p, pa.int64()),
+                        "n": pa.array(range(len(p)), pa.int64())}) for p in parts]
+    want = pa.concat_tables(tables).sort_by(HIDDEN_ROW_ID)
+    buffers = {b.address for t in tables for c in t.columns for ch in c.chunks for b in ch.buffers() if b is not None}
+    held = list(tables)
+    got = by_row_id(held)
+    assert held == [] and got.schema == want.schema and got.combine_chunks().equals(want.combine_chunks())
+    got_buffers = {b.address for c in got.columns for ch in c.chunks for b in ch.buffers() if b is not None}
+    if ordered:
+        assert got_buffers <= buffers

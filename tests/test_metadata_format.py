@@ -767,3 +767,48 @@ def test_stable_argsort_equals_numpys_stable_argsort(keys, narrow):
 
     arr = np.array([k % 7 for k in keys] if narrow else keys, np.int64)  # narrow: many ties, the packed path
     assert stable_argsort(arr).tolist() == np.argsort(arr, kind="stable").tolist()
+
+
+def test_a_segment_of_many_runs_is_written_in_row_groups_and_reads_back_the_same(tmp_path, monkeypatch):
+    """Files with many runs are encoded a part at a time (a row group each): the segment reads back exactly as one
+    written in one piece."""
+    rng = np.random.default_rng(5)
+    lineages = []
+    for i in range(7):
+        ids = np.sort(rng.choice(10_000, int(rng.integers(1, 300)), replace=False)).astype(np.int64)
+        created = rng.integers(1, 4, len(ids)).astype(np.int64)
+        lineages.append(FileLineage(f"file:///wh/data/{i}.parquet", len(ids), encode_sequence(ids), encode_values(created),
+                                    encode_values(created + 1)))
+    whole = str(tmp_path / "whole-segment.parquet")
+    write_segment(FILEIO, whole, lineages)
+    monkeypatch.setattr(metadata, "SEGMENT_PART_RUNS", 400)
+    parts = str(tmp_path / "parts-segment.parquet")
+    write_segment(FILEIO, parts, lineages)
+    assert pq.ParquetFile(whole).num_row_groups == 1
+    assert pq.ParquetFile(parts).num_row_groups == len(metadata._segment_parts(lineages)) > 2
+    assert pq.read_table(parts).equals(pq.read_table(whole))
+    for got, want in zip(metadata._read_segment_uncached(FILEIO, parts), lineages, strict=True):  # the file, not the cache
+        assert (got.file_path, got.record_count) == (want.file_path, want.record_count)
+        for name in ("row_ids", "created", "updated"):
+            np.testing.assert_array_equal(getattr(got, name).values, getattr(want, name).values)
+            np.testing.assert_array_equal(getattr(got, name).lengths, getattr(want, name).lengths)
+
+
+@PROFILE
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=300), st.integers(1, 40))
+def test_breakpoints_are_combined_breakpoints_kept_only_for_files_of_few_runs(gaps, kept_runs):
+    """FileLineage.breakpoints: combined_breakpoints of its runs, read-only, the same object again for a file of at
+    most BREAKPOINTS_KEPT_RUNS runs and computed afresh (equal) for a larger one."""
+    ids = np.cumsum(np.array(gaps, np.int64) + 1)  # ascending row ids, runs broken where a gap is not 0
+    n = len(ids)
+    fl = FileLineage("f.parquet", n, encode_sequence(ids), encode_values(np.arange(n) % 3 + 1), value_run(5, n))
+    want = combined_breakpoints(fl.row_ids, fl.created, fl.updated)
+    old = metadata.BREAKPOINTS_KEPT_RUNS
+    metadata.BREAKPOINTS_KEPT_RUNS = kept_runs
+    try:
+        first, again = fl.breakpoints, fl.breakpoints
+    finally:
+        metadata.BREAKPOINTS_KEPT_RUNS = old
+    for got in (first, again):
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)) and not any(a.flags.writeable for a in got)
+    assert (first is again) == (len(want[0]) <= kept_runs)

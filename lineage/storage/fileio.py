@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
@@ -92,10 +92,23 @@ def read_range(fileio: FileIO | None, path: str, offset: int, length: int) -> by
         return f.read(length)
 
 
-def write_parquet(fileio: FileIO, path: str, table: pa.Table, *, use_dictionary: bool = True) -> int:
-    """Write an Arrow table as a zstd Parquet file (``use_dictionary``: dictionary-encode columns where it pays); return bytes written."""
+def write_parquet(fileio: FileIO, path: str, table: pa.Table | Iterable[pa.Table], *, use_dictionary: bool = True) -> int:
+    """Write an Arrow table as a zstd Parquet file (``use_dictionary``: dictionary-encode columns where it pays); return bytes written.
+
+    ``table`` may also be an iterable of tables of one schema (at least one), each written as a row group
+    of its own as it comes: only one part is encoded at a time.
+    """
     sink = _io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
+    if isinstance(table, pa.Table):
+        pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
+    else:
+        writer: pq.ParquetWriter | None = None
+        for part in table:
+            writer = writer or pq.ParquetWriter(sink, part.schema, compression="zstd", use_dictionary=use_dictionary)
+            writer.write_table(part)
+        if writer is None:
+            raise ValueError(f"internal: no part to write to {path}")
+        writer.close()
     return write_bytes(fileio, path, sink.getvalue())
 
 

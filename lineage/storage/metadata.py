@@ -30,7 +30,7 @@ a list names the segment.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -104,6 +104,10 @@ def fits_in_list(files: list[FileLineage]) -> bool:
     return sum(len(f.row_ids) + len(f.created) + len(f.updated) for f in files) <= INLINE_SEGMENT_RUNS
 
 
+BREAKPOINTS_KEPT_RUNS = 1 << 16  # FileLineage.breakpoints kept for files of at most this many runs
+# Runs of a segment's files encoded at once (a row group): a commit that rewrote a million scattered rows has a million
+# runs over the files it wrote, whose list columns and Parquet pages were built all at once (40 MB more at the commit's peak).
+SEGMENT_PART_RUNS = 1 << 18
 _SEGMENT_SCHEMA = pa.schema(
     [
         pa.field("file_path", pa.string(), nullable=False),
@@ -132,10 +136,13 @@ def check_format(kind: str, found_kind: str | None, found_version: Any, path: st
         )
 
 
-def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table, kind: str, *, use_dictionary: bool = True) -> int:
-    """Write ``table`` as a Parquet file tagged with its format ``kind`` and version; return its size."""
-    tagged = table.replace_schema_metadata({"lineage.format": kind, "lineage.format-version": str(FORMAT_VERSION)})
-    return write_parquet(fileio, path, tagged, use_dictionary=use_dictionary)
+def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table | Iterable[pa.Table], kind: str, *, use_dictionary: bool = True) -> int:
+    """Write ``table`` (or parts of one schema, a row group each: :func:`~lineage.storage.fileio.write_parquet`) as a Parquet
+    file tagged with its format ``kind`` and version; return its size."""
+    tag = {"lineage.format": kind, "lineage.format-version": str(FORMAT_VERSION)}
+    if isinstance(table, pa.Table):
+        return write_parquet(fileio, path, table.replace_schema_metadata(tag), use_dictionary=use_dictionary)
+    return write_parquet(fileio, path, (t.replace_schema_metadata(tag) for t in table), use_dictionary=use_dictionary)
 
 
 def open_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str, supported: int = FORMAT_VERSION) -> pq.ParquetFile:
@@ -194,13 +201,24 @@ class FileLineage:
         """Largest valid-from version of any image in the file."""
         return int(self.updated.values.max()) if len(self.updated) else 0
 
-    @cached_property
+    @property
     def breakpoints(self) -> tuple[np.ndarray, ...]:
-        """:func:`~lineage.storage.rle.combined_breakpoints` of the three encodings, computed once (read-only
-        arrays): a change feed expands the lineage of the files it reads at every call."""
+        """:func:`~lineage.storage.rle.combined_breakpoints` of the three encodings (read-only arrays): a change feed
+        expands the lineage of the files it reads at every call.
+
+        Kept with the file's lineage (which the segment cache keeps) up to :data:`BREAKPOINTS_KEPT_RUNS` runs;
+        a file with more, such as the new images of a million scattered rows (a run each), has them computed
+        at each call (milliseconds, O(runs)) instead of holding 32 bytes a run for as long as its segment is
+        cached (18 MB after the 10M-row benchmark's three commits, growing with the rows they change).
+        """
+        kept = self.__dict__.get("_breakpoints")
+        if kept is not None:
+            return kept
         out = combined_breakpoints(self.row_ids, self.created, self.updated)
         for a in out:
             a.setflags(write=False)
+        if len(out[0]) <= BREAKPOINTS_KEPT_RUNS:
+            self.__dict__["_breakpoints"] = out  # a frozen dataclass: set as cached_property sets its value
         return out
 
 
@@ -224,12 +242,30 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
     scattered rows has a million runs, whose dictionary cost ~170 MB to build
     and made the file larger.
     """
-    cols = _segment_columns(files)
-    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
-    table = pa.Table.from_arrays(arrays, schema=_SEGMENT_SCHEMA)
-    size = write_tagged_parquet(fileio, path, table, SEGMENT_FORMAT, use_dictionary=False)
+    size = write_tagged_parquet(fileio, path, (_segment_rows(p) for p in _segment_parts(files) or [[]]), SEGMENT_FORMAT, use_dictionary=False)
     _SEGMENT_CACHE.get(path, lambda: tuple(files))
     return size
+
+
+def _segment_parts(files: list[FileLineage]) -> list[list[FileLineage]]:
+    """``files`` cut into consecutive parts of about :data:`SEGMENT_PART_RUNS` runs (a file with more alone)."""
+    parts: list[list[FileLineage]] = []
+    held = SEGMENT_PART_RUNS
+    for fl in files:
+        runs = len(fl.row_ids) + len(fl.created) + len(fl.updated)
+        if held + runs > SEGMENT_PART_RUNS:
+            parts.append([])
+            held = 0
+        parts[-1].append(fl)
+        held += runs
+    return parts
+
+
+def _segment_rows(files: list[FileLineage]) -> pa.Table:
+    """The rows of a segment describing ``files``."""
+    cols = _segment_columns(files)
+    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=_SEGMENT_SCHEMA)
 
 
 def inline_segment(path: str, files: list[FileLineage]) -> tuple[tuple[dict[str, Any], ...], int]:

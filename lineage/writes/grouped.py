@@ -60,7 +60,7 @@ from lineage.storage.writer import WrittenFile, write_data_files
 from lineage.columns import HIDDEN_ROW_ID
 from lineage.writes.capture import split_old
 from lineage.writes.plan import Plan
-from lineage.writes.rows import REMOVED_COLS, conform_images, group_removed
+from lineage.writes.rows import REMOVED_COLS, by_row_id, conform_images, group_removed
 
 ENV_GROUP_ROWS = "LINEAGE_WRITE_GROUP_ROWS"
 DEFAULT_GROUP_ROWS = 4_000_000
@@ -142,8 +142,7 @@ def grouped_plan(
 
     def flush_images() -> None:
         if out.images:
-            images = pa.concat_tables(out.images).sort_by(HIDDEN_ROW_ID)
-            out.images = []
+            images = by_row_id(out.images)  # empties the buffer: sorted a column at a time, if at all
             # the created versions of rows in row id order come in long runs: kept encoded until the commit
             out.written.extend(replace(w, created=encode_values(w.created)) if isinstance(w.created, np.ndarray) else w
                                for w in write_data_files(ice, images))
@@ -169,8 +168,10 @@ def grouped_plan(
             if query.key:
                 out.keys.append(owned(rows.select(query.key)))
             if query.images:
+                # sorted a group at a time (a copy of its own: the group's DuckDB result is not kept), so that the buffer
+                # of later groups' images is in order too when the files are, and is written without a sorted copy of it all
                 images = conform_images(rows.select(query.images), ice.schema(), table.key, operation)
-                out.images.append(images)
+                out.images.append(images.sort_by(HIDDEN_ROW_ID))
                 if sum(t.nbytes for t in out.images) >= FLUSH_BYTES:
                     flush_images()
             del rows, removed, groups, values

@@ -37,7 +37,6 @@ from lineage.memory import release_if_grown, release_within
 from lineage.outcome import Attempt, CommitLoop
 from lineage.state import TableState
 from lineage.read.values import read_at
-from lineage.columns import HIDDEN_ROW_ID
 from lineage.storage.deletion_vectors import VectorTarget
 from lineage.storage.merged_deletes import write_file_deletes
 from lineage.storage.writer import WrittenFile, with_fresh_rows, write_data_files
@@ -45,7 +44,7 @@ import lineage.storage.puts as puts
 import lineage.storage.removals as removals
 from lineage.properties import COMMIT_RETRIES, MERGE_ON_READ, capture_preimages
 from lineage.writes.plan import CommitInfo, Plan, ms_to_datetime
-from lineage.writes.rows import group_removed
+from lineage.writes.rows import by_row_id, group_removed
 from lineage.writes.small_files import FoldPolicy, UntouchedFold, files_to_fold, rewrite_kept, untouched_fold
 
 if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
@@ -194,7 +193,7 @@ def _materialize_and_commit(
     # 2. new images of updated rows, then fresh inserts (in the same files when both are written now: fewer objects)
     inserts = plan.inserts if plan.inserts is not None and plan.inserts.num_rows else None
     if plan.new_images is not None and plan.new_images.num_rows:
-        images = plan.new_images.sort_by(HIDDEN_ROW_ID)
+        images = by_row_id([plan.new_images])
         if inserts is not None and reuse_inserts is None:
             images, inserts = with_fresh_rows(images, inserts), None
         _write_fresh(table, images, fold, created, written, removed_files)

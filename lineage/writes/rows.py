@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import lineage.duck as duck
 from lineage.errors import KeyViolationError
@@ -102,6 +103,28 @@ def group_removed(removed: pa.Table) -> dict[int, dict[str, np.ndarray]]:
     ends = np.concatenate((bounds, [len(fid)]))
     cols = {c: removed.column(c).to_numpy().astype(np.int64) for c in removed.column_names if c != "__file_id"}
     return {int(fid[s]): {c: v[s:e] for c, v in cols.items()} for s, e in zip(starts, ends, strict=True)}
+
+
+def by_row_id(parts: list[pa.Table]) -> pa.Table:
+    """The rows of ``parts`` (tables of new images with the hidden row id column; the list is emptied) in row id
+    order, as ``sort_by`` orders them.
+
+    No copy when they are already in order, as the images of rows matched in
+    file order mostly are; otherwise sorted a column at a time, each source
+    column dropped once copied: when the caller holds no other reference to
+    the parts (a buffer of new images about to be written), the copy costs
+    one column beside them, not a second copy of every column.
+    """
+    images = pa.concat_tables(parts)
+    parts.clear()
+    order = pc.sort_indices(images.column(HIDDEN_ROW_ID))  # ascending, nulls last: as sort_by
+    if order.null_count == 0 and bool((np.diff(order.to_numpy()) == 1).all()):
+        return images
+    schema, columns = images.schema, []
+    while images.num_columns:
+        columns.append(images.column(0).take(order))
+        images = images.remove_column(0)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def conform_images(images: pa.Table, schema, key: Sequence[str], what: str) -> pa.Table:  # type: ignore[no-untyped-def]
