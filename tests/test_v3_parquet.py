@@ -7,13 +7,10 @@ The encoding changes bytes only: our scan, pyiceberg and DuckDB's ``iceberg_scan
 from __future__ import annotations
 
 import glob
-import math
 import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import lineage
 import lineage.duck as duck
@@ -61,52 +58,3 @@ def test_rewritten_rows_carry_delta_encoded_row_ids_that_every_reader_reads(tmp_
     assert sorted(zip(*(ddb.column(c).to_pylist() for c in ("id", "v", "_row_id")), strict=True)) == expected
     assert ice.scan().to_arrow().num_rows == 20_000  # pyiceberg
     assert os.path.getsize(new) < 60_000
-
-
-def _reference_dictionary_bytes(values: list, width: int | None) -> int:
-    distinct = {("nan" if isinstance(v, float) and math.isnan(v) else v) for v in values if v is not None}
-    if width is not None:
-        return width * len(distinct)
-    return sum(4 + len(v.encode() if isinstance(v, str) else v) for v in distinct)
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.one_of(
-    st.tuples(st.just(pa.int64()), st.lists(st.one_of(st.none(), st.integers(-5, 40)), max_size=60)),
-    st.tuples(st.just(pa.int32()), st.lists(st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)), max_size=60)),
-    st.tuples(st.just(pa.float64()), st.lists(st.one_of(st.none(), st.just(math.nan), st.floats(-3, 3, width=16)), max_size=60)),
-    st.tuples(st.just(pa.string()), st.lists(st.one_of(st.none(), st.text(max_size=6)), max_size=60)),
-), st.integers(1, 4))
-def test_dictionary_bytes_are_those_of_the_distinct_values(case, chunks):
-    """_dictionary_bytes: Arrow's width per distinct value (strings: 4 bytes plus their bytes), nulls aside, NaN once,
-    whatever the chunks."""
-    kind, values = case
-    cut = [len(values) * i // chunks for i in range(chunks + 1)]
-    column = pa.chunked_array([pa.array(values[a:b], kind) for a, b in zip(cut, cut[1:])], kind)
-    strings = pa.types.is_string(kind)
-    assert v3_parquet._dictionary_bytes(column, strings) == _reference_dictionary_bytes(values, None if strings else kind.bit_width // 8)
-
-
-def test_columns_whose_dictionary_overflows_are_written_plain_and_read_back_the_same(tmp_path):
-    """A column whose distinct values fill the dictionary page (here 4 KiB) is written without a dictionary from the
-    start; the others keep theirs; every reader reads the same rows."""
-    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("w", pa.string()), ("f", pa.float64()), ("few", pa.int32())])
-    n = 5_000
-    rows = pa.table({"id": pa.array(range(n), pa.int64()), "v": [f"name-{i}" for i in range(n)], "w": [str(i % 3) for i in range(n)],
-                     "f": [i / 7 for i in range(n)], "few": pa.array([i % 4 for i in range(n)], pa.int32())}, schema=schema)
-    assert v3_parquet.overflowing_dictionaries(rows, 4096) == {"id", "v", "f"}
-    assert v3_parquet.overflowing_dictionaries(rows, 1 << 20) == set()
-    t = lineage.create_table("db.t", schema, key=["id"], warehouse=str(tmp_path), properties={"write.parquet.dict-size-bytes": "4096"})
-    t.append(rows)
-    (path,) = glob.glob(str(tmp_path / "**" / "data" / "*.parquet"), recursive=True)
-    enc = _encodings(path)
-    assert all("RLE_DICTIONARY" not in enc[c] and "PLAIN_DICTIONARY" not in enc[c] for c in ("id", "v", "f"))
-    assert all("RLE_DICTIONARY" in enc[c] for c in ("w", "few"))
-    assert t.scan().select(schema.names).sort_by("id").cast(schema).equals(rows)
-    assert t.iceberg.scan().to_arrow().select(schema.names).sort_by("id").cast(schema).equals(rows)  # pyiceberg
-    con = duck.connect("iceberg")
-    try:
-        ddb = con.execute(f"SELECT * FROM iceberg_scan('{t.iceberg.metadata_location}') ORDER BY id").to_arrow_table()
-    finally:
-        con.close()
-    assert ddb.select(schema.names).cast(schema).equals(rows)

@@ -12,12 +12,10 @@ a fold of 50,000 rows 42 KB instead of 153. Every other column is written as
 before (dictionary encoding, the table's compression). The encoding is part of
 the Parquet format that every Iceberg reader reads (Spark, DuckDB, pyiceberg).
 
-:func:`write_files` is pyiceberg's ``write_file`` with that change and two more, and writes every Parquet data file
+:func:`write_files` is pyiceberg's ``write_file`` with that change and one more, and writes every Parquet data file
 of the library (of v2 tables too, whose files have no ``_row_id``): pyiceberg's projection of a batch to the file's
 schema turned a null list of structs, or a null map with struct values, into an empty one (apache/iceberg-python
-#3833); :func:`lineage.iceberg.schema.with_null_collections` gives them their nulls back. And a column whose
-distinct values would fill the dictionary page anyway (``write.parquet.dict-size-bytes``) is written plain from the
-start instead of after the fallback (:func:`overflowing_dictionaries`): same rows, ~30 MB less at the writer's peak.
+#3833); :func:`lineage.iceberg.schema.with_null_collections` gives them their nulls back.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lineage.iceberg.schema import with_null_collections
@@ -70,67 +67,13 @@ _PATHS: OrderedDict[pa.Schema, tuple[str, ...]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def writer_options(schema: pa.Schema, rows: pa.Table | None = None, dictionary_limit: int = 0) -> dict[str, Any]:
-    """pyarrow ParquetWriter options giving ``_row_id`` the delta encoding and every other column the dictionary, except,
-    given a row group's ``rows`` and the writer's dictionary page limit, the columns :func:`overflowing_dictionaries`
-    names (none of this when the schema has no ``_row_id`` and no column overflows: pyiceberg's options as they are)."""
+def writer_options(schema: pa.Schema) -> dict[str, Any]:
+    """pyarrow ParquetWriter options giving ``_row_id`` the delta encoding, every other column the dictionary (none when
+    the schema has no ``_row_id``)."""
     paths = leaf_paths(schema)
-    plain = overflowing_dictionaries(rows, dictionary_limit) if rows is not None and dictionary_limit > 0 else set()
-    if ROW_ID_NAME not in paths and not plain:
+    if ROW_ID_NAME not in paths:
         return {}
-    options: dict[str, Any] = {"use_dictionary": [p for p in paths if p != ROW_ID_NAME and p not in plain]}
-    if ROW_ID_NAME in paths:
-        options["column_encoding"] = {ROW_ID_NAME: ROW_ID_ENCODING}
-    return options
-
-
-def overflowing_dictionaries(rows: pa.Table, limit: int) -> set[str]:
-    """The columns of ``rows`` (numbers, dates and times, strings and binaries) whose distinct values fill a dictionary
-    page of ``limit`` bytes: Parquet's writer would build their dictionary, then fall back to plain encoding.
-
-    Building and dropping such a dictionary (Arrow's hash table of the values) took 24-31 MB of Arrow's pool at
-    once, whatever the number of rows past the limit: the flush of 270,000 new images of an update peaked 32 MB
-    above its rows, 2 MB with these columns written plain from the start; the rows read back the same. The
-    distinct values are counted in a prefix of the column holding about :data:`_PREFIX_PAGES` pages' worth of
-    values, sorted (a few bytes a row, where Arrow's own hash kernels take as much as the dictionary): a column
-    that fills the page within its prefix fills it in the row group; one that would only later keeps its
-    dictionary, as before. The dictionary's size is taken as Arrow's value width per value, or 4 bytes plus
-    the bytes of each string.
-    """
-    plain: set[str] = set()
-    for field, column in zip(rows.schema, rows.columns, strict=True):
-        kind = field.type
-        strings = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-        fixed = pa.types.is_integer(kind) or (pa.types.is_floating(kind) and not pa.types.is_float16(kind)) or pa.types.is_timestamp(kind) \
-            or pa.types.is_date(kind) or pa.types.is_time(kind) or pa.types.is_duration(kind)
-        if not (strings or fixed):
-            continue
-        if (column.nbytes if strings else len(column) * (kind.bit_width // 8)) <= limit:  # cannot fill the page
-            continue
-        if _dictionary_bytes(column.slice(0, max(1, len(column) * _PREFIX_PAGES * limit // column.nbytes)), strings) > limit:
-            plain.add(field.name)
-    return plain
-
-
-_PREFIX_PAGES = 4  # dictionary pages' worth of values looked at by overflowing_dictionaries
-
-
-def _dictionary_bytes(column: pa.ChunkedArray, strings: bool) -> int:
-    """The encoded size of the dictionary of ``column``'s distinct values (nulls aside, NaN one value)."""
-    values = column.drop_null()
-    nan = 0
-    if pa.types.is_floating(values.type):
-        finite = values.filter(pc.invert(pc.is_nan(values)))
-        nan, values = int(len(finite) < len(values)), finite
-    if len(values) == 0:
-        return nan * (values.type.bit_width // 8) if nan else 0  # NaN only: a float column
-    ordered = values.take(pc.sort_indices(values)).combine_chunks()
-    first = pc.not_equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))  # a value unlike the one before it
-    distinct = 1 + (pc.sum(first).as_py() or 0) + nan
-    if not strings:
-        return distinct * (values.type.bit_width // 8)
-    lengths = pc.binary_length(ordered)
-    return 4 * distinct + lengths[0].as_py() + (pc.sum(pc.filter(lengths.slice(1), first)).as_py() or 0)
+    return {"use_dictionary": [p for p in paths if p != ROW_ID_NAME], "column_encoding": {ROW_ID_NAME: ROW_ID_ENCODING}}
 
 
 def _row_id_delta_writer() -> type:
@@ -141,11 +84,9 @@ def _row_id_delta_writer() -> type:
 
         class RowIdDeltaWriter(ParquetFormatWriter):
             def write(self, table: pa.Table) -> None:
-                """Write ``table`` (the first call opens the file with the options of its schema and first row group)."""
+                """Write ``table`` (the first call opens the file with the options of its schema)."""
                 if getattr(self, "_writer", None) is None:
-                    first = table.slice(0, self._row_group_size)
-                    limit = int(self._parquet_writer_kwargs.get("dictionary_pagesize_limit") or 0)
-                    self._parquet_writer_kwargs = {**self._parquet_writer_kwargs, **writer_options(table.schema, first, limit)}
+                    self._parquet_writer_kwargs = {**self._parquet_writer_kwargs, **writer_options(table.schema)}
                 super().write(table)
 
         _WRITER = RowIdDeltaWriter
