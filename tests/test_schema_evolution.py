@@ -357,3 +357,27 @@ def test_foreign_rewrite_of_a_file_written_before_a_rename_is_a_move(tmp_path, k
     feed = cdf.changes(t, 1, t.version).to_pylist()
     assert [(r["_change_type"], r["id"], r["label"], r["_row_id"]) for r in feed] == [("delete", 2, "b", 1)]
     assert sorted((r["id"], r["label"], r["_row_id"]) for r in t.scan().to_pylist()) == [(1, "a", 0), (3, "c", 2)]
+
+
+def test_equality_deletes_written_before_the_key_column_was_renamed(tmp_path):
+    """Equality delete files and data files written before a rename of the key column are read by field id:
+    before, every scan failed with ArrowInvalid (the delete file read by the key's current name)."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float64())])
+    t = lineage.create_table("s.eq", schema, key=["id"], warehouse=str(tmp_path / "wh"),
+                             properties={"write.changelog.strategy": "equality"})
+
+    def events(rows: list[tuple]) -> pa.Table:
+        return pa.table({"_op": [r[0] for r in rows], "id": [r[1] for r in rows], "v": [r[2] for r in rows]})
+
+    t.apply_changelog(events([("+I", 1, 1.0), ("+I", 2, 2.0), ("+I", 3, 3.0)]), upsert=True)
+    t.apply_changelog(events([("+U", 1, 10.0), ("-D", 2, None)]), upsert=True)
+    with evolve_schema(t) as u:
+        u.rename_column("id", "key")
+    want = [(1, 10.0), (3, 3.0)]
+    assert sorted((r["key"], r["v"]) for r in t.scan().to_pylist()) == want
+    feed = [(r["_change_type"], r["key"], r["v"]) for r in cdf.changes(t, 0, t.version).to_pylist()]
+    assert sorted(feed, key=repr) == sorted([("insert", 1, 1.0), ("insert", 2, 2.0), ("insert", 3, 3.0), ("update_preimage", 1, 1.0),
+                                             ("update_postimage", 1, 10.0), ("delete", 2, 2.0)], key=repr)
+    t.convert_equality_deletes()
+    assert sorted((r["key"], r["v"]) for r in t.scan().to_pylist()) == want
+    assert_interop(t)
