@@ -223,13 +223,13 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression, *, e
         # delete files that mention a rewritten file are replaced; their other entries are carried over
         removed_deletes = []
         live_by_path = {f.path: f.data_file for f in files}
+        carried: set[str] = set()  # each data file once: on v3 one Puffin file is the entry of several vectors
         for d in all_deletes:
             paths = set(read_position_deletes(d.file_path))
             if paths & rewritten.keys():
                 removed_deletes.append(d)
-                for p in paths - rewritten.keys():
-                    if p in live_by_path:
-                        delete_targets.append((live_by_path[p], old_deleted[p]))
+                carried.update(p for p in paths - rewritten.keys() if p in live_by_path)
+        delete_targets.extend((live_by_path[p], old_deleted[p]) for p in sorted(carried))
         granularity, limit = delete_granularity(state.iceberg.metadata.properties)
         if state.iceberg.metadata.format_version >= 3:  # deletion vectors; the positions above already hold the old ones
             new_deletes, _ = write_vectors(state.iceberg, [VectorTarget(df, pos) for df, pos in delete_targets])
