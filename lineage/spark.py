@@ -15,7 +15,9 @@ interpreter (``spark.pyspark.python``) or install the package on the workers.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from lineage.context import TableContext
+import lineage.errors as errors
 from lineage.errors import InvalidArgumentError, KeyViolationError
 from lineage.storage.fileio import local_path
 from lineage.storage.rle import encode_sequence, encode_values
@@ -194,6 +197,30 @@ def written_files(target: WriteTarget, data: pa.Table, metadata: Any, key: list[
         yield WrittenFile(w.data_file, row_ids, created, updated)
 
 
+_EXECUTOR_ERROR = re.compile(r"^lineage\.errors\.(\w+): (.*)$", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def executor_errors() -> Iterator[None]:
+    """Re-raise on the driver, as itself, an error of this project that an executor task raised.
+
+    Spark reports a Python task's failure as its own exception carrying the
+    worker's traceback; bad input an executor finds (a null for a required
+    column in an update's new images) must reach the caller as the project's
+    specific error, as it does from the embedded engine.
+    """
+    try:
+        yield
+    except errors.LineageError:
+        raise
+    except Exception as exc:
+        found = _EXECUTOR_ERROR.search(str(exc))
+        cls = getattr(errors, found.group(1), None) if found else None
+        if not (isinstance(cls, type) and issubclass(cls, errors.LineageError)):
+            raise
+        raise cls(found.group(2)) from exc  # type: ignore[union-attr]
+
+
 def write_with_executors(table: TableContext, df: Any, group: str | None = None) -> list[WrittenFile]:
     """Executors write ``df`` (table columns, optionally HIDDEN_ROW_ID/HIDDEN_CREATED/HIDDEN_UPDATED) as data files; returns their descriptors.
 
@@ -201,7 +228,8 @@ def write_with_executors(table: TableContext, df: Any, group: str | None = None)
     """
     ice = table.iceberg
     fn = _executor_writer(v3_metadata.metadata_json(ice.metadata).decode(), dict(ice.io.properties), ice.metadata.location, table.arrow_schema, table.key, group)
-    payloads = df.mapInArrow(fn, "payload binary").collect()
+    with executor_errors():
+        payloads = df.mapInArrow(fn, "payload binary").collect()
     return [pickle.loads(r["payload"]) for r in payloads]
 
 

@@ -82,6 +82,25 @@ def rename_and_add_a_column(t: lineage.Table) -> None:
     t.delete("id = 3")
 
 
+@contextlib.contextmanager
+def evolve_schema(t: lineage.Table):  # type: ignore[no-untyped-def]
+    """pyiceberg's ``UpdateSchema`` for ``t``, committed through the library's catalog path on leaving the block.
+
+    pyiceberg 0.12 evolves the schema of format version 2 tables only (it cannot
+    write v3 metadata); this commits the same updates on v2 and v3 alike.
+    """
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update.schema import UpdateSchema
+
+    import lineage.catalog as catalog
+
+    update = UpdateSchema(Transaction(t.iceberg, autocommit=False))
+    yield update
+    updates, requirements = update._commit()
+    catalog.commit_metadata(t.iceberg, updates, requirements)
+    t.refresh()
+
+
 def assert_interop(table: lineage.Table) -> None:
     """pyiceberg's scan and DuckDB's iceberg_scan return exactly our scan's rows."""
     table.refresh()

@@ -46,6 +46,7 @@ from lineage.storage.fileio import local_path
 from lineage.storage.metadata import write_tagged_parquet
 from lineage.sql.predicate import quote_ident
 import lineage.storage.files as store
+from lineage.read.values import file_columns, layout
 
 RESOLVED_FORMAT = "lineage-resolved-deletes"
 _RESOLVED_SCHEMA = pa.schema([pa.field("file_path", pa.string(), nullable=False), pa.field("pos", pa.int64(), nullable=False)])
@@ -96,21 +97,35 @@ def equality_columns(schema: Schema, delete_file: DataFile) -> list[str]:
     return names  # type: ignore[return-value]
 
 
+def _file_columns(path: str, file_schema: pa.Schema, names: Sequence[str], ids: Sequence[int]) -> list[str]:
+    """The columns of the file at ``path`` holding the equality columns ``names`` (field ids ``ids``), matched by
+    field id, so a delete or data file written before a column was renamed is read by what it holds."""
+    found = file_columns(file_schema, pa.schema([pa.field(n, pa.null()) for n in names]), dict(zip(names, ids, strict=True)))
+    missing = [n for n, c in zip(names, found, strict=True) if c is None]
+    if missing:
+        raise LineageMetadataError(f"{path} has no column for the equality column(s) {missing}")
+    return [c for c in found if c is not None]
+
+
 def read_delete_rows(delete_file: DataFile, names: Sequence[str]) -> pa.Table:
-    """The equality columns of an equality delete file (distinct rows)."""
-    table = pq.ParquetFile(store.source(delete_file.file_path)).read(columns=list(names), use_threads=False)
+    """The equality columns of an equality delete file (distinct rows), named ``names`` (see :func:`equality_columns`)."""
+    pf = pq.ParquetFile(store.source(delete_file.file_path))
+    columns = _file_columns(delete_file.file_path, pf.schema_arrow, names, sorted(delete_file.equality_ids))
+    table = pf.read(columns=columns, use_threads=False).rename_columns(list(names))
     return table.group_by(list(names)).aggregate([]) if table.num_rows else table
 
 
-def match_positions(data_path: str, names: Sequence[str], keys: pa.Table) -> np.ndarray:
-    """Sorted positions of the rows of ``data_path`` whose ``names`` columns equal a row of ``keys`` (NULL = NULL)."""
+def match_positions(data_path: str, names: Sequence[str], keys: pa.Table, ids: Sequence[int]) -> np.ndarray:
+    """Sorted positions of the rows of ``data_path`` whose ``names`` columns (field ids ``ids``) equal a row of
+    ``keys`` (NULL = NULL)."""
     if not keys.num_rows:
         return np.zeros(0, np.int64)
+    columns = _file_columns(data_path, layout(local_path(data_path)).arrow, names, ids)
     con = duck.connect()
     try:
         con.register("k", keys)
         on = " AND ".join(f"d.{quote_ident(n)} IS NOT DISTINCT FROM k.{quote_ident(n)}" for n in names)
-        cols = ", ".join(quote_ident(n) for n in names)
+        cols = ", ".join(f"{quote_ident(c)} AS {quote_ident(n)}" for c, n in zip(columns, names, strict=True))
         path = local_path(data_path).replace("'", "''")
         found = con.execute(
             f"SELECT d.file_row_number AS pos FROM (SELECT {cols}, file_row_number FROM "
@@ -154,7 +169,7 @@ def resolve_equality_deletes(
             hits = {p: np.unique(np.array(v, np.int64)) for p, v in found.items()}
         else:
             for path in targets:
-                pos = match_positions(path, names, keys)
+                pos = match_positions(path, names, keys, sorted(delete.delete_file.equality_ids))
                 if len(pos):
                     hits[path] = pos
         out[delete.delete_file.file_path] = hits

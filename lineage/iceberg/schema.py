@@ -233,7 +233,7 @@ def cast_nested(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
     """
     if not _has_required(target):
         return values if values.type.equals(target) else values.cast(target)
-    relaxed = _relaxed(target)
+    relaxed = relaxed_type(target)
     values = values if values.type.equals(relaxed) else values.cast(relaxed)
     if isinstance(values, pa.ChunkedArray):
         values = pa.chunked_array([_fill(c, target) for c in values.chunks], relaxed)
@@ -244,7 +244,7 @@ def cast_nested(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
 
 def null_values(n: int, t: pa.DataType) -> pa.Array:
     """``n`` nulls of type ``t`` (a column missing from a batch or a data file), required nested fields filled."""
-    return cast_nested(pa.nulls(n, _relaxed(t)), t)
+    return cast_nested(pa.nulls(n, relaxed_type(t)), t)
 
 
 def cast_table(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table | pa.RecordBatch:
@@ -255,20 +255,20 @@ def cast_table(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table 
     return type(table).from_arrays([cast_nested(c, f.type) for c, f in zip(table.columns, schema, strict=True)], schema=schema)
 
 
-def _relaxed(t: pa.DataType) -> pa.DataType:
+def relaxed_type(t: pa.DataType) -> pa.DataType:
     """``t`` with every nested field nullable (a map's keys stay required: Arrow requires it)."""
     if pa.types.is_map(t):
-        return pa.map_(t.key_field, t.item_field.with_type(_relaxed(t.item_type)).with_nullable(True))
+        return pa.map_(t.key_field, t.item_field.with_type(relaxed_type(t.item_type)).with_nullable(True))
     if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_relaxed(f.type)).with_nullable(True) for f in t])
+        return pa.struct([f.with_type(relaxed_type(f.type)).with_nullable(True) for f in t])
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        field = t.value_field.with_type(_relaxed(t.value_type)).with_nullable(True)
+        field = t.value_field.with_type(relaxed_type(t.value_type)).with_nullable(True)
         return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
     return t
 
 
 def _fill(arr: pa.Array, t: pa.DataType) -> pa.Array:
-    """``arr`` (of ``_relaxed(t)``) with a placeholder in each required field of ``t`` under a null struct."""
+    """``arr`` (of ``relaxed_type(t)``) with a placeholder in each required field of ``t`` under a null struct."""
     if not _has_required(t):
         return arr
     if pa.types.is_struct(t):
@@ -431,7 +431,7 @@ def conform(data: pa.Table, schema: Schema, key: Sequence[str] = (), keep_offset
         col = data.column(field.name)
         if pa.types.is_dictionary(col.type) and not pa.types.is_dictionary(field.type):
             col = col.cast(col.type.value_type)  # dictionary-encoded values (pandas categoricals, the change feed's)
-        relaxed = _relaxed(field.type)  # nested nullability is checked below, with the path of the field
+        relaxed = relaxed_type(field.type)  # nested nullability is checked below, with the path of the field
         if not col.type.equals(field.type) and not col.type.equals(relaxed):
             if _family(col.type) != _family(field.type) and not pa.types.is_null(col.type):
                 raise SchemaMismatchError(f"column {field.name!r} has type {col.type}, the table expects {field.type}")

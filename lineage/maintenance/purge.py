@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.table.snapshots import Operation
@@ -63,7 +62,6 @@ from lineage.read.values import read_at
 from lineage.storage.deletion_vectors import VectorTarget, write_vectors
 from lineage.storage.writer import WrittenFile, write_copy, write_position_deletes
 from lineage.properties import delete_granularity
-import lineage.storage.files as store
 
 
 def _erased(field: pa.Field, n: int, donor: object = None) -> pa.Array:
@@ -131,9 +129,14 @@ def erased_copy(iceberg, path: str, schema: pa.Schema, mask: np.ndarray, templat
     """A copy of the data file at ``path`` (same rows, same positions) with the ``mask`` rows erased.
 
     ``lineage`` (row ids, updated versions by position) is written into the
-    copy on Iceberg v3, so that its rows keep their native row lineage.
+    copy on Iceberg v3, so that its rows keep their native row lineage. The
+    file is read by Iceberg field id when the table's schema has evolved (the
+    shared reader of values): a file written before a column was added,
+    renamed or promoted is copied with the current columns.
     """
-    data = pq.read_table(store.source(path), columns=schema.names)
+    rows = int(template.record_count)
+    data = read_at([path], np.zeros(rows, np.int64), np.arange(rows, dtype=np.int64), schema,
+                   projection_field_ids(iceberg.metadata), cache=False)
     return write_copy(iceberg, cast_table(_null_rows(data, mask, donors), schema), template, lineage)
 
 
@@ -220,13 +223,13 @@ def purge(table: TableContext | HasContext, where: str | BooleanExpression, *, e
         # delete files that mention a rewritten file are replaced; their other entries are carried over
         removed_deletes = []
         live_by_path = {f.path: f.data_file for f in files}
+        carried: set[str] = set()  # each data file once: on v3 one Puffin file is the entry of several vectors
         for d in all_deletes:
             paths = set(read_position_deletes(d.file_path))
             if paths & rewritten.keys():
                 removed_deletes.append(d)
-                for p in paths - rewritten.keys():
-                    if p in live_by_path:
-                        delete_targets.append((live_by_path[p], old_deleted[p]))
+                carried.update(p for p in paths - rewritten.keys() if p in live_by_path)
+        delete_targets.extend((live_by_path[p], old_deleted[p]) for p in sorted(carried))
         granularity, limit = delete_granularity(state.iceberg.metadata.properties)
         if state.iceberg.metadata.format_version >= 3:  # deletion vectors; the positions above already hold the old ones
             new_deletes, _ = write_vectors(state.iceberg, [VectorTarget(df, pos) for df, pos in delete_targets])

@@ -65,7 +65,7 @@ from lineage.reconcile.native import added_lineage, pair_by_row_id, with_native_
 from lineage.reconcile.pairing import Pairs, pair_images
 from lineage.reconcile.snapshot import assign_lineage, foreign_request, reconciled_tag
 from lineage.storage.rle import decode_sequence, decode_values
-from lineage.iceberg.schema import arrow_schema
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import LiveFile, SnapshotFiles, TableState
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,8 @@ def reconcile_gap(iceberg: IcebergTable, known: KnownAncestor, survivor: Snapsho
             write_resolved_deletes(iceberg.io, resolved_path, eq_dead)
 
     schema = arrow_schema(iceberg.schema())
+
+    field_ids = projection_field_ids(iceberg.metadata)  # older files are read by field id
     columns = schema.names
     keyed = bool(iceberg.schema().identifier_field_ids)
     key = [iceberg.schema().find_field(i).name for i in sorted(iceberg.schema().identifier_field_ids)] if keyed else []
@@ -269,10 +271,10 @@ def reconcile_gap(iceberg: IcebergTable, known: KnownAncestor, survivor: Snapsho
         pairs = pair_by_row_id(r_rid_a, r_from_a, native, added)
     elif len(ridx) and n_added:
         removed_rows = pa.concat_tables(
-            [read_positions(str(path), r_pos_a[ridx][r_paths_a[ridx] == path], columns, schema) for path in dict.fromkeys(r_paths_a[ridx].tolist())]
+            [read_positions(str(path), r_pos_a[ridx][r_paths_a[ridx] == path], columns, schema, field_ids) for path in dict.fromkeys(r_paths_a[ridx].tolist())]
         )
         order = np.concatenate([ridx[r_paths_a[ridx] == path] for path in dict.fromkeys(r_paths_a[ridx].tolist())])
-        added_rows = pa.concat_tables([read_positions(f.file_path, pos, columns, schema) for f, pos, _ in added])
+        added_rows = pa.concat_tables([read_positions(f.file_path, pos, columns, schema, field_ids) for f, pos, _ in added])
         replace_op = survivor.summary is not None and survivor.summary.operation == Operation.REPLACE
         pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, columns)
         pairs = Pairs(order[pairs.removed], pairs.added, pairs.move)  # indexes into the removed images, not the rows read

@@ -125,10 +125,13 @@ def _may_apply(deletes: list[EqualityDelete], candidate: Candidate) -> bool:
     return any(applies_to(d, candidate) for d in deletes)
 
 
-def read_positions(path: str, positions: np.ndarray, names: list[str], arrow_schema: pa.Schema) -> pa.Table:
+def read_positions(path: str, positions: np.ndarray, names: list[str], arrow_schema: pa.Schema,
+                   field_ids: dict[str, int] | None) -> pa.Table:
     """The ``names`` columns of the rows at ``positions`` of the data file at ``path`` (columns it lacks read as null).
 
-    Reads only the row groups holding ``positions`` (:func:`lineage.read.values.read_positions`).
+    Reads only the row groups holding ``positions`` (:func:`lineage.read.values.read_positions`), by Iceberg
+    field id when ``field_ids`` is given (:func:`lineage.iceberg.schema.projection_field_ids`): a file written
+    before a column was renamed must pair with its rewritten copy, not read that column as null.
     """
     wanted = pa.schema([arrow_schema.field(n) for n in names])
-    return values.read_positions(path, np.asarray(positions, np.int64), wanted)
+    return values.read_positions(path, np.asarray(positions, np.int64), wanted, field_ids)

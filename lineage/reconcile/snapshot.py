@@ -37,7 +37,7 @@ from lineage.iceberg.planning import sequence_of
 from lineage.reconcile.native import added_lineage, pair_by_row_id, with_native_ids
 from lineage.reconcile.pairing import Pairs, pair_images
 from lineage.storage.rle import decode_sequence, decode_values
-from lineage.iceberg.schema import arrow_schema
+from lineage.iceberg.schema import arrow_schema, projection_field_ids
 from lineage.state import TableState, remember_files
 from lineage.storage.writer import WrittenFile
 
@@ -146,6 +146,7 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     changes = snapshot_changes(iceberg, snapshot)
     images = derive_images(parent, changes)
     schema = arrow_schema(iceberg.schema())
+    field_ids = projection_field_ids(iceberg.metadata)  # older files are read by field id
     columns = schema.names
     live = parent.files().files if parent.snapshot is not None else {}
 
@@ -182,9 +183,9 @@ def reconcile_snapshot(iceberg: IcebergTable, parent: TableState, snapshot: Snap
     removed_rows = None  # the removed images' pair_columns (or key columns), read once
     if len(r_pos) and ((sum(a_counts) and native is None) or index_keys):
         wanted = pair_columns if sum(a_counts) and native is None else key
-        removed_rows = pa.concat_tables([read_positions(p, images.removed[p], wanted, schema) for p in r_paths])
+        removed_rows = pa.concat_tables([read_positions(p, images.removed[p], wanted, schema, field_ids) for p in r_paths])
     if removed_rows is not None and sum(a_counts) and native is None:
-        added_rows = pa.concat_tables([read_positions(f.file_path, pos, pair_columns, schema) for f, pos, _ in images.added])
+        added_rows = pa.concat_tables([read_positions(f.file_path, pos, pair_columns, schema, field_ids) for f, pos, _ in images.added])
         pairs = pair_images(removed_rows, added_rows, [] if replace_op else key, pair_columns)
         if no_moves:
             pairs.move[:] = False

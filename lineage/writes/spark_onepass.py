@@ -98,12 +98,13 @@ def remove_in_one_pass(spark: Any, table: TableContext, state: TableState, files
                   removal.prefix, FLUSH_BYTES)
     ids = session.range(0, len(tasks), 1, numPartitions=len(tasks))
     try:
-        rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
-        if not rows:
-            return RemovedOnSpark(), []
-        ledgers = sorted({p for r in rows if r["__ledgers"] for p in r["__ledgers"].split("\n")})
-        last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key, ledgers)
-        finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
+        with spark_io.executor_errors():  # bad input an executor found: the project's error
+            rows = ids.mapInArrow(spark_read.with_settings(_match_and_write(job)), _RECORD).collect()  # one per data file touched
+            if not rows:
+                return RemovedOnSpark(), []
+            ledgers = sorted({p for r in rows if r["__ledgers"] for p in r["__ledgers"].split("\n")})
+            last = _Finish(removal, sorted({r["__scratch"] for r in rows}), sorted({r["__new"] for r in rows if r["__new"]}), key, ledgers)
+            finished = session.range(0, 1, 1, numPartitions=1).mapInArrow(spark_read.with_settings(_finish(last)), _FINISHED).collect()
     except BaseException:
         spark_scratch.discard(table.iceberg.io, job.scratch)  # the write fails: what its tasks wrote goes with it
         raise

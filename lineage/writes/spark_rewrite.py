@@ -32,7 +32,7 @@ from pyiceberg.expressions import BooleanExpression
 from index.key_index import KeyIndexChange, index_enabled
 import lineage.spark as spark_io
 import lineage.spark_match as spark_match
-from lineage.iceberg.schema import projection_field_ids
+from lineage.iceberg.schema import projection_field_ids, relaxed_type
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID, LINEAGE_SCHEMA
 from lineage.context import TableContext
 from lineage.errors import InvalidArgumentError
@@ -88,7 +88,8 @@ def update(table: TableContext, where: str | BooleanExpression | None, set_: Map
         capture = capture_preimages(state.iceberg.metadata.properties)
         images_sql = f"{select}, _row_id AS {HIDDEN_ROW_ID}, _row_created_at_version AS {HIDDEN_CREATED}, {_POINTER}{_old_keys(key)}{old_values(schema) if capture else ''}"
         out_schema = pa.schema(
-            [f.with_nullable(True) for f in schema]
+            # nullable at every depth: a null where the table requires a value is refused by conform, which names it
+            [f.with_type(relaxed_type(f.type)).with_nullable(True) for f in schema]
             + [pa.field(HIDDEN_ROW_ID, pa.int64()), pa.field(HIDDEN_CREATED, pa.int64())]
             + _pointer_fields()
             + _old_key_fields(schema, key)
