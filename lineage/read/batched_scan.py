@@ -234,7 +234,10 @@ def _run(plan: BatchedScan, group: list[LiveFile], select: str, con: duckdb.Duck
     group's files); DuckDB's errors become the project's."""
     import duckdb  # loaded: the connection is open
 
-    register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
+    try:
+        register_live_view(con, "live", group, plan.schema, plan.field_ids, copies=copies)
+    except duckdb.Error as exc:  # gathering the delete positions can reach the memory limit too
+        raise duck.out_of_memory(exc) or exc from None
     try:
         return execute(f"SELECT {select} FROM live WHERE {plan.where_sql}")
     except duckdb.IOException as exc:
