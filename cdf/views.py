@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 import cdf.api as api
+import lineage.duck as duck
 from cdf.output import change_schema, decode_change_columns, deleted_schema
 from lineage.errors import InvalidArgumentError
 from lineage.table import Table
@@ -31,13 +32,7 @@ def _duckdb_type(con: duckdb.DuckDBPyConnection, schema: pa.Schema) -> duckdb.Du
     """The DuckDB type ``STRUCT(<schema>)[]``."""
     import duckdb  # the caller's connection has loaded it
 
-    scratch = duckdb.connect()
-    try:
-        scratch.register("probe", pa.Table.from_batches([], schema=schema))
-        described = scratch.execute("DESCRIBE probe").fetchall()
-    finally:
-        scratch.close()
-    fields = ", ".join('"' + name.replace('"', '""') + '" ' + dtype for name, dtype, *_ in described)
+    fields = ", ".join('"' + name.replace('"', '""') + '" ' + dtype for name, dtype in duck.duckdb_types(schema))
     return con.sqltype(f"STRUCT({fields})[]") if hasattr(con, "sqltype") else duckdb.sqltype(f"STRUCT({fields})[]")
 
 

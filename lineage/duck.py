@@ -136,14 +136,6 @@ def _verify_once(path: str) -> None:
             _VERIFIED[p] = fingerprint
 
 
-def _forget_verify_lock() -> None:
-    global _VERIFY_LOCK
-    _VERIFY_LOCK = threading.Lock()  # a forked child must not wait for a lock a parent thread held at fork time
-
-
-os.register_at_fork(after_in_child=_forget_verify_lock)
-
-
 _ISOLATED: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
 _DATABASES: dict[tuple[int, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
 _DATABASES_LOCK = threading.Lock()
@@ -239,20 +231,6 @@ def sealed(paths: Iterable[str], *, exact_floats: bool = False) -> Iterator[duck
 
 _SEALED: collections.OrderedDict[tuple[object, ...], duckdb.DuckDBPyConnection] = collections.OrderedDict()
 _SEALED_LOCK = threading.Lock()
-
-
-_PARENTS: list[object] = []
-
-
-def _forget_sealed() -> None:
-    # A forked child opens databases of its own. The parent's are kept referenced, never closed nor destroyed
-    # here: DuckDB's destructor in a child (whose worker threads did not fork) crashes the process.
-    global _SEALED, _SEALED_LOCK
-    _PARENTS.append(_SEALED)
-    _SEALED, _SEALED_LOCK = collections.OrderedDict(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_sealed)
 
 
 ENV_MEMORY_LIMIT = "LINEAGE_DUCKDB_MEMORY_LIMIT"
@@ -354,15 +332,6 @@ _SCRATCH: duckdb.DuckDBPyConnection | None = None
 _SCRATCH_LOCK = threading.RLock()
 
 
-def _forget_scratch() -> None:
-    # A forked child must not use the parent's connection (its worker threads did not fork) or a lock held at fork time.
-    global _SCRATCH, _SCRATCH_LOCK
-    _SCRATCH, _SCRATCH_LOCK = None, threading.RLock()
-
-
-os.register_at_fork(after_in_child=_forget_scratch)
-
-
 @contextmanager
 def scratch() -> Iterator[duckdb.DuckDBPyConnection]:
     """A shared in-memory connection that reads no file, for parsing and typing (one caller at a time).
@@ -412,3 +381,25 @@ def duckdb_types(schema: "pa.Schema") -> list[tuple[str, str]]:
             return [(row[0], row[1]) for row in con.execute(f"DESCRIBE {name}").fetchall()]
         finally:
             con.unregister(name)
+
+
+_PARENTS: list[object] = []
+
+
+def _after_fork_in_child() -> None:
+    """Forget the parent's databases and locks in a forked child, which opens its own.
+
+    The child must not use a parent's connection (DuckDB's worker threads did
+    not fork) nor wait for a lock a parent thread held at fork time. The
+    parent's databases stay referenced, never closed nor destroyed here:
+    DuckDB's destructor in a child crashes the process. (The shared databases
+    of :func:`_database` are keyed by process id.)
+    """
+    global _VERIFY_LOCK, _SEALED, _SEALED_LOCK, _SCRATCH, _SCRATCH_LOCK
+    _PARENTS.extend([_SEALED, _SCRATCH])
+    _VERIFY_LOCK = threading.Lock()
+    _SEALED, _SEALED_LOCK = collections.OrderedDict(), threading.Lock()
+    _SCRATCH, _SCRATCH_LOCK = None, threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
