@@ -618,6 +618,7 @@ def test_a_release_that_reads_lists_up_to_format_3_refuses_format_4(warehouse, m
     with open(local_path(list_path)) as f:
         assert json.load(f)["format-version"] == LIST_FORMAT_VERSION == 4
     monkeypatch.setattr(metadata, "LIST_FORMAT_VERSION", 3)
+    monkeypatch.setattr(metadata, "LIST_FORMAT_VERSION_NATIVE", 3)  # nor does it know format 5 (v3 tables)
     monkeypatch.setattr(commit_log, "LIST_FORMAT_VERSION", 3)
     before = _state_of(t)
     for call in (t.scan, t.history, lambda: t.append(_batch(1, offset=100))):

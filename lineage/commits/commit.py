@@ -211,9 +211,13 @@ def build_lineage(
     # its rows are new or keep their ids (lineage.storage.manifests_v3): number them the same way.
     native = iceberg.metadata.format_version >= 3
     next_row_id = v3_commit.first_row_id(iceberg.metadata, snapshot_id) if native else next_row_id
+    # Our own commit's files (a reconciled snapshot's are numbered by its writer): a file whose rows keep their ids
+    # holds them in its _row_id column, so its segment need not (format 2, lineage.storage.metadata).
+    ours = native and v3_commit.snapshot_of(iceberg.metadata, snapshot_id) is None
     lineages = []
     for w in req.written:
         n = w.data_file.record_count
+        first = next_row_id
         if w.row_ids is None:
             rids = sequence_run(next_row_id, n)
             next_row_id += n
@@ -232,7 +236,8 @@ def build_lineage(
             rids = encode_sequence(ids)
         if native and w.row_ids is not None:  # the file inherits a first_row_id all the same: it uses up n ids
             next_row_id += n
-        lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n)))
+        in_file = first if ours and isinstance(w.row_ids, np.ndarray) and len(rids) > 1 else None
+        lineages.append(FileLineage(w.data_file.file_path, n, rids, _version_runs(w.created, version, n), _version_runs(w.updated, version, n), in_file))
     if req.next_row_id is not None:
         next_row_id = max(next_row_id, req.next_row_id)
     if native and (snap := v3_commit.snapshot_of(iceberg.metadata, snapshot_id)) is not None and snap.added_rows is not None:

@@ -37,12 +37,11 @@ import lineage.storage.manifests_v3 as manifests_v3
 from lineage.errors import LineageMetadataError
 from lineage.iceberg.planning import live_entries, plan_snapshot, snapshot_manifests
 from lineage.storage.deletes import live_positions, positions_for
+from lineage.storage.lineage_columns import LAST_UPDATED_FIELD_ID, ROW_ID_FIELD_ID, present_columns
 from lineage.storage.metadata import FileLineage
 from lineage.storage.puffin import read_deletion_vector
 from lineage.storage.rle import encode_sequence, encode_values
 
-ROW_ID_FIELD_ID = 2147483540
-LAST_UPDATED_FIELD_ID = 2147483539
 ROW_ID = "_row_id"
 LAST_UPDATED = "_last_updated_sequence_number"
 
@@ -137,17 +136,6 @@ def deleted_positions(io: FileIO | None, f: NativeFile) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.union1d(parts[0], parts[1])
 
 
-def _lineage_columns(schema: pa.Schema) -> dict[int, str]:
-    """Field id -> column name of the lineage columns a data file's Parquet schema holds (matched by field id)."""
-    out = {}
-    for name in schema.names:
-        meta = schema.field(name).metadata or {}
-        fid = meta.get(b"PARQUET:field_id")
-        if fid is not None and int(fid) in (ROW_ID_FIELD_ID, LAST_UPDATED_FIELD_ID):
-            out[int(fid)] = name
-    return out
-
-
 def read_row_lineage(f: NativeFile, positions: np.ndarray | None = None) -> pa.Table:
     """``_pos``, ``_row_id`` and ``_last_updated_sequence_number`` of the rows of ``f`` at ``positions`` (all without).
 
@@ -160,7 +148,7 @@ def read_row_lineage(f: NativeFile, positions: np.ndarray | None = None) -> pa.T
     row_id = pa.array(inherited_ids, pa.int64()) if inherited_ids is not None else pa.nulls(len(pos), pa.int64())
     updated = pa.array(np.full(len(pos), f.sequence_number, np.int64))
     parquet = files.parquet_file(f.path)
-    present = _lineage_columns(parquet.schema_arrow)
+    present = present_columns(parquet.schema_arrow)
     if present:
         written = parquet.read(columns=list(present.values()), use_threads=False)
         if written.num_rows != n:

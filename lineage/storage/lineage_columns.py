@@ -22,6 +22,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import LongType, NestedField
 
+import lineage.storage.files as files
+from lineage.errors import LineageMetadataError
 from lineage.identity_cache import IdentityCache
 
 ROW_ID_FIELD_ID = 2147483540
@@ -98,3 +100,32 @@ def without_lineage_stats(data_file: DataFile) -> DataFile:
 
 # Positions of column_sizes, value_counts, null_value_counts, nan_value_counts, lower_bounds, upper_bounds in the data_file struct
 _STATS_POSITIONS = (6, 7, 8, 9, 10, 11)
+
+
+def present_columns(schema: pa.Schema) -> dict[int, str]:
+    """Field id -> column name of the lineage columns a data file's Parquet schema holds (matched by field id)."""
+    out = {}
+    for name in schema.names:
+        meta = schema.field(name).metadata or {}
+        fid = meta.get(b"PARQUET:field_id")
+        if fid is not None and int(fid) in FIELD_IDS:
+            out[int(fid)] = name
+    return out
+
+
+def native_row_ids(path: str, first_row_id: int, record_count: int) -> np.ndarray:
+    """The ``_row_id`` of every row of the v3 data file at ``path`` whose ``first_row_id`` is ``first_row_id``: the
+    value written in the file where not null, else ``first_row_id`` plus the row's position (spec, Row Lineage).
+    Reads only the file's footer and its ``_row_id`` column."""
+    inherited = np.arange(first_row_id, first_row_id + record_count, dtype=np.int64)
+    parquet = files.parquet_file(path)
+    name = present_columns(parquet.schema_arrow).get(ROW_ID_FIELD_ID)
+    if name is None:
+        return inherited
+    written = parquet.read(columns=[name], use_threads=False).column(0)
+    if len(written) != record_count:
+        raise LineageMetadataError(f"{path} has {len(written)} rows, its lineage says {record_count}")
+    values = written.combine_chunks().cast(pa.int64())
+    if values.null_count == 0:
+        return values.to_numpy()
+    return np.where(values.is_valid().to_numpy(zero_copy_only=False), values.fill_null(0).to_numpy(), inherited)

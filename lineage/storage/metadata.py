@@ -3,11 +3,17 @@
 Two immutable file kinds, both written before the Iceberg commit and made
 visible by it (the snapshot summary points at the list):
 
-* a **segment** (Parquet, ``lineage-segment`` format 1) holds, for each data
-  file a commit added, the run-length encoded row ids, created versions and
-  updated versions by position. A data file's lineage never changes while the
-  file exists, so each file is described exactly once;
-* a **lineage list** (JSON, ``lineage-list`` format 4; formats 1 to 3 are still
+* a **segment** (Parquet, ``lineage-segment`` format 1 or 2) holds, for each
+  data file a commit added, the run-length encoded row ids, created versions
+  and updated versions by position. A data file's lineage never changes while
+  the file exists, so each file is described exactly once. Format 2 (Iceberg
+  v3 tables only) leaves out the row ids of a file whose rows keep their ids
+  in its own ``_row_id`` column: it records the file's ``first_row_id`` and a
+  checksum of its ids instead, and a reader takes them from the data file
+  (:func:`~lineage.storage.lineage_columns.native_row_ids`), as every v3
+  reader does. Segments without such a file are still written as format 1;
+* a **lineage list** (JSON, ``lineage-list`` format 4, or 5 when the segment
+  written inside it is of format 2; formats 1 to 3 are still
   read) is written by every commit. It names the segments that still describe
   live data files (with their sizes), the table's next row id, and the commit
   log (version, snapshot id, timestamp, operation, counts, and the commit's
@@ -44,10 +50,14 @@ from lineage.arrays import list_array
 from lineage.storage.commit_log import LIST_FORMAT, LIST_FORMAT_VERSION, CommitEntry, CommitLog
 from lineage.errors import LineageMetadataError, UnsupportedFormatError
 from lineage.storage.fileio import ImmutableFileCache, read_bytes, read_json, write_json, write_parquet
-from lineage.storage.rle import Runs, combined_breakpoints
+from lineage.storage.lineage_columns import native_row_ids
+from lineage.storage.rle import Runs, combined_breakpoints, encode_sequence
 
 SEGMENT_FORMAT = "lineage-segment"
 FORMAT_VERSION = 1  # segments and the tagged Parquet files of the index
+# Segments naming a file whose row ids its data file holds (FileLineage.native_first_row_id); lists holding such a segment.
+SEGMENT_FORMAT_VERSION_NATIVE = 2
+LIST_FORMAT_VERSION_NATIVE = 5
 
 # Snapshot summary keys. The list path is the single pointer that makes a
 # commit's lineage visible; the others are there for humans and quick checks.
@@ -101,7 +111,7 @@ def segment_object(path: str) -> str:
 
 def fits_in_list(files: list[FileLineage]) -> bool:
     """Whether a segment describing ``files`` is small enough to be written inside its commit's list."""
-    return sum(len(f.row_ids) + len(f.created) + len(f.updated) for f in files) <= INLINE_SEGMENT_RUNS
+    return sum(f.stored_runs for f in files) <= INLINE_SEGMENT_RUNS
 
 
 BREAKPOINTS_KEPT_RUNS = 1 << 16  # FileLineage.breakpoints kept for files of at most this many runs
@@ -120,6 +130,9 @@ _SEGMENT_SCHEMA = pa.schema(
         pa.field("updated_lengths", pa.list_(pa.int64()), nullable=False),
     ]
 )
+# Format 2: the first_row_id of a file whose row ids are its data file's (row id runs left empty) and their checksum.
+_NATIVE_FIELDS = (pa.field("row_ids_native", pa.int64()), pa.field("row_id_sum", pa.int64()))
+_SEGMENT_SCHEMA_NATIVE = pa.schema(list(_SEGMENT_SCHEMA) + list(_NATIVE_FIELDS))
 
 
 def check_format(kind: str, found_kind: str | None, found_version: Any, path: str, supported: int = FORMAT_VERSION) -> None:
@@ -136,10 +149,12 @@ def check_format(kind: str, found_kind: str | None, found_version: Any, path: st
         )
 
 
-def write_tagged_parquet(fileio: FileIO, path: str, table: pa.Table | Iterable[pa.Table], kind: str, *, use_dictionary: bool = True) -> int:
+def write_tagged_parquet(
+    fileio: FileIO, path: str, table: pa.Table | Iterable[pa.Table], kind: str, *, use_dictionary: bool = True, version: int = FORMAT_VERSION
+) -> int:
     """Write ``table`` (or parts of one schema, a row group each: :func:`~lineage.storage.fileio.write_parquet`) as a Parquet
-    file tagged with its format ``kind`` and version; return its size."""
-    tag = {"lineage.format": kind, "lineage.format-version": str(FORMAT_VERSION)}
+    file tagged with its format ``kind`` and ``version``; return its size."""
+    tag = {"lineage.format": kind, "lineage.format-version": str(version)}
     if isinstance(table, pa.Table):
         return write_parquet(fileio, path, table.replace_schema_metadata(tag), use_dictionary=use_dictionary)
     return write_parquet(fileio, path, (t.replace_schema_metadata(tag) for t in table), use_dictionary=use_dictionary)
@@ -165,9 +180,9 @@ def open_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str, support
     return pf
 
 
-def read_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str) -> pa.Table:
+def read_tagged_parquet(fileio: FileIO, path: str, kind: str, what: str, supported: int = FORMAT_VERSION) -> pa.Table:
     """Read a file written by :func:`write_tagged_parquet`, checking its tag (see :func:`open_tagged_parquet`)."""
-    pf = open_tagged_parquet(fileio, path, kind, what)
+    pf = open_tagged_parquet(fileio, path, kind, what, supported)
     try:
         return pf.read(use_threads=False)
     except Exception as exc:  # pyarrow raises several types for corrupt files
@@ -183,6 +198,9 @@ class FileLineage:
     row_ids: Runs
     created: Runs
     updated: Runs
+    # Iceberg v3: the file's first_row_id when its rows' row ids are the data file's own (its _row_id column, else
+    # first_row_id plus the position): a segment then stores no row ids for it (format 2). None: stored as runs.
+    native_first_row_id: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("row_ids", "created", "updated"):
@@ -190,6 +208,11 @@ class FileLineage:
                 raise LineageMetadataError(
                     f"lineage of {self.file_path}: {name} covers {getattr(self, name).total} rows, file has {self.record_count}"
                 )
+
+    @property
+    def stored_runs(self) -> int:
+        """Runs a segment stores for this file (its row ids none when they are the data file's own)."""
+        return (0 if self.native_first_row_id is not None else len(self.row_ids)) + len(self.created) + len(self.updated)
 
     @cached_property
     def min_updated(self) -> int:
@@ -222,15 +245,37 @@ class FileLineage:
         return out
 
 
+def _has_native(files: list[FileLineage]) -> bool:
+    return any(fl.native_first_row_id is not None for fl in files)
+
+
+def _row_id_sum(runs: Runs) -> int:
+    """The sum of the row ids of ``runs`` modulo 2**64 (as int64 arithmetic wraps): a check on ids read from a data file."""
+    with np.errstate(over="ignore"):
+        lengths = runs.lengths.astype(np.int64)
+        total = np.sum(runs.values * lengths + lengths * (lengths - 1) // 2, dtype=np.int64)
+    return int(total)
+
+
+_NO_RUNS = np.zeros(0, np.int64)
+
+
 def _segment_columns(files: list[FileLineage]) -> dict[str, list[Any]]:
-    """The segment's columns (:data:`_SEGMENT_SCHEMA`), a value per file; the runs' arrays as they are."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in _SEGMENT_SCHEMA}
+    """The segment's columns (:data:`_SEGMENT_SCHEMA`, with :data:`_NATIVE_FIELDS` when a file's row ids are its data
+    file's), a value per file; the runs' arrays as they are."""
+    schema = _SEGMENT_SCHEMA_NATIVE if _has_native(files) else _SEGMENT_SCHEMA
+    cols: dict[str, list[Any]] = {f.name: [] for f in schema}
     for fl in files:
         cols["file_path"].append(fl.file_path)
         cols["record_count"].append(fl.record_count)
-        for prefix, runs, first in (("row_id", fl.row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
+        native = fl.native_first_row_id is not None
+        row_ids = Runs(_NO_RUNS, _NO_RUNS) if native else fl.row_ids
+        for prefix, runs, first in (("row_id", row_ids, "starts"), ("created", fl.created, "values"), ("updated", fl.updated, "values")):
             cols[f"{prefix}_{first}"].append(runs.values)
             cols[f"{prefix}_lengths"].append(runs.lengths)
+        if "row_ids_native" in cols:
+            cols["row_ids_native"].append(fl.native_first_row_id)
+            cols["row_id_sum"].append(_row_id_sum(fl.row_ids) if native else None)
     return cols
 
 
@@ -242,7 +287,11 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
     scattered rows has a million runs, whose dictionary cost ~170 MB to build
     and made the file larger.
     """
-    size = write_tagged_parquet(fileio, path, (_segment_rows(p) for p in _segment_parts(files) or [[]]), SEGMENT_FORMAT, use_dictionary=False)
+    version = SEGMENT_FORMAT_VERSION_NATIVE if _has_native(files) else FORMAT_VERSION
+    schema = _SEGMENT_SCHEMA_NATIVE if _has_native(files) else _SEGMENT_SCHEMA
+    size = write_tagged_parquet(
+        fileio, path, (_segment_rows(p, schema) for p in _segment_parts(files) or [[]]), SEGMENT_FORMAT, use_dictionary=False, version=version
+    )
     _SEGMENT_CACHE.get(path, lambda: tuple(files))
     return size
 
@@ -252,7 +301,7 @@ def _segment_parts(files: list[FileLineage]) -> list[list[FileLineage]]:
     parts: list[list[FileLineage]] = []
     held = SEGMENT_PART_RUNS
     for fl in files:
-        runs = len(fl.row_ids) + len(fl.created) + len(fl.updated)
+        runs = fl.stored_runs
         if held + runs > SEGMENT_PART_RUNS:
             parts.append([])
             held = 0
@@ -261,11 +310,13 @@ def _segment_parts(files: list[FileLineage]) -> list[list[FileLineage]]:
     return parts
 
 
-def _segment_rows(files: list[FileLineage]) -> pa.Table:
-    """The rows of a segment describing ``files``."""
+def _segment_rows(files: list[FileLineage], schema: pa.Schema) -> pa.Table:
+    """The rows of a segment of ``schema`` describing ``files``."""
     cols = _segment_columns(files)
-    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in _SEGMENT_SCHEMA]
-    return pa.Table.from_arrays(arrays, schema=_SEGMENT_SCHEMA)
+    if schema is _SEGMENT_SCHEMA_NATIVE and "row_ids_native" not in cols:  # a part without such a file
+        cols.update({f.name: [None] * len(files) for f in _NATIVE_FIELDS})
+    arrays = [pa.array(cols[f.name], f.type) if not pa.types.is_list(f.type) else list_array(cols[f.name]) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def inline_segment(path: str, files: list[FileLineage]) -> tuple[tuple[dict[str, Any], ...], int]:
@@ -285,7 +336,23 @@ def _file_lineage(row: dict[str, Any]) -> FileLineage:
         if values.ndim != 1 or len(values) != len(lengths) or (lengths <= 0).any():
             raise ValueError(f"{name} runs are malformed")
         runs[name] = Runs(values, lengths)
-    return FileLineage(str(row["file_path"]), int(row["record_count"]), runs["row_id"], runs["created"], runs["updated"])
+    path, count, first_row_id = str(row["file_path"]), int(row["record_count"]), row.get("row_ids_native")
+    if first_row_id is not None:
+        runs["row_id"] = _native_runs(path, count, int(first_row_id), int(row["row_id_sum"]))
+    return FileLineage(path, count, runs["row_id"], runs["created"], runs["updated"], first_row_id)
+
+
+def _native_runs(path: str, count: int, first_row_id: int, checksum: int) -> Runs:
+    """The row ids of the data file ``path`` read from the file (format 2), checked against the segment's checksum."""
+    try:
+        runs = encode_sequence(native_row_ids(path, first_row_id, count))
+    except FileNotFoundError:
+        raise LineageMetadataError(
+            f"data file {path} is missing: its lineage segment takes the file's row ids from it (was it deleted by hand?)"
+        ) from None
+    if _row_id_sum(runs) != checksum:
+        raise LineageMetadataError(f"the row ids in data file {path} are not the ones its lineage segment recorded")
+    return runs
 
 
 def _inline_rows(fileio: FileIO, path: str) -> tuple[Any, ...]:
@@ -302,7 +369,10 @@ def _inline_rows(fileio: FileIO, path: str) -> tuple[Any, ...]:
 
 
 def _read_segment_uncached(fileio: FileIO, path: str) -> tuple[FileLineage, ...]:
-    rows = _inline_rows(fileio, path) if is_inline_segment(path) else read_tagged_parquet(fileio, path, SEGMENT_FORMAT, "lineage segment").to_pylist()
+    rows = (
+        _inline_rows(fileio, path) if is_inline_segment(path)
+        else read_tagged_parquet(fileio, path, SEGMENT_FORMAT, "lineage segment", SEGMENT_FORMAT_VERSION_NATIVE).to_pylist()
+    )
     try:
         return tuple(_file_lineage(row) for row in rows)
     except LineageMetadataError:
@@ -386,10 +456,12 @@ _OPTIONAL_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], An
 
 
 def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
-    """Write a lineage list in the current format (:data:`LIST_FORMAT_VERSION`); return its size in bytes."""
+    """Write a lineage list in the current format (:data:`LIST_FORMAT_VERSION`, or :data:`LIST_FORMAT_VERSION_NATIVE`
+    when it holds a segment of format 2); return its size in bytes."""
+    native = any(row.get("row_ids_native") is not None for row in lst.inline_segment or ())
     obj: dict[str, Any] = {
         "format": LIST_FORMAT,
-        "format-version": LIST_FORMAT_VERSION,
+        "format-version": LIST_FORMAT_VERSION_NATIVE if native else LIST_FORMAT_VERSION,
         "version": lst.version,
         "next-row-id": lst.next_row_id,
         "segments": [{"path": s, "bytes": int(lst.segment_bytes.get(s, 0))} for s in lst.segments],
@@ -403,7 +475,7 @@ def write_list(fileio: FileIO, path: str, lst: LineageList) -> int:
 
 
 def read_list(fileio: FileIO, path: str) -> LineageList:
-    """Read a lineage list of format 1 to 4 (cached by path: lists are immutable)."""
+    """Read a lineage list of format 1 to 5 (cached by path: lists are immutable)."""
     return _LIST_CACHE.get(path, lambda: _read_list_uncached(fileio, path))
 
 
@@ -421,7 +493,7 @@ def _read_list_uncached(fileio: FileIO, path: str) -> LineageList:
         raise LineageMetadataError(f"lineage list {path} is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise LineageMetadataError(f"lineage list {path} is not a JSON object")
-    check_format(LIST_FORMAT, obj.get("format"), obj.get("format-version"), path, LIST_FORMAT_VERSION)
+    check_format(LIST_FORMAT, obj.get("format"), obj.get("format-version"), path, LIST_FORMAT_VERSION_NATIVE)
     try:
         if int(obj["format-version"]) == 1:
             # Format 1: segment paths only, the whole commit log inline.
