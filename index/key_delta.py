@@ -35,7 +35,7 @@ from lineage.storage.metadata import FileLineage
 if TYPE_CHECKING:
     from index.key_index import KeyIndex
 
-DELTA_BUDGET = 16 << 20  # record bytes a delta holds in memory before it spills
+DELTA_BUDGET = 8 << 20  # record bytes a delta holds in memory before it spills
 CHUNK_ROWS = 65_536  # entries turned into records at a time (each chunk is sorted into hash ranges: copies of it)
 SPOOL_ROWS = 131_072  # deltas of more entries and tombstones than this are built here, smaller ones in memory
 

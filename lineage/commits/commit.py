@@ -45,6 +45,7 @@ from lineage.storage.metadata import (
     write_list,
     write_segment,
 )
+from lineage.memory import release_within
 from lineage.outcome import Attempt, has_commit, send
 import lineage.catalog as catalog
 from lineage.storage.rle import Runs, encode_sequence, encode_values, sequence_run, value_run
@@ -273,6 +274,7 @@ def build_lineage(
         index_path, n_removed = req.written_index.path, req.written_index.images
         bytes_written += req.written_index.size
     removed_data = [f for f in req.removed_files if f.content == DataFileContent.DATA]
+    release_within()  # what encoding and writing the segments freed goes back before the key index builds its delta
     key_index, key_bytes = next_key_index(
         state, req.key_index, lineages, req.delete_files, n_removed, len(removed_data), version, created, tag=tag
     )

@@ -142,6 +142,9 @@ def grouped_plan(
 
     def flush_images() -> None:
         if out.images:
+            # each group's images are sorted; groups of files appended in turn hold disjoint ranges of row ids, in
+            # whatever order the snapshot lists the files: put in order of their first row id, they need no sorted copy
+            out.images.sort(key=lambda t: t.column(HIDDEN_ROW_ID)[0].as_py() if t.num_rows else -1)
             images = by_row_id(out.images)  # empties the buffer: sorted a column at a time, if at all
             # the created versions of rows in row id order come in long runs: kept encoded until the commit
             out.written.extend(replace(w, created=encode_values(w.created)) if isinstance(w.created, np.ndarray) else w

@@ -109,10 +109,13 @@ def remove_in_one_pass(spark: Any, table: TableContext, state: TableState, files
         spark_scratch.discard(table.iceberg.io, job.scratch)  # the write fails: what its tasks wrote goes with it
         raise
     later = {r["__path"]: r["__deletes"] for r in finished if r["__path"] is not None}  # one per deferred group
-    rows = [{**r.asDict(), "__deletes": later.get(r["__path"], r["__deletes"])} for r in rows]
-    segment = [(r["__size"], r["__images"]) for r in finished if r["__size"] is not None][0]
     written = [w for r in rows if r["__written"] is not None for w in pickle.loads(r["__written"])]  # the tasks' flushes
     written += [pickle.loads(r["__data"]) for r in finished if r["__data"] is not None]
+    # the pickled lineage of the files written (16 bytes per updated row when their row ids are scattered) is not
+    # kept beside what it was loaded into for the rest of the commit
+    segment = [(r["__size"], r["__images"]) for r in finished if r["__size"] is not None][0]
+    rows = [{**{k: v for k, v in r.asDict().items() if k != "__written"}, "__deletes": later.get(r["__path"], r["__deletes"])} for r in rows]
+    del finished
     return assemble(removal, table.iceberg.io, key, rows, *segment), written
 
 
