@@ -28,10 +28,18 @@ first sight of a chunk is remembered as its key only (a bounded list of
 recent keys, which hold no values and simply age out). A chunk larger than a
 quarter of the budget is not kept.
 Eviction is least recently used,
-except that a chunk used by a read still under way is never evicted for
-another chunk: when one read needs more than the budget (ten 1M-row groups
-of a 10M-row table), it keeps what fits and decodes the rest again next
-time, where plain LRU would evict every chunk just before it is needed.
+except that a chunk used by a read still under way is not evicted for
+another chunk of about its size: when one read needs more than the budget
+(ten 1M-row groups of a 10M-row table), it keeps what fits and decodes the
+rest again next time, where plain LRU would evict every chunk just before it
+is needed. It is evicted for a chunk at least :data:`DISPLACE_RATIO` times
+smaller, though: a small chunk costs more to decode per byte (a file's and a
+column's fixed costs: a 100,000-row file of five columns decodes at 79 ns a
+row, a 1M-row group of the same columns at 41), so the budget goes to the
+small files first and the large row groups share what is left (10M-row
+table, feed of the last 5 commits: every chunk of its 24 small files
+decoded again at each call, 0.18 s of CPU, while 34 of the bulk load's 50
+chunks stayed).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ ENV_BUDGET = "LINEAGE_ROW_GROUP_CACHE_MB"
 DEFAULT_BUDGET_MB = 256
 MAX_SHARE = 0.25  # a chunk over this share of the budget is returned but not kept
 SWEEP_SECONDS = 10.0  # how often a read drops the chunks of files that no longer exist
+DISPLACE_RATIO = 4  # a chunk used by a running read is evicted only for one at least this many times smaller
 SEEN_KEYS = 8192  # keys of chunks decoded once and not kept, remembered so that the next decoding keeps them
 
 Key = tuple[str, int, str]  # (file_key(path, stamp), row group, file column)
@@ -141,6 +150,19 @@ class DecodedCache:
         with self._lock:
             return key in self._items
 
+    def claim(self, keys: list[Key], read: int) -> bool:
+        """Mark the chunks kept for ``keys`` as used by ``read`` (so that its other chunks do not evict them before it
+        gets to them: a read decodes its largest row groups first); return whether every key is kept."""
+        with self._lock:
+            every = True
+            for key in keys:
+                entry = self._items.get(key)
+                if entry is None:
+                    every = False
+                else:
+                    entry.read = read
+            return every
+
     def put(self, key: Key, value: pa.ChunkedArray, read: int) -> bool:
         """Keep ``value`` if an earlier read decoded it too and it fits the budget after evicting chunks no read
         under way uses; return whether kept."""
@@ -154,7 +176,7 @@ class DecodedCache:
                 while len(self._seen) > SEEN_KEYS:
                     self._seen.popitem(last=False)
                 return False
-            if not self._shrink(self._held + weight - self._budget):
+            if not self._shrink(self._held + weight - self._budget, smaller=weight):
                 return False
             del self._seen[key]
             self._items[key] = _Entry(value, weight, read)
@@ -185,8 +207,9 @@ class DecodedCache:
             self._seen.clear()
             self._held = 0
 
-    def _shrink(self, excess: int, partial: bool = False) -> bool:
-        """Evict least recently used chunks no active read uses until ``excess`` bytes are freed.
+    def _shrink(self, excess: int, partial: bool = False, smaller: int | None = None) -> bool:
+        """Evict least recently used chunks no active read uses until ``excess`` bytes are freed; then, for a chunk of
+        ``smaller`` bytes, chunks of running reads at least :data:`DISPLACE_RATIO` times larger, largest first.
 
         Returns whether they were; if not, nothing is evicted, unless
         ``partial`` (a lowered budget: evict what can be).
@@ -198,6 +221,13 @@ class DecodedCache:
             if entry.read not in self._active:
                 victims.append(key)
                 excess -= entry.weight
+                if excess <= 0:
+                    break
+        if excess > 0 and smaller is not None:
+            large = [(e.weight, k) for k, e in self._items.items() if e.read in self._active and e.weight >= DISPLACE_RATIO * smaller]
+            for w, key in sorted(large, key=lambda wk: -wk[0]):
+                victims.append(key)
+                excess -= w
                 if excess <= 0:
                     break
         if excess > 0 and not partial:

@@ -92,6 +92,30 @@ def test_a_read_that_needs_more_than_the_budget_keeps_what_fits_for_the_next_rea
     assert hits == [0, 0, 5, 5]
 
 
+def test_small_chunks_displace_much_larger_ones_of_a_running_read_and_claimed_chunks_stay(monkeypatch):
+    monkeypatch.setenv(decoded_cache.ENV_BUDGET, str(1300 / 2**20))  # 1,300 bytes: four large chunks, or three and the small
+    cache = DecodedCache()
+    large, small = [("big", i, "c") for i in range(4)], [("small", i, "c") for i in range(4)]
+    hits = []
+    for _ in range(5):  # one read, again and again: the large chunks first (as gather orders its jobs), then the small
+        with cache.read() as r:
+            claimed = cache.claim(large + small, r)
+            found = 0
+            for k, n in [(k, 40) for k in large] + [(k, 8) for k in small]:  # 320 and 64 bytes
+                if cache.get(k, r) is not None:
+                    found += 1
+                else:
+                    cache.put(k, _chunk(n), r)
+            hits.append((claimed, found))
+        assert cache.held <= 1300
+    # read 2 keeps the four large chunks, then the first small one displaces a large one of the same read (five times
+    # larger); from read 3 on every small chunk stays (claimed first, the large chunk decoded does not evict them)
+    assert hits == [(False, 0), (False, 0), (False, 7), (False, 7), (False, 7)]
+    assert all(cache.kept(k) for k in small) and sum(cache.kept(k) for k in large) == 3
+    with cache.read() as r:
+        assert cache.claim(small, r) and not cache.claim(large, r)
+
+
 def test_a_chunk_is_kept_at_its_second_decoding_by_another_read(monkeypatch):
     monkeypatch.setenv(decoded_cache.ENV_BUDGET, "1")
     monkeypatch.setattr(decoded_cache, "SEEN_KEYS", 3)

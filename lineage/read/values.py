@@ -215,10 +215,11 @@ def _open(path: str, schema: pa.Schema, field_ids: dict[str, int] | None, ids_ke
     return _File(path, local, info, sources, wanted, info.starts[:-1], np.diff(info.starts), costs)
 
 
-def _kept(f: _File, row_group: int, columns: Sequence[str]) -> bool:
-    """Whether the decoded row-group cache keeps every chunk of ``columns`` of ``row_group``."""
+def _kept(f: _File, row_group: int, columns: Sequence[str], read: int) -> bool:
+    """Whether the decoded row-group cache keeps every chunk of ``columns`` of ``row_group``; those it keeps are
+    claimed for ``read`` (:meth:`lineage.decoded_cache.DecodedCache.claim`)."""
     key = decoded_cache.file_key(f.local, f.info.stamp)
-    return all(decoded_cache.CACHE.kept((key, row_group, c)) for c in columns)
+    return decoded_cache.CACHE.claim([(key, row_group, c) for c in columns], read)
 
 
 def _chunks_to_read(tasks: list[_Task], files: dict[int, _File], number: int | None) -> list[tuple[str, pq.FileMetaData, int, list[str]]]:
@@ -426,7 +427,8 @@ def gather(paths: Sequence[str], file_index: np.ndarray, positions: np.ndarray, 
 
         # A job whose chunks are all kept decodes nothing: it runs in this thread (a feed of a few commits is
         # mostly such jobs, one per small file, and handing each to a worker costs more than the job).
-        kept = [number is not None and _kept(files[tasks[j.task].file], tasks[j.task].row_group, j.columns) for j in jobs]
+        # (claimed before any job runs: a large row group decoded first must not evict a small file's kept chunks)
+        kept = [number is not None and _kept(files[tasks[j.task].file], tasks[j.task].row_group, j.columns, number) for j in jobs]
         parts: list[pa.Table] = [pa.table({})] * len(jobs)
         if len(jobs) - sum(kept) <= 1:
             parts = [run(j) for j in jobs]
