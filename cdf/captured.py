@@ -247,7 +247,7 @@ def stored_parts(versions: list[Stored], data: pa.Schema, field_ids: dict[str, i
     ``batch_rows`` rows and about ``batch_bytes`` bytes (one row more where that keeps an update pair whole)."""
     for s in versions:
         try:
-            table = rows([s], data, field_ids, commit_ms, cache=False)
+            table = rows([s], data, field_ids, commit_ms)
         except FileNotFoundError as exc:
             raise engine_duckdb.lost_file(a, b, exc) from exc
         yield from _cut(table, batch_rows, batch_bytes)
