@@ -43,6 +43,7 @@ from lineage.errors import LineageMetadataError
 from lineage.properties import capture_preimages
 from lineage.read.values import read_files, take_rows
 from lineage.state import TableState
+from lineage.storage.fileio import ImmutableFileCache
 from lineage.storage.files import is_remote
 from lineage.storage.metadata import FileLineage, read_segment
 
@@ -77,6 +78,14 @@ class Stored:
         return (0 if self.removed is None else len(self.removed)) + sum(len(w) for w in self.written)
 
 
+# The rows each commit's files started, by (lineage segment, version): row ids and created versions (and positions
+# in a rewritten file), expanded from the runs once, not at every feed (a file of scattered updates has a run a row).
+WRITTEN_BYTES = 64 << 20
+_WRITTEN: ImmutableFileCache[tuple[Written, ...]] = ImmutableFileCache(
+    WRITTEN_BYTES, weigh=lambda ws: sum(w.row_id.nbytes + w.created.nbytes + (0 if w.positions is None else w.positions.nbytes) for w in ws),
+    max_share=0.25)
+
+
 def capturing(state: TableState) -> bool:
     """Whether the table captures pre-images now and was never purged: the feed may be assembled from commits."""
     return capture_preimages(state.iceberg.metadata.properties) and not state.lineage.purged
@@ -109,17 +118,19 @@ def stored(state: TableState, a: int, b: int) -> list[Stored | int]:
 
 def _written(state: TableState, segment: str, version: int) -> tuple[Written, ...] | None:
     """The rows the files of the lineage segment ``segment`` (of ``version``'s commit) started; None if a file is gone."""
-    io = state.iceberg.io
     try:
-        files = read_segment(io, segment)
+        written = _WRITTEN.get((segment, version), lambda: _expanded(read_segment(state.iceberg.io, segment), version))
     except LineageMetadataError:  # removed with the expired snapshot that referenced it: the live files still say
         return None
+    return written if all(_present(state, w.lineage.file_path) for w in written) else None
+
+
+def _expanded(files: tuple[FileLineage, ...], version: int) -> tuple[Written, ...]:
+    """The rows of ``files`` (a commit's lineage segment) that ``version`` started, with their row ids and created versions."""
     out = []
     for fl in files:
         if fl.max_updated < version:
             continue  # a compacted or rewritten file of earlier images: none started here
-        if not _present(state, fl.file_path):
-            return None
         pos, rid, created, updated = fl.breakpoints
         length = np.diff(pos, append=fl.record_count)
         keep = updated == version
