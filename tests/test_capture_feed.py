@@ -43,7 +43,10 @@ def _check_all_ranges(table: lineage.Table) -> int:
         for b in range(a, n + 1):
             want = _engine(table, a, b)
             got = captured.changes(table.state(), a, b, table.arrow_schema)
-            assert got is not None and got.equals(want), f"assembled feed ({a}, {b}] differs from the engine's"
+            if got is None:  # no version of the range can be assembled
+                assert not any(isinstance(s, captured.Stored) for s in captured.stored(state, a, b)), (a, b)
+            else:
+                assert got.equals(want), f"assembled feed ({a}, {b}] differs from the engine's"
             assert cdf.changes(table, a, b).equals(want)
             streamed = cdf.change_batches(table, a, b, batch_rows=1 + (a + b) % 3).read_all()
             assert streamed.equals(want), f"change_batches({a}, {b}) differs from the engine's feed"
@@ -61,8 +64,12 @@ def test_assembled_feed_is_the_engines_feed(tmp_path_factory, format_version: st
     for i in range(data.draw(st.integers(3, 8), label="steps")):
         extra = data.draw(st.sampled_from(["write"] * 6 + ["compact", "vacuum"]), label="maintenance") if i else "write"
         if extra == "compact":
+            before = table.version
             table.compact()
-            event("compaction")
+            if table.version != before:  # a version of its own, no change event: the model's state carries over
+                model.states.append(dict(model.states[-1]))
+                model.ts.append(table.history()[-1].timestamp)
+                event("compaction")
         elif extra == "vacuum":
             table.expire_snapshots(retain_last=1)
             table.vacuum(older_than=_dt.timedelta(0))
