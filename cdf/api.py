@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+import cdf.captured as captured
 import cdf.engine_duckdb as engine_duckdb
 import cdf.engine_spark as engine_spark
 import cdf.stream as stream
@@ -99,7 +100,8 @@ def changes(
     if engine == "spark":
         return engine_spark.changes(spark, state, a, b, data, net)
     try:
-        return engine_duckdb.changes(state, a, b, data, net)
+        assembled = None if net else captured.changes(state, a, b, data)  # a table that captures pre-images
+        return engine_duckdb.changes(state, a, b, data, net) if assembled is None else assembled
     finally:
         release_if_grown(discount_kept=True)  # the row groups it kept for the next feed are no freed memory
 

@@ -64,6 +64,13 @@ def _captured_piece(values: pa.Table, rows: np.ndarray, data: pa.Schema, field_i
     return pa.Table.from_arrays(cols, names=data.names)
 
 
+def captured_values(segment: IndexSegment, data: pa.Schema, field_ids: dict[str, int]) -> pa.Table:
+    """Every captured value of ``segment``, entry by entry, as a table of ``data``'s columns (matched by field id;
+    string columns of few values stay dictionaries, as when a feed takes some of them)."""
+    values = dictionary_values(segment)
+    return _captured_piece(values, np.arange(values.num_rows), data, field_ids)
+
+
 def _read_images(field_ids: dict[str, int], files: tuple[str, ...], captured: tuple[IndexSegment, ...], source: np.ndarray,
                  loc: np.ndarray, data: pa.Schema, cache: bool = True) -> Gathered:
     """The values of the images ``(source, loc)`` (see :class:`Pointers`): image i is row ``rows[i]`` of the pieces."""
@@ -423,11 +430,16 @@ def _part_values(part: PartPlan, cache: bool = True) -> pa.Table:
     try:
         return image_values(part.field_ids, part.shown, None, part.data, decode=False, cache=cache)
     except FileNotFoundError as exc:  # a maintenance job removed a file after the feed was planned
-        raise LostFileError(
-            f"the change feed from version {part.a} to {part.b} was planned on a data file that is gone ({exc.filename or exc}); "
-            "a vacuum, purge or another engine's maintenance removed it while the feed was being read: "
-            "ask for the feed again (the range may then need to start later)"
-        ) from exc
+        raise lost_file(part.a, part.b, exc) from exc
+
+
+def lost_file(a: int, b: int, exc: FileNotFoundError) -> LostFileError:
+    """The error of a feed over ``(a, b]`` whose planned data file was removed before its values were read."""
+    return LostFileError(
+        f"the change feed from version {a} to {b} was planned on a data file that is gone ({exc.filename or exc}); "
+        "a vacuum, purge or another engine's maintenance removed it while the feed was being read: "
+        "ask for the feed again (the range may then need to start later)"
+    )
 
 
 def _meta(sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int]) -> list[pa.Array]:
@@ -443,6 +455,13 @@ def _meta(sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int]) -> list[p
     if shown.purged is not None:
         meta.append(pa.array(shown.purged, pa.bool_()))
     return meta
+
+
+def assemble(values: pa.Table, sk: plan.Skeleton, row_id: np.ndarray, created: np.ndarray, valid_from: np.ndarray,
+             commit_ms: dict[int, int], data: pa.Schema) -> pa.Table:
+    """The per-version feed's rows ``sk`` from the values and lineage of the images they show, row for row (string
+    columns may be dictionaries), in this thread: what a feed builds once it has read its values."""
+    return _assemble(values, sk, _Shown(row_id, created, valid_from, None), commit_ms, data, False)
 
 
 def _assemble(values: pa.Table, sk: plan.Skeleton, shown: _Shown, commit_ms: dict[int, int], data: pa.Schema, net: bool,

@@ -125,7 +125,13 @@ def per_version(p: Pointers, a: int, b: int) -> Skeleton:
     np.take(p.valid_to, ends, out=version[:n_ends])
     np.take(p.valid_from, starts, out=version[n_ends:])
     del ends, starts
-    row_id = p.row_id[pointer]
+    return events(pointer, version, p.row_id[pointer], n_ends)
+
+
+def events(pointer: np.ndarray, version: np.ndarray, row_id: np.ndarray, n_ends: int) -> Skeleton:
+    """The per-version feed of its events: image ``pointer[i]`` of row ``row_id[i]`` ends (the first ``n_ends``) or
+    starts (the rest) at ``version[i]``; ordered and paired as the module docstring says. ``version`` and
+    ``row_id`` (int64) are used as work arrays."""
     packed = _sorted_events(version, row_id, n_ends, overwrite=True)
     if packed is None:
         return _per_version_unpacked(pointer, version, row_id, n_ends)

@@ -320,7 +320,7 @@ def check_pinned(io: FileIO, pinned: dict[str, set[int]], a: int, b: int) -> Non
     deleted-rows index still needs; the feed then refuses rather than answer
     without those images.
     """
-    lost = sorted(p for p in pinned if not _exists(io, p))
+    lost = sorted(p for p in pinned if not file_exists(io, p))
     if not lost:
         return
     versions = sorted(set().union(*(pinned[p] for p in lost)))
@@ -332,7 +332,7 @@ def check_pinned(io: FileIO, pinned: dict[str, set[int]], a: int, b: int) -> Non
     )
 
 
-def _exists(io: FileIO, path: str) -> bool:
+def file_exists(io: FileIO, path: str) -> bool:
     """Whether the data file ``path`` exists: a local file is looked up directly (a feed checks dozens at every call)."""
     if path.startswith(("/", "file:")):
         return os.path.exists(local_path(path))

@@ -27,10 +27,11 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
+import cdf.captured as captured
 import cdf.engine_duckdb as engine_duckdb
 import cdf.groups as groups
 import cdf.plan as plan
-from cdf.pointers import Pointers, change_pointers
+from cdf.pointers import Pointers, change_pointers, commit_timestamps
 from lineage.memory import release_if_grown
 from lineage.read.batched_scan import decoded_bytes
 from lineage.state import TableState
@@ -201,7 +202,11 @@ def feed_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, ba
     parts were dropped. A feed of at most ``group_rows`` images (default
     :data:`cdf.groups.GROUP_ROWS`) is one group.
     """
-    todo = groups.units(state, a, b, net, groups.GROUP_ROWS if group_rows is None else group_rows)
+    limit = groups.GROUP_ROWS if group_rows is None else group_rows
+    assembled = None if net else _assembled_parts(state, a, b, data, batch_rows, batch_bytes, limit)
+    if assembled is not None:
+        return assembled
+    todo = groups.units(state, a, b, net, limit)
     first = next(todo)
     try:
         feed = plan_feed(state, a, b, data, net, first)
@@ -224,5 +229,27 @@ def feed_parts(state: TableState, a: int, b: int, data: pa.Schema, net: bool, ba
             if unit is not None:
                 planned.append(plan_feed(state, a, b, data, net, unit))
                 release_if_grown()
+
+    return read()
+
+
+def _assembled_parts(state: TableState, a: int, b: int, data: pa.Schema, batch_rows: int, batch_bytes: int | None,
+                     group_rows: int) -> Iterator[pa.Table] | None:
+    """The per-version feed over ``(a, b]`` of a table that captures pre-images, every version assembled from its
+    stored pieces (:mod:`cdf.captured`), one version at a time; None unless each version can be so and holds at
+    most ``group_rows`` images (the others are planned by groups, as any feed)."""
+    if not captured.capturing(state):
+        return None
+    versions = captured.stored(state, a, b)
+    if not all(isinstance(s, captured.Stored) and s.images <= group_rows for s in versions):
+        return None
+    parts = captured.stored_parts(versions, data, engine_duckdb.field_ids(state), commit_timestamps(state, a, b),  # type: ignore[arg-type]
+                                  batch_rows, batch_bytes, a, b)
+
+    def read() -> Iterator[pa.Table]:
+        for part in parts:
+            yield part
+            del part
+            release_if_grown()
 
     return read()

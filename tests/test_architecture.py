@@ -50,7 +50,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("reconcile", ("lineage.reconcile.*",)),
     ("operations", ("lineage.writes.*", "lineage.maintenance.*", "cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output",
-                    "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups", "cdf.spark_groups")),
+                    "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream", "cdf.groups", "cdf.spark_groups",
+                    "cdf.captured")),
     ("facade", ("lineage", "lineage.table", "lineage.adoption", "lineage.streaming", "cdf", "cdf.api", "cdf.follow", "cdf.views",
                 "cdf.spark", "cdf.spark_source", "cdf.mv", "cdf.mv.api", "cdf.mv.engines", "cdf.mv.query", "cdf.mv.sql",
                 "cdf.mv.stored", "cdf.mv.view")),
@@ -62,7 +63,7 @@ OPERATION_GROUPS = {
     "writes": ("lineage.writes.*",),
     "maintenance": ("lineage.maintenance.*",),
     "feed": ("cdf.retention", "cdf.pointers", "cdf.plan", "cdf.output", "cdf.threads", "cdf.engine_duckdb", "cdf.engine_spark", "cdf.stream",
-             "cdf.groups", "cdf.spark_groups"),
+             "cdf.groups", "cdf.spark_groups", "cdf.captured"),
 }
 
 # Arrows allowed against the rules above, each with the reason. Keep this list short.

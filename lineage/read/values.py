@@ -542,6 +542,33 @@ def values_at(paths: Sequence[str], file_ids: np.ndarray, positions: np.ndarray,
         return None  # only a name mapping could read that file
 
 
+def read_files(paths: Sequence[str], schema: pa.Schema, field_ids: dict[str, int] | None = None, cache: bool = True) -> list[pa.Table]:
+    """Every row of each file of ``paths``, in file order, as a table of ``schema``'s columns (one per file).
+
+    Columns are matched as by :func:`gather`, string columns Parquet stored
+    dictionary-encoded stay dictionaries (see :class:`Gathered`), and the
+    decoded row-group cache is used and filled alike (``cache``), without
+    gather's sorting of positions: the caller wants the files whole. Runs in
+    the calling thread (a caller that reads many files splits them itself).
+    """
+    ids_key = tuple(sorted(field_ids.items())) if field_ids else ()
+    store.warm(list(paths))  # object-store footers: fetched at once
+    files = [_open(p, schema, field_ids, ids_key) for p in paths]
+    out = []
+    with decoded_cache.CACHE.read() if cache else nullcontext() as number:
+        tasks = [_Task(k, g, 0, 0, f.costs[g]) for k, f in enumerate(files) for g in range(len(f.sizes))]
+        with chunk_ranges.prefetched(_chunks_to_read(tasks, dict(enumerate(files)), number)):
+            for f in files:
+                groups = [row_group_columns(f.local, f.info, g, f.wanted, number) for g in range(len(f.sizes))]
+                if not groups:
+                    out.append(schema.empty_table())
+                    continue
+                columns = {c: pa.chunked_array([k for t in groups for k in t.column(c).chunks], type=groups[0].schema.field(c).type)
+                           for c in f.wanted}
+                out.append(pa.Table.from_arrays(_conform(columns, f.sources, schema, int(f.info.starts[-1])), names=schema.names))
+    return out
+
+
 def read_positions(path: str, positions: np.ndarray, schema: pa.Schema, field_ids: dict[str, int] | None = None) -> pa.Table:
     """The values at ``positions`` (any order) of one file."""
     return read_at([path], np.zeros(len(positions), np.int32), np.asarray(positions, np.int64), schema, field_ids)
