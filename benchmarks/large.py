@@ -18,12 +18,15 @@ Then, for each system, from the same starting snapshot:
 * ``reference``: Spark SQL ``DELETE``, ``UPDATE`` and ``MERGE INTO`` (reading the same Parquet batch) in the
   reference engine, then a full scan (an aggregate over a hash of every column).
 
-Between systems the table is put back to its starting snapshot: ours by pointing the catalog back at the
-starting metadata file (every file a run writes has a fresh name, so the next run shares nothing with it),
-the reference copy by Iceberg's ``rollback_to_snapshot``.
+Each system runs in a fresh Python process of its own (this script again, with ``--child``), as a user's job
+would: one process runs its writes, feed and scan one after the other, and no system's memory carries over into
+the next one's steps. Each starts from the starting snapshot: ours through a copy of the catalog in a temporary
+folder pointed at the starting metadata file (every file a run writes has a fresh name, so the next run shares
+nothing with it, and the catalog under ``--data-dir`` is left as it was), the reference copy by Iceberg's
+``rollback_to_snapshot``. The systems' steps and outcomes are merged into one record.
 
-Per step: wall time; the peak RSS of the Python process that drives it (ours: this process, the kernel's
-high-water mark reset per step, and what it holds after the step, anonymous and file-backed; the
+Per step: wall time; the peak RSS of the Python process that drives it (ours: the system's process, the
+kernel's high-water mark reset per step, and what it holds after the step, anonymous and file-backed; the
 reference: its server's Python process, sampled); the peak RSS of the
 JVM and of Spark's Python workers (sampled every 0.1 s: ``large_measure.TreeSampler``); the bytes written, by
 kind. Per size, what grows with the table: data, manifests, lineage segments, deleted-rows index, key index,
@@ -39,6 +42,7 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +70,7 @@ NAME = "bench.large"
 SCHEMA = pa.schema([("id", pa.int64()), ("bucket", pa.int32()), ("amount", pa.float64()), ("name", pa.string()), ("qty", pa.int64())])
 COLUMNS = ", ".join(SCHEMA.names)
 DELETE_WHERE, UPDATE_WHERE, UPDATE_SET = "bucket = 0", "bucket = 1", {"amount": "amount + 1"}
-SYSTEMS = ("embedded", "spark", "reference")  # embedded first: a stopped Spark session leaves its JVM running
+SYSTEMS = ("embedded", "spark", "reference")  # each in a process of its own (see run_system)
 SEED = 33
 UPSERT_ROWS = 1_000_000  # the upsert batch, the same at every size so that its memory compares between sizes
 SMALL_GROUP = 16 << 20  # a second embedded scan reads 16 MiB of Parquet per group instead of the default 128 MiB
@@ -150,13 +154,21 @@ def lineage_path(path: str) -> str:
     return local_path(path)
 
 
-def reset_ours(places: dict[str, str], info: dict[str, Any]) -> lineage.Table:
-    """Point the catalog back at the starting metadata file and open the table afresh."""
+def reset_ours(places: dict[str, str], info: dict[str, Any], warehouse: str | None = None) -> lineage.Table:
+    """Point the catalog back at the starting metadata file and open the table afresh.
+
+    With ``warehouse`` (an empty folder) the catalog under ``--data-dir`` is copied there first and the copy is
+    the one pointed back: a system's run commits to its own catalog and leaves the shared one as it was.
+    """
     namespace, name = NAME.split(".")
-    with sqlite3.connect(os.path.join(places["ours"], "catalog.db")) as con:
+    shared = os.path.join(places["ours"], "catalog.db")
+    if warehouse is not None:
+        with sqlite3.connect(shared) as src, sqlite3.connect(os.path.join(warehouse, "catalog.db")) as dst:
+            src.backup(dst)
+    with sqlite3.connect(shared if warehouse is None else os.path.join(warehouse, "catalog.db")) as con:
         con.execute("UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = NULL "
                     "WHERE table_namespace = ? AND table_name = ?", (info["base_metadata"], namespace, name))
-    t = lineage.open_table(NAME, warehouse=places["ours"])
+    t = lineage.open_table(NAME, warehouse=warehouse or places["ours"])
     assert t.version == info["base_version"], (t.version, info["base_version"])
     return t
 
@@ -165,8 +177,8 @@ def reset_ours(places: dict[str, str], info: dict[str, Any]) -> lineage.Table:
 class Steps:
     """Runs steps and records wall time, Python and JVM peak RSS, and the bytes written under a folder, by kind."""
 
-    def __init__(self, rec: record.Recorder) -> None:
-        self.rec = rec
+    def __init__(self, rss: record.PeakRss) -> None:
+        self.rss = rss
         self.rows: list[dict[str, Any]] = []
 
     def run(self, system: str, step: str, fn: Callable[[], Any], *, root: str, tree: int, python: str = "self") -> Any:
@@ -176,7 +188,7 @@ class Steps:
         # OS, so each step's peak is its own, not the allocators' retention of earlier ones
         release_at_end()
         sampler = lm.TreeSampler(tree, include_root=python == "tree").start()
-        figures, value = record.measure(fn, self.rec.rss)
+        figures, value = record.measure(fn, self.rss)
         memory = sampler.stop()
         written = lm.table_sizes(lm.new_files(before, record.files_under(root)))
         if system == "embedded":  # no JVM works for it (one left over by a stopped Spark session would count otherwise)
@@ -195,7 +207,6 @@ class Steps:
         if isinstance(value, dict):
             row.update(value)
         self.rows.append(row)
-        self.rec.steps.append(dict(row))
         print(f"{system:9s} {step:8s} {row['wall_s']:8.2f} s  python {row['python_peak_mb']:7.0f} MB  "
               f"jvm {row['jvm_peak_mb']:6.0f} MB  workers {row['workers_peak_mb']:6.0f} MB  written {row['bytes_written'] / 1e6:8.1f} MB"
               f"  load {figures['load1']:.1f}", flush=True)
@@ -262,10 +273,10 @@ def warm_up(spark: Any, t: lineage.Table) -> None:
     spark.range(0, 1000, 1, 2).mapInArrow(import_in_worker, "id long").collect()
 
 
-def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory: str) -> dict[str, Any]:
-    """Our Spark path from the starting snapshot; the live rows, feed rows and sum of ``amount`` after it."""
+def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], warehouse: str, memory: str) -> dict[str, Any]:
+    """Our Spark path from the starting snapshot (catalog in ``warehouse``); the live rows, feed rows and sum of ``amount`` after it."""
     spark = spark_session(memory)
-    t = reset_ours(places, info)
+    t = reset_ours(places, info, warehouse)
     base = t.version
     me, root = os.getpid(), places["table"]
     batch = spark.read.parquet(places["batch"])
@@ -296,9 +307,9 @@ def run_spark(steps: Steps, places: dict[str, str], info: dict[str, Any], memory
     return out
 
 
-def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
-    """Our embedded engine from the starting snapshot; what :func:`run_spark` returns, and the sizes after it."""
-    t = reset_ours(places, info)
+def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any], warehouse: str) -> dict[str, Any]:
+    """Our embedded engine from the starting snapshot (catalog in ``warehouse``); what :func:`run_spark` returns, and the sizes after it."""
+    t = reset_ours(places, info, warehouse)
     base = t.version
     me, root = os.getpid(), places["table"]
     steps.run("embedded", "delete", lambda: {"rows_changed": t.delete(DELETE_WHERE).deleted}, root=root, tree=me)
@@ -313,7 +324,7 @@ def run_embedded(steps: Steps, places: dict[str, str], info: dict[str, Any]) -> 
     scan = steps.run("embedded", "scan", lambda: drain(t.scan_batches()), root=root, tree=me)
     steps.run("embedded", "scan-16m", lambda: drain(t.scan_batches(group_bytes=SMALL_GROUP)), root=root, tree=me)
     return {"live_rows": scan["rows"], "feed_rows": feed["rows"], "version": t.version, "amount_sum": scan["amount_sum"],
-            "planning_after": lm.planning_memory(REPO, places["ours"], NAME), "sizes_after": lm.referenced_sizes(t)}
+            "planning_after": lm.planning_memory(REPO, warehouse, NAME), "sizes_after": lm.referenced_sizes(t)}
 
 
 def run_reference(steps: Steps, ref: Any, places: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
@@ -344,6 +355,51 @@ def run_reference(steps: Steps, ref: Any, places: dict[str, str], info: dict[str
     return {"live_rows": live, "amount_sum": round(amount, 2)}
 
 
+# ----------------------------------------------------------------------------- one process per system
+def run_system(system: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``system`` in a fresh Python process (this script with ``--child``); its steps and outcome.
+
+    A process per system, not per step: a user's job runs its writes, feed and scan in one long-running
+    process (one Spark session), and the feed reads what the writes committed.
+    """
+    with tempfile.TemporaryDirectory(prefix="lineage-large-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--rows", str(args.rows), "--data-dir", args.data_dir,
+               "--append-rows", str(args.append_rows), "--spark-memory", args.spark_memory,
+               "--upsert-rows", str(args.upsert_rows), "--buckets", str(args.buckets), "--child", system, "--child-out", out]
+        done = subprocess.run(cmd, check=False)
+        if done.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"{system}: its process failed (exit {done.returncode})")
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def run_child(system: str, args: argparse.Namespace, places: dict[str, str], info: dict[str, Any]) -> int:
+    """In the system's own process: run it on a private copy of the catalog; write its steps and outcome to ``--child-out``."""
+    steps = Steps(record.PeakRss())
+    warehouse = tempfile.mkdtemp(prefix="lineage-large-catalog-")
+    ref, versions = None, None
+    try:
+        if system == "spark":
+            out = run_spark(steps, places, info, warehouse, args.spark_memory)
+        elif system == "embedded":
+            out = run_embedded(steps, places, info, warehouse)
+        else:
+            from reference import ReferenceEngine
+
+            ref = ReferenceEngine(driver_memory=args.spark_memory, request_timeout=3600.0)
+            out = run_reference(steps, ref, places, info)
+            versions = ref.versions
+    finally:
+        if ref is not None:
+            ref.close()
+        shutil.rmtree(warehouse, ignore_errors=True)
+    out["process"] = os.getpid()
+    with open(args.child_out, "w", encoding="utf-8") as f:
+        json.dump({"steps": steps.rows, "outcome": out, "reference_versions": versions}, f)
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     """Build the table if needed, run the systems, write the record; 1 if the systems' results differ."""
@@ -361,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", type=int, default=1, choices=range(1, 51), metavar="1-50",
                         help="buckets (1%% of the rows each) the delete and the update match: 1 by default; more to see "
                              "how memory grows with the matched rows on a smaller table")
+    parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)  # run one system (see run_system)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     record.add_arguments(parser)
     args = parser.parse_args(argv)
     global DELETE_WHERE, UPDATE_WHERE
@@ -370,11 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or args.rows < 1000:
         parser.error(f"unknown systems {unknown}" if unknown else "--rows must be at least 1000")
-    rec = record.Recorder("large", scale=args.rows, argv=argv, settings={**vars(args), "data_dir": None}, peers=["pyspark"])
+    rec = None if args.child else record.Recorder("large", scale=args.rows, argv=argv, settings={**vars(args), "data_dir": None},
+                                                  peers=["pyspark"])
     places = folders(os.path.abspath(os.path.expanduser(args.data_dir)), args.rows)  # the reference server runs elsewhere
     os.makedirs(places["root"], exist_ok=True)
     info = json.load(open(places["info"], encoding="utf-8")) if os.path.exists(places["info"]) and not args.rebuild else {}
     built_now = not info
+    if built_now and args.child:
+        parser.error("--child runs on a table built already")
     if built_now:
         print(f"building {args.rows:,} rows under {places['root']}", flush=True)
         info = build_ours(places, args.rows, args.append_rows)
@@ -386,30 +447,28 @@ def main(argv: list[str] | None = None) -> int:
     if "reindex" not in info:
         info.update(measure_base(places, info))
         json.dump(info, open(places["info"], "w", encoding="utf-8"))
-    ref = None
-    if "reference" in systems:
+    if args.child or rec is None:
+        return run_child(args.child, args, places, info)
+    if "reference" in systems and "reference_snapshot" not in info:
         from reference import ReferenceEngine
 
         ref = ReferenceEngine(driver_memory=args.spark_memory, request_timeout=3600.0)
-        if "reference_snapshot" not in info:
+        try:
             info.update(build_reference(ref, places, info))
-            json.dump(info, open(places["info"], "w", encoding="utf-8"))
+        finally:
+            ref.close()
+        json.dump(info, open(places["info"], "w", encoding="utf-8"))
     print(f"table: {args.rows:,} rows, version {info['base_version']}, built {'now' if built_now else 'earlier'}; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
-    steps = Steps(rec)
+    rows: list[dict[str, Any]] = []
     outcomes: dict[str, Any] = {}
-    try:
-        for system in systems:
-            if system == "spark":
-                outcomes[system] = run_spark(steps, places, info, args.spark_memory)
-            elif system == "embedded":
-                outcomes[system] = run_embedded(steps, places, info)
-            else:
-                outcomes[system] = run_reference(steps, ref, places, info)
-    finally:
-        if ref is not None:
-            outcomes.setdefault("reference_versions", ref.versions if ref.running else {})
-            ref.close()
+    for system in systems:
+        part = run_system(system, args)
+        rows += part["steps"]
+        rec.steps += [dict(r) for r in part["steps"]]
+        outcomes[system] = part["outcome"]
+        if part.get("reference_versions") is not None:
+            outcomes["reference_versions"] = part["reference_versions"]
     live = {s: o["live_rows"] for s, o in outcomes.items() if isinstance(o, dict) and "live_rows" in o}
     feeds = {s: o["feed_rows"] for s, o in outcomes.items() if isinstance(o, dict) and "feed_rows" in o}
     sums = {s: o["amount_sum"] for s, o in outcomes.items() if isinstance(o, dict) and "amount_sum" in o}
@@ -417,9 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     load = list(rec._sampler.samples)  # the load sampled every second so far
     cores = os.cpu_count() or 1
     results = {"rows": args.rows, "build": {k: v for k, v in info.items() if k != "base_metadata"}, "built_this_run": built_now,
-               "steps": steps.rows, "outcomes": outcomes, "live_rows": live, "feed_rows": feeds, "amount_sums": sums, "agree": agree,
-               "memory_method": {"python": "ours: VmHWM of this process, reset per step, after returning freed memory "
-                                           "(lineage.memory.release_at_end); reference: its server's Python process, sampled", "jvm_and_workers": lm.TreeSampler.METHOD},
+               "steps": rows, "outcomes": outcomes, "live_rows": live, "feed_rows": feeds, "amount_sums": sums, "agree": agree,
+               "memory_method": {"python": "ours: VmHWM of the system's own process (a fresh one per system), reset per step, "
+                                           "after returning freed memory (lineage.memory.release_at_end); reference: its "
+                                           "server's Python process, sampled", "jvm_and_workers": lm.TreeSampler.METHOD},
                "loaded": max(load) > cores, "load_above_cores_fraction": round(sum(x > cores for x in load) / len(load), 2)}
     path = rec.finish(results, publish=args.publish, out=args.out)
     print(f"live rows {live}, feed rows {feeds}, sums of amount {sums}, agree={agree}; record written to {os.path.relpath(path)}")

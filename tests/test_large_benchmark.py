@@ -86,6 +86,11 @@ def test_the_embedded_run_end_to_end(tmp_path) -> None:
     assert all(s["python_after_anon_mb"] > 0 and s["python_after_file_mb"] >= 0 for s in r["steps"])  # what each step left held
     changed = {s["step"]: s.get("rows_changed") for s in r["steps"]}
     assert changed["delete"] > 0 and changed["update"] > 0 and changed["upsert"] == 30
+    # the system ran in a process of its own, on its own copy of the catalog: the shared one still points at the start
+    assert r["outcomes"]["embedded"]["process"] != os.getpid()
+    assert r["outcomes"]["embedded"]["version"] > r["build"]["base_version"]
+    shared = large.folders(str(tmp_path / "data"), 3000)["ours"]
+    assert lineage.open_table(large.NAME, warehouse=shared).version == r["build"]["base_version"]
     # a second run reuses the table from its starting snapshot and gets the same answers
     assert large.main([*args[:-1], str(tmp_path / "again.json")]) == 0
     again = json.loads((tmp_path / "again.json").read_text())["results"]

@@ -12,6 +12,7 @@ import cdf.spark
 import lineage
 from conftest import SCHEMA, assert_interop, rename_and_add_a_column, rows
 from lineage.maintenance.key_index import check_key_index
+from lineage.writes import spark as spark_writes
 
 pytestmark = pytest.mark.spark
 
@@ -138,6 +139,11 @@ def test_bad_spark_batches_are_refused(spark, warehouse):
     dup = spark.createDataFrame(pa.table({"id": [5, 5], "name": ["x", "y"], "amount": [1.0, 2.0]}, schema=SCHEMA))
     with pytest.raises(lineage.KeyViolationError, match="more than once"):
         t.upsert(dup)
+    null = spark.createDataFrame(pa.table({"id": [5, None], "name": ["x", "y"], "amount": [1.0, 2.0]}, schema=SCHEMA))
+    with pytest.raises(lineage.KeyViolationError, match="null in 1 row"):
+        t.upsert(null)  # checked on the driver (a batch small enough for the key index lookup)
+    with pytest.raises(lineage.KeyViolationError, match="more than once"):
+        spark_writes.upsert(t._context, dup, "merge-on-read", strategy="join")  # checked by executors
     extra = spark.createDataFrame(pa.table({"id": [6], "name": ["x"], "amount": [1.0], "oops": [1]}))
     with pytest.raises(lineage.UnknownColumnError, match="oops"):
         t.append(extra)

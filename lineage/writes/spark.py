@@ -16,7 +16,7 @@ from lineage.writes import key_checks
 from lineage.writes.loop import run_write
 from lineage.writes.plan import CommitInfo, Plan
 from lineage.properties import MERGE_ON_READ
-from lineage.writes.spark_upsert import choose_strategy, plan_upsert
+from lineage.writes.spark_upsert import checked_keys, choose_strategy, plan_upsert
 
 if TYPE_CHECKING:  # loaded with the first DuckDB connection (lineage.duck), not with the library
     import duckdb
@@ -56,5 +56,6 @@ def upsert(table: TableContext, df: Any, mode: str, strategy: str = "auto") -> C
     if mode != MERGE_ON_READ:
         raise InvalidArgumentError("upserts of Spark DataFrames are merge-on-read only; pass mode='merge-on-read'")
     choose_strategy(strategy, True, 0)  # a bad strategy fails before any Spark job
-    spark_io.reject_bad_batch(table, df, keyed=True)
-    return run_write(table, lambda state, con: plan_upsert(table, state, df, strategy), mode=MERGE_ON_READ)
+    spark_io.check_spark_schema(table, df)
+    keys = checked_keys(table, df, strategy)
+    return run_write(table, lambda state, con: plan_upsert(table, state, df, strategy, keys), mode=MERGE_ON_READ)

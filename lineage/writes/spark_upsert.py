@@ -29,6 +29,7 @@ by join than by lookup).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -37,7 +38,8 @@ from index.key_index import KeyIndex, KeyIndexChange, index_enabled
 import lineage.spark as spark_io
 from lineage.columns import HIDDEN_CREATED, HIDDEN_ROW_ID
 from lineage.context import TableContext
-from lineage.errors import InvalidArgumentError
+from lineage.errors import InvalidArgumentError, KeyViolationError
+from lineage.iceberg.schema import null_or_duplicate_keys
 from lineage.properties import capture_preimages
 from lineage.state import LiveFile, TableState
 from lineage.storage.writer import WrittenFile
@@ -61,23 +63,50 @@ def choose_strategy(strategy: str, index_ready: bool, batch_rows: int) -> str:
     return "lookup" if index_ready and batch_rows <= LOOKUP_MAX_ROWS else "join"
 
 
-def plan_upsert(table: TableContext, state: TableState, batch: Any, strategy: str = "auto") -> Plan:
-    """The write loop's plan of an upsert of the Spark DataFrame ``batch`` (checked already) on ``state``."""
+def checked_keys(table: TableContext, batch: Any, strategy: str) -> pa.Table | None:
+    """Reject a batch with null or duplicate keys; its keys when it may take the lookup, else None.
+
+    Unless ``strategy`` is ``join``, one Spark job collects up to
+    :data:`LOOKUP_MAX_ROWS` + 1 of the batch's keys: a batch that small is
+    whole on the driver, checked there and its keys kept for the lookup (the
+    batch is not read again to count it, to check it and to collect its keys).
+    A larger batch is checked by executors (aggregates only reach the driver).
+    """
+    key = table.key
+    if strategy != "join":
+        keys = batch.select(*[spark_io.column(k) for k in key]).limit(LOOKUP_MAX_ROWS + 1).toArrow()
+        if keys.num_rows <= LOOKUP_MAX_ROWS:
+            problem = null_or_duplicate_keys(keys, key)
+            if problem:
+                raise KeyViolationError(f"upsert batch rejected: {problem}")
+            return keys
+    problem = spark_io.check_spark_keys(batch, key)
+    if problem:
+        raise KeyViolationError(f"upsert batch rejected: {problem}")
+    return None
+
+
+def plan_upsert(table: TableContext, state: TableState, batch: Any, strategy: str = "auto", keys: pa.Table | None = None) -> Plan:
+    """The write loop's plan of an upsert of the Spark DataFrame ``batch`` (checked already) on ``state``.
+
+    ``keys``: the batch's keys from :func:`checked_keys` (None: the batch has more than :data:`LOOKUP_MAX_ROWS` rows).
+    """
     index = KeyIndex.open(state, build=False) if index_enabled(state.iceberg) else None
     files = state.live_files()
-    batch_rows = batch.count() if strategy == "auto" and index is not None else 0
+    batch_rows = keys.num_rows if keys is not None else LOOKUP_MAX_ROWS + 1
     if choose_strategy(strategy, index is not None, batch_rows) == "lookup":
-        return _by_lookup(table, index, files, batch)
+        return _by_lookup(table, index, files, batch, keys)
     return _by_join(table, state, files, batch, index_enabled(state.iceberg))
 
 
-def _by_lookup(table: TableContext, index: KeyIndex, files: list[LiveFile], batch: Any) -> Plan:
+def _by_lookup(table: TableContext, index: KeyIndex, files: list[LiveFile], batch: Any, keys: pa.Table | None) -> Plan:
     """Look the batch's keys up in the key index on the driver; executors join the batch with the broadcast hits."""
     from pyspark.sql import functions as F
 
     key, columns = table.key, table.arrow_schema.names
     session = batch.sparkSession
-    keys = batch.select(*[spark_io.column(k) for k in key]).toArrow()  # O(batch) on the driver
+    if keys is None:  # strategy="lookup" for a batch over LOOKUP_MAX_ROWS rows
+        keys = batch.select(*[spark_io.column(k) for k in key]).toArrow()  # O(batch) on the driver
     hits = index.lookup(keys)
     found = session.createDataFrame(pa.Table.from_arrays(
         [hits.column(k) for k in key] + [hits.column("_row_id"), hits.column("_row_created_at_version")],
@@ -89,9 +118,9 @@ def _by_lookup(table: TableContext, index: KeyIndex, files: list[LiveFile], batc
         cond = c if cond is None else (cond & c)
     b = batch.select(*[spark_io.column(c) for c in columns])
     images = b.join(F.broadcast(found), cond, "inner").select(*[spark_io.column(c) for c in columns], HIDDEN_ROW_ID, HIDDEN_CREATED)
-    written = _write(table, images.coalesce(max(1, hits.num_rows // ROWS_PER_FILE)).sortWithinPartitions(HIDDEN_ROW_ID), hits.num_rows)
     # the batch's keys are unique (checked): every one without a hit is an insert
-    inserted, new = _inserts(table, b.join(F.broadcast(found), cond, "left_anti"), keys.num_rows - hits.num_rows)
+    written, (inserted, new) = _write_both(table, images, hits.num_rows, b.join(F.broadcast(found), cond, "left_anti"),
+                                           keys.num_rows - hits.num_rows)
     return Plan("upsert", files=files, removed=removed_pointers(files, hits), prewritten=written + new, updated=hits.num_rows,
                 inserted=inserted, key_index=KeyIndexChange.of_removal(hits.select(key), rewritten=True, index=index))
 
@@ -118,12 +147,11 @@ def _by_join(table: TableContext, state: TableState, files: list[LiveFile], batc
         removed = write_removed(table, state, files, matched, key if indexed else [], capture)
         images = matched.select(*[spark_io.column(c) for c in columns], F.col("_row_id").alias(HIDDEN_ROW_ID),
                                 F.col("_row_created_at_version").alias(HIDDEN_CREATED))
-        written = _write(table, images.coalesce(max(1, removed.images // ROWS_PER_FILE)).sortWithinPartitions(HIDDEN_ROW_ID), removed.images)
         # the batch rows no live row has: those matched kept no key of (keys are unique on both sides), so the
         # live rows are not read and shuffled again
         m = matched.select(*[spark_io.column(k) for k in key]).alias("m")
         unmatched = b.join(m, _equal(key, "b", "m"), "left_anti")
-        inserted, new = _inserts(table, unmatched, unmatched.count())
+        written, (inserted, new) = _write_both(table, images, removed.images, unmatched, unmatched.count())
     finally:
         matched.unpersist()
     change = KeyIndexChange.of_removal(removed.removed_keys, rewritten=True) if indexed else None
@@ -141,6 +169,20 @@ def _equal(key: list[str], left: str, right: str) -> Any:
         c = F.col(f"{left}.`{k}`") == F.col(f"{right}.`{k}`")
         cond = c if cond is None else (cond & c)
     return cond
+
+
+def _write_both(table: TableContext, images: Any, image_rows: int, inserts: Any, insert_rows: int) -> tuple[list[WrittenFile], tuple[int, list[WrittenFile]]]:
+    """Executors write the new images (sorted by row id) and the inserts: two Spark jobs at once.
+
+    Each is coalesced to about :data:`ROWS_PER_FILE` rows a file, so a batch
+    under that is one task each: submitted together (Spark runs jobs of
+    different driver threads side by side) both cores work, and no file is
+    split in two to keep them busy.
+    """
+    with ThreadPoolExecutor(2, thread_name_prefix="lineage-upsert") as pool:
+        written = pool.submit(_write, table, images.coalesce(max(1, image_rows // ROWS_PER_FILE)).sortWithinPartitions(HIDDEN_ROW_ID), image_rows)
+        new = pool.submit(_inserts, table, inserts, insert_rows)
+        return written.result(), new.result()
 
 
 def _write(table: TableContext, df: Any, rows: int) -> list[WrittenFile]:
