@@ -287,8 +287,9 @@ def write_segment(fileio: FileIO, path: str, files: list[FileLineage]) -> int:
     scattered rows has a million runs, whose dictionary cost ~170 MB to build
     and made the file larger.
     """
-    version = SEGMENT_FORMAT_VERSION_NATIVE if _has_native(files) else FORMAT_VERSION
-    schema = _SEGMENT_SCHEMA_NATIVE if _has_native(files) else _SEGMENT_SCHEMA
+    native = _has_native(files)
+    version = SEGMENT_FORMAT_VERSION_NATIVE if native else FORMAT_VERSION
+    schema = _SEGMENT_SCHEMA_NATIVE if native else _SEGMENT_SCHEMA
     size = write_tagged_parquet(
         fileio, path, (_segment_rows(p, schema) for p in _segment_parts(files) or [[]]), SEGMENT_FORMAT, use_dictionary=False, version=version
     )
